@@ -1,0 +1,465 @@
+//! The fabric seam: a narrow, verbs-shaped interface between the engine and the NICs.
+//!
+//! Everything the protocol needs from RDMA hardware fits in five operations: post a chain of
+//! RDMA_WRITE / RDMA_WRITE_WITH_IMM work requests on an RC queue pair, post generic receives on a
+//! shared receive queue, poll a completion queue into a caller-owned array, register memory, and
+//! bring a queue pair up against a remote one. Two implementations serve it:
+//!
+//! * [`loopback`]: an in-process model of RC semantics (order within a QP, none across QPs or
+//!   rails, one SRQ receive consumed per IMM, bounded CQs, error completions) with deterministic
+//!   fault knobs. Chosen only explicitly with `MPIB_FABRIC=loopback`.
+//! * `verbs` (real libibverbs through rdma-sys), the production default.
+//!
+//! The data-path methods (`post_send`, `post_receives`, `poll`) take plain `Copy` values and
+//! caller-provided slices so that no implementation needs to allocate per call.
+
+pub mod loopback;
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Which physical NIC of the fused device a resource belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Rail {
+    /// The scale-out NIC: routable everywhere, carries the control socket.
+    ScaleOut = 0,
+    /// The scale-up NIC: extra bandwidth inside an island.
+    ScaleUp = 1,
+}
+
+impl Rail {
+    /// Both rails, in index order.
+    pub const ALL: [Rail; 2] = [Rail::ScaleOut, Rail::ScaleUp];
+
+    /// Index of the rail (0 = SOUT, 1 = SUP); also its bit position in an active mask.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The rail with the given index.
+    pub const fn from_index(index: usize) -> Option<Rail> {
+        match index {
+            0 => Some(Rail::ScaleOut),
+            1 => Some(Rail::ScaleUp),
+            _ => None,
+        }
+    }
+
+    /// Short lower-case label used in logs and metrics (`sout`, `sup`).
+    pub const fn label(self) -> &'static str {
+        match self {
+            Rail::ScaleOut => "sout",
+            Rail::ScaleUp => "sup",
+        }
+    }
+}
+
+impl fmt::Display for Rail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Link layer of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// Native InfiniBand (addressed by LID, GID optional).
+    InfiniBand,
+    /// RoCE (addressed by GID).
+    Ethernet,
+}
+
+/// What a device reports about itself; used for `getProperties` and the handshake.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Device name as the user wrote it in `MPIB_HCA_*` (without the port suffix).
+    pub name: String,
+    /// Physical port number used (1-based, as in verbs).
+    pub port: u8,
+    /// Link speed in Mbps (width x rate).
+    pub speed_mbps: u32,
+    /// Active MTU as the verbs enum value (1 = 256 ... 5 = 4096).
+    pub active_mtu: u8,
+    /// Link layer of the port.
+    pub link_layer: LinkLayer,
+    /// Local identifier (InfiniBand only; 0 on RoCE).
+    pub lid: u16,
+    /// The GID used for this rail (RoCE v2 IPv4-mapped on Ethernet).
+    pub gid: [u8; 16],
+    /// GID table index of `gid`.
+    pub gid_index: u8,
+    /// Node GUID (NETs with the same guid are one ASIC for NCCL's topology search).
+    pub guid: u64,
+    /// Canonical sysfs PCI path, when the device has one (Soft-RoCE and VFs may not).
+    pub pci_path: Option<String>,
+    /// Largest number of QPs the device supports.
+    pub max_qp: u32,
+}
+
+/// A local scatter/gather element.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Local virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region containing the range.
+    pub lkey: u32,
+}
+
+/// Operation of a send-queue work request. Only the two MPIB needs exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOpcode {
+    /// RDMA_WRITE: place bytes, no receiver completion.
+    Write,
+    /// RDMA_WRITE_WITH_IMM: place bytes, then consume one receive and complete it with `imm`.
+    /// `imm` is stored exactly as the wire carries it (network byte order), as in verbs.
+    WriteWithImm {
+        /// Immediate data, already in network byte order.
+        imm: u32,
+    },
+}
+
+/// One send-queue work request (one element of a chain).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// Caller's identifier, returned in the completion (see `proto::wr_id`).
+    pub wr_id: u64,
+    /// RDMA_WRITE or RDMA_WRITE_WITH_IMM.
+    pub opcode: SendOpcode,
+    /// Local data; `None` for a zero-byte write.
+    pub sge: Option<Sge>,
+    /// Remote virtual address written to.
+    pub remote_addr: u64,
+    /// Remote key of the target memory region.
+    pub rkey: u32,
+    /// Whether a completion is generated on the sender's CQ.
+    pub signaled: bool,
+    /// Whether the payload is copied at post time (small control writes).
+    pub inline: bool,
+}
+
+impl WorkRequest {
+    /// Number of payload bytes this WR moves.
+    pub fn length(&self) -> u32 {
+        self.sge.map_or(0, |s| s.length)
+    }
+}
+
+/// Completion status, a subset of `ibv_wc_status` with the values that matter to MPIB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionStatus {
+    /// IBV_WC_SUCCESS.
+    Success,
+    /// IBV_WC_LOC_PROT_ERR: a local SGE outside its memory region.
+    LocalProtection,
+    /// IBV_WC_WR_FLUSH_ERR: the QP went to the error state before this WR ran.
+    Flushed,
+    /// IBV_WC_REM_ACCESS_ERR: bad rkey or range on the remote side.
+    RemoteAccess,
+    /// IBV_WC_RETRY_EXC_ERR: transport retries exhausted (peer unreachable).
+    RetryExceeded,
+    /// IBV_WC_RNR_RETRY_EXC_ERR: the receiver had no receive posted.
+    ReceiverNotReady,
+    /// Any other status, with the raw `ibv_wc_status` value.
+    Other(u32),
+}
+
+impl CompletionStatus {
+    /// The `ibv_wc_status` numeric value.
+    pub fn code(self) -> u32 {
+        match self {
+            CompletionStatus::Success => 0,
+            CompletionStatus::LocalProtection => 4,
+            CompletionStatus::Flushed => 5,
+            CompletionStatus::RemoteAccess => 10,
+            CompletionStatus::RetryExceeded => 12,
+            CompletionStatus::ReceiverNotReady => 13,
+            CompletionStatus::Other(code) => code,
+        }
+    }
+
+    /// The same text `ibv_wc_status_str` gives.
+    pub fn text(self) -> &'static str {
+        match self {
+            CompletionStatus::Success => "success",
+            CompletionStatus::LocalProtection => "local protection error",
+            CompletionStatus::Flushed => "Work Request Flushed Error",
+            CompletionStatus::RemoteAccess => "remote access error",
+            CompletionStatus::RetryExceeded => "transport retry counter exceeded",
+            CompletionStatus::ReceiverNotReady => "RNR retry counter exceeded",
+            CompletionStatus::Other(_) => "unknown completion status",
+        }
+    }
+}
+
+/// What kind of work a completion reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionOpcode {
+    /// Sender side: an RDMA_WRITE or RDMA_WRITE_WITH_IMM finished.
+    RdmaWrite,
+    /// Receiver side: an RDMA_WRITE_WITH_IMM consumed an SRQ receive.
+    RecvRdmaWithImm,
+    /// Sender side: an RDMA_READ finished (flush).
+    RdmaRead,
+}
+
+/// One polled completion, copied out of the CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` of the send WR, or of the SRQ receive consumed.
+    pub wr_id: u64,
+    /// Result of the work request.
+    pub status: CompletionStatus,
+    /// What completed (only meaningful on success, as in verbs).
+    pub opcode: CompletionOpcode,
+    /// Bytes placed by the RDMA_WRITE_WITH_IMM (receiver side).
+    pub byte_len: u32,
+    /// Immediate data in network byte order (receiver side, `RecvRdmaWithImm`).
+    pub imm: u32,
+    /// Local QP number the completion belongs to.
+    pub qp_num: u32,
+    /// Vendor error code, for error reports.
+    pub vendor_err: u32,
+}
+
+impl Completion {
+    /// A zeroed completion, for initialising caller-owned poll arrays.
+    pub const EMPTY: Completion = Completion {
+        wr_id: 0,
+        status: CompletionStatus::Success,
+        opcode: CompletionOpcode::RdmaWrite,
+        byte_len: 0,
+        imm: 0,
+        qp_num: 0,
+        vendor_err: 0,
+    };
+}
+
+/// Access rights of a memory registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// The NIC may write into the region from a remote peer.
+    pub remote_write: bool,
+    /// The NIC may read the region for a remote peer (flush uses this).
+    pub remote_read: bool,
+    /// Register with relaxed PCIe ordering where the device supports it.
+    pub relaxed_ordering: bool,
+}
+
+impl Access {
+    /// Data buffers: remote write and read.
+    pub const DATA: Access =
+        Access { remote_write: true, remote_read: true, relaxed_ordering: false };
+    /// Control memory (CTS FIFO, completion records): remote write, strict ordering.
+    pub const CONTROL: Access =
+        Access { remote_write: true, remote_read: true, relaxed_ordering: false };
+    /// Local-only memory (shadows written by the local NIC from local SGEs).
+    pub const LOCAL: Access =
+        Access { remote_write: false, remote_read: false, relaxed_ordering: false };
+}
+
+/// How to reach the remote end of a queue pair (exchanged in the handshake).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Remote QP number.
+    pub qp_num: u32,
+    /// Remote port LID (InfiniBand).
+    pub lid: u16,
+    /// Remote GID.
+    pub gid: [u8; 16],
+    /// Path MTU as the verbs enum value: the minimum of both sides.
+    pub mtu: u8,
+}
+
+/// Transport settings applied when a QP is brought to RTR/RTS (NCCL's defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpSettings {
+    /// Local ACK timeout exponent (4.096 us * 2^timeout).
+    pub timeout: u8,
+    /// Transport retry count.
+    pub retry_count: u8,
+    /// RNR retry count (7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer.
+    pub min_rnr_timer: u8,
+    /// Traffic class (RoCE).
+    pub traffic_class: u8,
+    /// Service level (InfiniBand).
+    pub service_level: u8,
+}
+
+impl Default for QpSettings {
+    fn default() -> Self {
+        QpSettings {
+            timeout: 20,
+            retry_count: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            traffic_class: 0,
+            service_level: 0,
+        }
+    }
+}
+
+/// Sizes of a queue pair's send queue and whether its receives come from an SRQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCapabilities {
+    /// Maximum outstanding send WRs.
+    pub max_send_wr: u32,
+    /// Maximum inline payload in bytes.
+    pub max_inline: u32,
+}
+
+/// A registered memory region (one per rail; the engine keeps one per rail per buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryKeys {
+    /// Local key, for SGEs.
+    pub lkey: u32,
+    /// Remote key, for peers' RDMA writes.
+    pub rkey: u32,
+}
+
+/// Error from a fabric operation: which verb, on which rail/device/QP, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricError {
+    /// The operation, named like the verb (`ibv_post_send`, `ibv_reg_mr`, ...).
+    pub verb: &'static str,
+    /// Device name.
+    pub device: String,
+    /// QP number, when the operation concerns one.
+    pub qp_num: Option<u32>,
+    /// errno (0 when not applicable).
+    pub errno: i32,
+    /// Human-readable detail.
+    pub detail: String,
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed on device {}", self.verb, self.device)?;
+        if let Some(qp) = self.qp_num {
+            write!(f, " QP {qp}")?;
+        }
+        if self.errno != 0 {
+            write!(f, ": errno {} ({})", self.errno, std::io::Error::from_raw_os_error(self.errno))?;
+        }
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+/// Result of a fabric operation.
+pub type FabricResult<T> = Result<T, FabricError>;
+
+/// An asynchronous event read from a device (port state, fatal errors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The port went down (IBV_EVENT_PORT_ERR).
+    PortDown,
+    /// The port came back (IBV_EVENT_PORT_ACTIVE).
+    PortActive,
+    /// The device is unusable (IBV_EVENT_DEVICE_FATAL).
+    DeviceFatal,
+    /// A QP hit a fatal error (IBV_EVENT_QP_FATAL and friends).
+    QpFatal {
+        /// The QP number.
+        qp_num: u32,
+    },
+    /// A CQ overflowed or failed (IBV_EVENT_CQ_ERR).
+    CqError,
+    /// An SRQ reached its limit (IBV_EVENT_SRQ_LIMIT_REACHED).
+    SrqLimit,
+}
+
+impl AsyncEvent {
+    /// Whether the event makes the comms using the device unusable.
+    pub fn is_fatal(self) -> bool {
+        matches!(self, AsyncEvent::DeviceFatal | AsyncEvent::QpFatal { .. } | AsyncEvent::CqError)
+    }
+}
+
+/// A completion queue. One per comm per rail; polled only by the comm's progress thread.
+pub trait CompletionQueue: Send {
+    /// Copies up to `out.len()` completions into `out`; returns how many.
+    fn poll(&mut self, out: &mut [Completion]) -> FabricResult<usize>;
+    /// The concrete queue, so the fabric that made it can attach QPs to it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A shared receive queue of generic zero-SGE receives.
+pub trait SharedReceiveQueue: Send {
+    /// Posts `count` generic receives, each with `wr_id`.
+    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()>;
+    /// The concrete queue, so the fabric that made it can attach QPs to it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// An RC queue pair.
+pub trait QueuePair: Send {
+    /// Local QP number.
+    fn qp_num(&self) -> u32;
+    /// Moves the QP through INIT -> RTR -> RTS against `remote`.
+    fn connect(&mut self, remote: &RemoteQp, settings: &QpSettings) -> FabricResult<()>;
+    /// Posts `chain` as one linked list of WRs, in order.
+    ///
+    /// # Safety
+    /// Every local SGE range must stay registered and unmodified, and every remote range must stay
+    /// registered by the peer, until the completion of the chain's signaled WR has been polled
+    /// (NCCL keeps buffers alive until `test` reports the request done).
+    unsafe fn post_send(&mut self, chain: &[WorkRequest]) -> FabricResult<()>;
+}
+
+/// Sizes for creating a completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqSettings {
+    /// Number of entries.
+    pub depth: u32,
+}
+
+/// One opened NIC (device + port + protection domain).
+pub trait RailDevice: Send + Sync {
+    /// Static facts about the device.
+    fn info(&self) -> &DeviceInfo;
+    /// Registers `[addr, addr + len)`.
+    fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys>;
+    /// Registers a DMA-BUF range (`fd` is only borrowed for the duration of the call).
+    fn register_dmabuf(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> FabricResult<MemoryKeys>;
+    /// Releases a registration.
+    fn deregister(&self, keys: MemoryKeys) -> FabricResult<()>;
+    /// Creates a completion queue.
+    fn create_cq(&self, settings: CqSettings) -> FabricResult<Box<dyn CompletionQueue>>;
+    /// Creates a shared receive queue holding up to `depth` receives.
+    fn create_srq(&self, depth: u32) -> FabricResult<Box<dyn SharedReceiveQueue>>;
+    /// Creates an RC QP whose completions go to `cq` and whose receives come from `srq`.
+    fn create_qp(
+        &self,
+        cq: &dyn CompletionQueue,
+        srq: Option<&dyn SharedReceiveQueue>,
+        caps: QpCapabilities,
+    ) -> FabricResult<Box<dyn QueuePair>>;
+    /// Reads one pending asynchronous event without blocking.
+    fn next_async_event(&self) -> Option<AsyncEvent>;
+}
+
+/// A backend that opens devices by name.
+pub trait Fabric: Send + Sync {
+    /// `loopback` or `verbs`.
+    fn name(&self) -> &'static str;
+    /// Names of the devices this fabric can open, for error messages.
+    fn device_names(&self) -> Vec<String>;
+    /// Opens `spec` (`name` or `name:port`) as `rail`.
+    fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>>;
+}

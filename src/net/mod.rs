@@ -1,0 +1,282 @@
+//! The one internal implementation of the NCCL net interface, with the newest ABI's semantics.
+//! `crate::ffi`'s per-version adapters convert arguments and call these functions; nothing here
+//! knows about ABI versions or raw C pointers except the opaque handles it hands out.
+//!
+//! Threading (NCCL's contract, `docs/nccl-net-abi.md` section 2): `init`/`devices`/`properties`
+//! on the application thread; `listen`/`connect`/`accept`/memory registration/`close_*` on the
+//! proxy service thread; `isend`/`irecv`/`test`/`iflush` on the proxy progress thread. Global state
+//! lives in [`plugin`] behind a mutex that the data path never takes.
+
+use std::ffi::{c_char, c_void};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::Result;
+
+mod plugin;
+
+pub use plugin::{Context, InitParams, ProfilerCallback};
+
+/// Size of NCCL's opaque listen handle (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_SIZE: usize = 128;
+/// Grouped receives per `irecv` (`maxRecvs`).
+pub const MAX_RECVS: usize = 8;
+/// `NCCL_PTR_HOST`.
+pub const PTR_HOST: i32 = 0x1;
+/// `NCCL_PTR_CUDA`.
+pub const PTR_CUDA: i32 = 0x2;
+/// `NCCL_PTR_DMABUF`.
+pub const PTR_DMABUF: i32 = 0x4;
+
+/// Version-neutral device properties; adapters copy them into their versioned struct.
+#[derive(Clone, Copy, Debug)]
+pub struct Properties {
+    /// Device name (`"<sout>+<sup>"`), NUL-terminated, valid while the plugin is loaded.
+    pub name: *const c_char,
+    /// PCI path of the SOUT rail, or NULL when it has none.
+    pub pci_path: *const c_char,
+    /// SOUT GUID.
+    pub guid: u64,
+    /// `NCCL_PTR_*` bits.
+    pub ptr_support: i32,
+    /// Registrations are cache-backed (`regIsGlobal`).
+    pub reg_is_global: i32,
+    /// NCCL must call `iflush` (`forceFlush`).
+    pub force_flush: i32,
+    /// Sum of the rails' speeds, Mbps.
+    pub speed: i32,
+    /// SOUT port number.
+    pub port: i32,
+    /// Latency in microseconds (0 = NCCL default).
+    pub latency: f32,
+    /// Maximum comms (channels) through the device.
+    pub max_comms: i32,
+    /// Grouped receive limit.
+    pub max_recvs: i32,
+    /// Number of physical devices behind the fused one (always 2).
+    pub vdev_count: i32,
+    /// Physical device indices behind the fused one.
+    pub vdev_devices: [i32; 2],
+    /// Largest `isend`/`irecv` NCCL may issue.
+    pub max_p2p_bytes: usize,
+    /// collNet only.
+    pub max_coll_bytes: usize,
+    /// `maxMultiRequestSize` (v11+).
+    pub max_multi_request_size: i32,
+    /// v12 rail id (-1 undefined).
+    pub rail_id: i16,
+    /// v12 plane id (-1 undefined).
+    pub plane_id: i16,
+}
+
+/// An opaque listen comm.
+pub struct ListenComm {
+    _private: (),
+}
+/// An opaque send comm.
+pub struct SendComm {
+    _private: (),
+}
+/// An opaque receive comm.
+pub struct RecvComm {
+    _private: (),
+}
+/// An opaque memory registration.
+pub struct MemoryHandle {
+    _private: (),
+}
+/// An opaque request.
+pub struct Request {
+    _private: (),
+}
+
+/// Either kind of data comm (NCCL's `regMr` takes both through one `void*`).
+#[derive(Clone, Copy)]
+pub enum CommRef<'a> {
+    /// A send comm.
+    Send(&'a SendComm),
+    /// A receive comm.
+    Recv(&'a RecvComm),
+}
+
+impl CommRef<'_> {
+    /// Identifies the comm behind a pointer NCCL passed to `regMr`/`deregMr`/`getDeviceMr`.
+    ///
+    /// # Safety
+    /// `comm` must be a pointer this plugin returned from `connect` or `accept` and not yet
+    /// closed; the comm must outlive `'a`.
+    pub unsafe fn from_raw<'a>(comm: NonNull<c_void>) -> Result<CommRef<'a>> {
+        let _ = comm;
+        todo!()
+    }
+}
+
+/// One buffer of a (possibly grouped) receive.
+#[derive(Clone, Copy)]
+pub struct RecvBuffer<'a> {
+    /// Destination address.
+    pub addr: u64,
+    /// Capacity in bytes (the sender's size is clamped to it).
+    pub capacity: usize,
+    /// Tag the matching `isend` carries.
+    pub tag: i32,
+    /// Registration covering `[addr, addr + capacity)`.
+    pub memory: Option<&'a MemoryHandle>,
+    /// NCCL profiler handle for this buffer (may be NULL).
+    pub profiler_handle: *mut c_void,
+}
+
+impl RecvBuffer<'_> {
+    /// An unused entry, for stack arrays.
+    pub const EMPTY: RecvBuffer<'static> = RecvBuffer {
+        addr: 0,
+        capacity: 0,
+        tag: 0,
+        memory: None,
+        profiler_handle: std::ptr::null_mut(),
+    };
+}
+
+/// What `test` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TestOutcome {
+    /// The request finished; it is now released.
+    pub done: bool,
+    /// Sizes received (receive: one per buffer) or sent (send: one).
+    pub sizes: [i32; MAX_RECVS],
+    /// How many entries of `sizes` are meaningful.
+    pub count: usize,
+}
+
+/// `init`: idempotent and refcounted; each call returns a context to pass to `finalize`.
+pub fn init(params: InitParams) -> Result<Arc<Context>> {
+    plugin::init(params)
+}
+
+/// `finalize`: releases one `init`; the last one closes the devices.
+pub fn finalize(ctx: Arc<Context>) -> Result<()> {
+    plugin::finalize(ctx)
+}
+
+/// `devices`: always 1 (the fused device).
+pub fn device_count() -> Result<i32> {
+    plugin::device_count()
+}
+
+/// `getProperties`.
+pub fn properties(dev: i32) -> Result<Properties> {
+    plugin::properties(dev)
+}
+
+/// `makeVDevice`: MPIB fuses its rails itself, so NCCL-side fusion is refused.
+pub fn make_vdevice(ndevs: i32) -> Result<i32> {
+    Err(crate::error::Error::invalid_usage(format!(
+        "makeVDevice({ndevs} devices) is not supported: MPIB already fuses MPIB_HCA_SOUT and \
+         MPIB_HCA_SUP into device 0"
+    )))
+}
+
+/// `listen`: writes the handle to ship to the peer.
+pub fn listen(ctx: &Arc<Context>, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<Box<ListenComm>> {
+    let _ = (ctx, dev, handle);
+    todo!()
+}
+
+/// `connect`: non-blocking; `Ok(None)` means call again with the same handle.
+pub fn connect(
+    ctx: &Arc<Context>,
+    dev: i32,
+    handle: &mut [u8; HANDLE_SIZE],
+    traffic_class: i32,
+) -> Result<Option<Box<SendComm>>> {
+    let _ = (ctx, dev, handle, traffic_class);
+    todo!()
+}
+
+/// `accept`: non-blocking; `Ok(None)` means call again.
+pub fn accept(listen: &mut ListenComm) -> Result<Option<Box<RecvComm>>> {
+    let _ = listen;
+    todo!()
+}
+
+/// `regMr`.
+pub fn register_memory(
+    comm: CommRef<'_>,
+    addr: u64,
+    size: usize,
+    ptr_type: i32,
+) -> Result<Box<MemoryHandle>> {
+    let _ = (comm, addr, size, ptr_type);
+    todo!()
+}
+
+/// `regMrDmaBuf`: `fd` is duplicated if kept (NCCL closes it on return).
+pub fn register_dmabuf(
+    comm: CommRef<'_>,
+    addr: u64,
+    size: usize,
+    ptr_type: i32,
+    offset: u64,
+    fd: i32,
+) -> Result<Box<MemoryHandle>> {
+    let _ = (comm, addr, size, ptr_type, offset, fd);
+    todo!()
+}
+
+/// `deregMr`.
+pub fn deregister_memory(comm: CommRef<'_>, memory: Box<MemoryHandle>) -> Result<()> {
+    let _ = (comm, memory);
+    todo!()
+}
+
+/// `isend`: `Ok(None)` means "try again later".
+pub fn isend(
+    comm: &SendComm,
+    addr: u64,
+    size: usize,
+    tag: i32,
+    memory: &MemoryHandle,
+    profiler_handle: *mut c_void,
+) -> Result<Option<NonNull<Request>>> {
+    let _ = (comm, addr, size, tag, memory, profiler_handle);
+    todo!()
+}
+
+/// `irecv` of `buffers.len()` (1..=8) grouped buffers: `Ok(None)` means "try again later".
+pub fn irecv(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
+    let _ = (comm, buffers);
+    todo!()
+}
+
+/// `iflush`: `Ok(None)` means nothing to wait for.
+pub fn iflush(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
+    let _ = (comm, buffers);
+    todo!()
+}
+
+/// `test`.
+///
+/// # Safety
+/// `request` must have been returned by `isend`/`irecv`/`iflush` and not yet reported done.
+pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
+    let _ = request;
+    todo!()
+}
+
+/// `closeSend`.
+pub fn close_send(comm: Box<SendComm>) -> Result<()> {
+    let _ = comm;
+    todo!()
+}
+
+/// `closeRecv`.
+pub fn close_recv(comm: Box<RecvComm>) -> Result<()> {
+    let _ = comm;
+    todo!()
+}
+
+/// `closeListen`.
+pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
+    let _ = comm;
+    todo!()
+}

@@ -1,0 +1,279 @@
+//! Every `MPIB_*` environment variable, declared once.
+//!
+//! [`PARAMS`] is the single table: name, default, meaning. The README's variable table is checked
+//! against it by a test (`tests/params_doc.rs`), so the two cannot drift. Values are parsed once
+//! per `init` into a [`Settings`] snapshot; bad values are an error that names the variable.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// One documented variable.
+#[derive(Clone, Copy, Debug)]
+pub struct Param {
+    /// Environment variable name.
+    pub name: &'static str,
+    /// Default, as text ("" when required or unset by default).
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+/// All variables MPIB reads.
+pub const PARAMS: &[Param] = &[
+    Param {
+        name: "MPIB_FABRIC",
+        default: "verbs",
+        doc: "Backend: `verbs` (libibverbs) or `loopback` (in-process model, for tests and the demo).",
+    },
+    Param {
+        name: "MPIB_HCA_SOUT",
+        default: "",
+        doc: "Scale-out rail device, `name` or `name:port` (e.g. `mlx5_0:1`). Loopback default `loop0`.",
+    },
+    Param {
+        name: "MPIB_HCA_SUP",
+        default: "",
+        doc: "Scale-up rail device, `name` or `name:port`. Loopback default `loop1`.",
+    },
+    Param {
+        name: "MPIB_SOUT_QP",
+        default: "2",
+        doc: "QPs per connection on the SOUT rail (1-16).",
+    },
+    Param {
+        name: "MPIB_SUP_QP",
+        default: "4",
+        doc: "QPs per connection on the SUP rail (1-16); none are created for vanilla inter-island.",
+    },
+    Param {
+        name: "MPIB_CTS_SIGNAL_INTERVAL",
+        default: "128",
+        doc: "A CTS write is signalled every this many slots (power of two, 1-256).",
+    },
+    Param {
+        name: "MPIB_MODE",
+        default: "0",
+        doc: "0 = vanilla (island policy: intra all SUP, inter all SOUT); 1 = advanced (agent hints).",
+    },
+    Param {
+        name: "MPIB_ISLAND_PREFIX_LEN",
+        default: "24",
+        doc: "Two SOUT IPv4 addresses sharing this many leading bits are in the same island (0-32).",
+    },
+    Param {
+        name: "MPIB_OOB_IF",
+        default: "",
+        doc: "Interface whose IPv4 address carries the control connection (auto when unset).",
+    },
+    Param {
+        name: "MPIB_OOB_ADDR",
+        default: "",
+        doc: "IPv4 address for the control connection; overrides MPIB_OOB_IF.",
+    },
+    Param {
+        name: "MPIB_HINT_PATH",
+        default: "/tmp/mpib/hints",
+        doc: "Advanced mode: the agent's hint SHM file (seqlock entries, parts per 1024).",
+    },
+    Param {
+        name: "MPIB_AGENT_SOCKET",
+        default: "/tmp/mpib/agent.sock",
+        doc: "Advanced mode: the agent's registration socket (assigns each connection a hint slot).",
+    },
+    Param {
+        name: "MPIB_LOOPBACK_FAULTS",
+        default: "",
+        doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
+              `starve=RAIL:N` (see docs/ARCHITECTURE.md).",
+    },
+];
+
+/// Which backend serves the fabric seam.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricKind {
+    /// Real libibverbs.
+    Verbs,
+    /// The in-process loopback model.
+    Loopback,
+}
+
+/// Vanilla or advanced policy mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Topology-driven: intra-island all SUP, inter-island all SOUT.
+    Vanilla,
+    /// Agent-driven: the hint SHM decides the split.
+    Advanced,
+}
+
+/// An invalid variable value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    /// Variable name.
+    pub name: &'static str,
+    /// The offending value.
+    pub value: String,
+    /// What was expected.
+    pub expected: String,
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={:?} is invalid: expected {}", self.name, self.value, self.expected)
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// A snapshot of every variable, parsed and validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// MPIB_FABRIC.
+    pub fabric: FabricKind,
+    /// MPIB_HCA_SOUT (after the fabric's default applies).
+    pub hca_sout: String,
+    /// MPIB_HCA_SUP (after the fabric's default applies).
+    pub hca_sup: String,
+    /// MPIB_SOUT_QP.
+    pub sout_qps: u8,
+    /// MPIB_SUP_QP.
+    pub sup_qps: u8,
+    /// MPIB_CTS_SIGNAL_INTERVAL.
+    pub cts_signal_interval: u16,
+    /// MPIB_MODE.
+    pub mode: Mode,
+    /// MPIB_ISLAND_PREFIX_LEN.
+    pub island_prefix_len: u8,
+    /// MPIB_OOB_IF.
+    pub oob_interface: Option<String>,
+    /// MPIB_OOB_ADDR.
+    pub oob_address: Option<Ipv4Addr>,
+    /// MPIB_HINT_PATH.
+    pub hint_path: String,
+    /// MPIB_AGENT_SOCKET.
+    pub agent_socket: String,
+    /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
+    pub loopback_faults: String,
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Settings, ParamError> {
+        Settings::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Parses from any name -> value lookup (tests use a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Settings, ParamError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let fabric = match get("MPIB_FABRIC").as_deref().map(str::trim) {
+            None | Some("verbs") => FabricKind::Verbs,
+            Some("loopback") => FabricKind::Loopback,
+            Some(other) => return Err(invalid("MPIB_FABRIC", other, "`verbs` or `loopback`")),
+        };
+        let default_hca = |loopback_name: &str| match fabric {
+            FabricKind::Loopback => loopback_name.to_string(),
+            FabricKind::Verbs => String::new(),
+        };
+        let mode = match parse_int(&get, "MPIB_MODE", 0, 0, 1)? {
+            0 => Mode::Vanilla,
+            _ => Mode::Advanced,
+        };
+        let cts_signal_interval = parse_int(&get, "MPIB_CTS_SIGNAL_INTERVAL", 128, 1, 256)?;
+        if !cts_signal_interval.is_power_of_two() {
+            let value = cts_signal_interval.to_string();
+            return Err(invalid("MPIB_CTS_SIGNAL_INTERVAL", &value, "a power of two in 1..=256"));
+        }
+        let oob_address = match get("MPIB_OOB_ADDR") {
+            None => None,
+            Some(text) => Some(
+                text.trim()
+                    .parse::<Ipv4Addr>()
+                    .map_err(|_| invalid("MPIB_OOB_ADDR", &text, "an IPv4 address"))?,
+            ),
+        };
+        Ok(Settings {
+            fabric,
+            hca_sout: get("MPIB_HCA_SOUT").unwrap_or_else(|| default_hca("loop0")),
+            hca_sup: get("MPIB_HCA_SUP").unwrap_or_else(|| default_hca("loop1")),
+            sout_qps: parse_int(&get, "MPIB_SOUT_QP", 2, 1, 16)? as u8,
+            sup_qps: parse_int(&get, "MPIB_SUP_QP", 4, 1, 16)? as u8,
+            cts_signal_interval: cts_signal_interval as u16,
+            mode,
+            island_prefix_len: parse_int(&get, "MPIB_ISLAND_PREFIX_LEN", 24, 0, 32)? as u8,
+            oob_interface: get("MPIB_OOB_IF"),
+            oob_address,
+            hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| "/tmp/mpib/hints".into()),
+            agent_socket: get("MPIB_AGENT_SOCKET").unwrap_or_else(|| "/tmp/mpib/agent.sock".into()),
+            loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
+        })
+    }
+}
+
+fn invalid(name: &'static str, value: &str, expected: &str) -> ParamError {
+    ParamError { name, value: value.to_string(), expected: expected.to_string() }
+}
+
+fn parse_int(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: u32,
+    min: u32,
+    max: u32,
+) -> Result<u32, ParamError> {
+    let Some(text) = get(name) else { return Ok(default) };
+    match text.trim().parse::<u32>() {
+        Ok(value) if (min..=max).contains(&value) => Ok(value),
+        _ => Err(invalid(name, &text, &format!("an integer in {min}..={max}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ParamError> {
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_match_the_table() {
+        let s = settings(&[("MPIB_FABRIC", "loopback")]).unwrap();
+        assert_eq!((s.sout_qps, s.sup_qps, s.cts_signal_interval), (2, 4, 128));
+        assert_eq!((s.mode, s.island_prefix_len), (Mode::Vanilla, 24));
+        assert_eq!((s.hca_sout.as_str(), s.hca_sup.as_str()), ("loop0", "loop1"));
+        for param in PARAMS {
+            let text = match param.name {
+                "MPIB_SOUT_QP" => s.sout_qps.to_string(),
+                "MPIB_SUP_QP" => s.sup_qps.to_string(),
+                "MPIB_CTS_SIGNAL_INTERVAL" => s.cts_signal_interval.to_string(),
+                "MPIB_ISLAND_PREFIX_LEN" => s.island_prefix_len.to_string(),
+                "MPIB_HINT_PATH" => s.hint_path.clone(),
+                "MPIB_AGENT_SOCKET" => s.agent_socket.clone(),
+                _ => continue,
+            };
+            assert_eq!(text, param.default, "{}", param.name);
+        }
+    }
+
+    #[test]
+    fn verbs_has_no_default_devices() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.fabric, FabricKind::Verbs);
+        assert!(s.hca_sout.is_empty() && s.hca_sup.is_empty());
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = settings(&[("MPIB_SUP_QP", "0")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_SUP_QP");
+        assert!(e.to_string().contains("MPIB_SUP_QP=\"0\""), "{e}");
+        assert_eq!(settings(&[("MPIB_MODE", "2")]).unwrap_err().name, "MPIB_MODE");
+        assert_eq!(settings(&[("MPIB_FABRIC", "tcp")]).unwrap_err().name, "MPIB_FABRIC");
+        let e = settings(&[("MPIB_CTS_SIGNAL_INTERVAL", "100")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_CTS_SIGNAL_INTERVAL");
+        assert_eq!(settings(&[("MPIB_OOB_ADDR", "10.0.0")]).unwrap_err().name, "MPIB_OOB_ADDR");
+    }
+}

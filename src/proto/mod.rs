@@ -1,0 +1,2 @@
+//! The sans-IO protocol core.
+#![forbid(unsafe_code)]
