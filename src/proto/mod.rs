@@ -1,2 +1,13 @@
-//! The sans-IO protocol core.
+//! The sans-IO protocol core: every rule of the MPIB wire protocol as pure, deterministic code.
+//!
+//! Why a separate core: the engine (`net`) does I/O against the fabric seam, and everything it
+//! decides (how a buffer is split, which QP carries it, what the immediate says, when a receive
+//! is complete, how many work requests fit) is a function of plain values. Keeping those
+//! functions here, without `unsafe`, I/O, floats or per-transfer allocation, lets them be tested
+//! exhaustively (unit and property tests) and read against the design seeds one file at a time.
+
 #![forbid(unsafe_code)]
+
+pub mod imm;
+pub mod rail_mask;
+pub mod split;
