@@ -8,6 +8,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod completion;
+pub mod credits;
+pub mod cts;
 pub mod imm;
+pub mod island;
+pub mod policy;
+pub mod qp_layout;
 pub mod rail_mask;
+pub mod signal;
 pub mod split;
+pub mod srq;
+pub mod wr_id;
