@@ -8,9 +8,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_wire;
 pub mod completion;
 pub mod credits;
 pub mod cts;
+pub mod cursor;
+pub mod hint;
 pub mod imm;
 pub mod island;
 pub mod policy;
@@ -19,4 +22,5 @@ pub mod rail_mask;
 pub mod signal;
 pub mod split;
 pub mod srq;
+pub mod wire;
 pub mod wr_id;
