@@ -1,1 +1,260 @@
-//! In-process loopback fabric.
+//! In-process loopback fabric: a deterministic model of RDMA RC semantics behind the fabric seam.
+//!
+//! Why it exists: the engine must be testable (unit, integration, CI, the demo) on machines with
+//! no RDMA hardware, and its hardest bugs (credit accounting, completion order across rails, error
+//! completions) must be reproducible on demand. This backend therefore models exactly the parts of
+//! RC semantics the engine relies on, and nothing it must not rely on:
+//!
+//! * Two devices, `loop0` and `loop1` (port 1 only), each with its own memory-region table; keys
+//!   are unique in the process, so a key used on the wrong rail fails like it would on hardware.
+//! * RDMA_WRITE / RDMA_WRITE_WITH_IMM executed in order within a QP, with no promise across QPs
+//!   or rails; one SRQ receive consumed per IMM; bounded CQs that break on overflow; error
+//!   completions that put the QP in the error state and flush everything behind them; a send
+//!   queue whose slots are only freed by signaled completions.
+//! * Deterministic fault knobs ([`LoopbackFabric::new`]).
+//!
+//! Execution details the engine may observe:
+//! * Posting only validates and enqueues (the whole chain or nothing); WRs execute during the
+//!   next progress pass, which every `CompletionQueue::poll` of any loopback CQ runs first.
+//! * A WR checks its local SGE against the local device's registrations (`LocalProtection`),
+//!   then the remote range against the peer device's registrations with `remote_write`
+//!   (`RemoteAccess`; a zero-byte write checks no rkey, as on hardware). An IMM then takes the
+//!   oldest receive of the peer QP's SRQ (none: `ReceiverNotReady`, nothing placed), the bytes
+//!   are copied, and the receiver's `RecvRdmaWithImm` completion goes to the peer QP's CQ.
+//! * A peer that was destroyed, is in error, is connected to another QP, or was given with a
+//!   GID other than its device's, never answers: `RetryExceeded`. A peer that exists but has not
+//!   connected yet makes the WR wait (a NIC keeps retrying), keeping the QP's order.
+//! * An error completion is always generated; the QP then enters the error state, the WRs
+//!   behind it are flushed (`Flushed`, completions only for signaled ones) and posts fail.
+//! * Send-queue slots are freed only by generated completions: a signaled completion retires
+//!   its WR and every unsignaled WR executed before it.
+//! * Inline WRs are copied at post time (their lkey is not checked, as on hardware).
+//! * `register` fails with EFAULT on unmapped memory (`ibv_reg_mr` pins pages), so a bogus
+//!   registration cannot become a segfault during execution.
+//!
+//! # The world and its lock
+//! Sender and receiver comms of one process (or two separately created [`LoopbackFabric`]
+//! values) must reach the same devices, exactly like two processes reach the same NICs. All state
+//! therefore lives in one process-global `World` behind a `Mutex`. That mutex stands for the
+//! NIC's own internal serialisation (doorbells, the on-chip scheduler): the plugin's code takes
+//! no lock of its own to use the seam, and the "hardware" makes progress only while some CQ is
+//! polled (`CompletionQueue::poll`), which keeps every run deterministic.
+//!
+//! # Fault knobs are per fabric, stored globally
+//! The knobs are given to [`LoopbackFabric::new`], but the world they act on is global, so
+//! creating a fabric stores its knobs in the world (the last fabric created wins) and restarts
+//! the `fail` counters. Tests that set knobs must therefore not run concurrently with other tests
+//! that use the loopback world in the same process: crate tests hold `loopback::tests::serial`.
+
+mod device;
+mod execute;
+mod faults;
+mod qp;
+mod queues;
+#[cfg(test)]
+pub(crate) mod tests;
+#[cfg(test)]
+mod tests_faults;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use self::device::{DeviceState, LoopbackDevice};
+use self::faults::Faults;
+use self::qp::QpState;
+use self::queues::{CqState, SrqState};
+use super::{Fabric, FabricError, FabricResult, Rail, RailDevice};
+
+/// The device names, indexed by the device's position in [`World::devices`].
+const DEVICE_NAMES: [&str; 2] = ["loop0", "loop1"];
+
+/// First QP number handed out; small numbers look like uninitialised fields in logs.
+const FIRST_QPN: u32 = 0x100;
+
+/// First memory key handed out; keys are never 0 so a zeroed key is always invalid.
+const FIRST_KEY: u32 = 0x10;
+
+/// The emulated hardware: every device, queue and registration of the process.
+pub(crate) struct World {
+    /// Per-device state, indexed like [`DEVICE_NAMES`].
+    pub(crate) devices: [DeviceState; 2],
+    /// The knobs of the most recently created [`LoopbackFabric`].
+    pub(crate) faults: Faults,
+    /// WRs posted per rail since the knobs were stored (the `fail` knob counts these).
+    pub(crate) posted: [u64; 2],
+    /// Progress passes run so far (the `delay` knob counts these).
+    pub(crate) pass: u64,
+    /// Next QP number.
+    pub(crate) next_qpn: u32,
+    /// Next memory key (an lkey; its rkey is the following number).
+    pub(crate) next_key: u32,
+    /// Next CQ/SRQ identifier.
+    pub(crate) next_id: u64,
+    /// Live QPs in creation order (progress walks them in this order).
+    pub(crate) qps: Vec<QpState>,
+    /// Live completion queues.
+    pub(crate) cqs: Vec<CqState>,
+    /// Live shared receive queues.
+    pub(crate) srqs: Vec<SrqState>,
+}
+
+impl World {
+    /// The empty world (const so that it can initialise a `static` without lazy machinery).
+    const fn new() -> World {
+        World {
+            devices: [DeviceState::new(), DeviceState::new()],
+            faults: Faults {
+                reorder: false,
+                delay: [0, 0],
+                fail: [None, None],
+                starve: [None, None],
+            },
+            posted: [0, 0],
+            pass: 0,
+            next_qpn: FIRST_QPN,
+            next_key: FIRST_KEY,
+            next_id: 1,
+            qps: Vec::new(),
+            cqs: Vec::new(),
+            srqs: Vec::new(),
+        }
+    }
+
+    /// Position of the live QP numbered `qpn`.
+    pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.qpn == qpn)
+    }
+
+    /// Position of the live CQ with identifier `id`.
+    pub(crate) fn cq_index(&self, id: u64) -> Option<usize> {
+        self.cqs.iter().position(|c| c.id == id)
+    }
+
+    /// Position of the live SRQ with identifier `id`.
+    pub(crate) fn srq_index(&self, id: u64) -> Option<usize> {
+        self.srqs.iter().position(|s| s.id == id)
+    }
+
+    /// A fresh CQ/SRQ identifier (u64: never wraps in practice).
+    pub(crate) fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        id
+    }
+}
+
+/// The one world of the process.
+static WORLD: Mutex<World> = Mutex::new(World::new());
+
+/// Locks the world. A poisoned lock (a test panicked while holding it) is recovered rather than
+/// propagated: the seam promises not to panic, and the world's invariants are re-checked by
+/// every operation that relies on them.
+pub(crate) fn world() -> MutexGuard<'static, World> {
+    WORLD
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Builds a [`FabricError`]; every loopback error goes through here so they all look alike.
+pub(crate) fn fabric_error(
+    verb: &'static str,
+    device: &str,
+    qp_num: Option<u32>,
+    errno: i32,
+    detail: impl Into<String>,
+) -> FabricError {
+    FabricError {
+        verb,
+        device: device.to_string(),
+        qp_num,
+        errno,
+        detail: detail.into(),
+    }
+}
+
+/// The name of device `index` (`?` for an index that cannot occur, rather than a panic).
+pub(crate) fn device_name(index: usize) -> &'static str {
+    DEVICE_NAMES.get(index).copied().unwrap_or("?")
+}
+
+/// The loopback backend of the fabric seam (selected with `MPIB_FABRIC=loopback`).
+#[derive(Debug)]
+pub struct LoopbackFabric {
+    /// This fabric's knobs (also stored in the world when the fabric was created).
+    faults: Faults,
+}
+
+impl LoopbackFabric {
+    /// Creates the fabric with the fault knobs `faults` (the `MPIB_LOOPBACK_FAULTS` value): a
+    /// comma-separated list of
+    ///
+    /// * `reorder`: progress runs the SUP rail's QPs before the SOUT rail's, and within a rail
+    ///   the QPs in reverse creation order (order within one QP is kept, as RC guarantees);
+    /// * `delay=RAIL:N`: WRs posted on RAIL wait N progress passes before they may execute;
+    /// * `fail=RAIL:N`: the N-th WR (1-based) posted on RAIL's QPs anywhere in the process
+    ///   completes with `RetryExceeded`, putting its QP in the error state;
+    /// * `starve=RAIL:N`: each SRQ of RAIL accepts only N receives over its lifetime; later
+    ///   posts succeed but add nothing, so a later IMM finds the SRQ empty;
+    ///
+    /// with RAIL `sout` or `sup`. The world is process-global, so the knobs are stored there:
+    /// the most recently created fabric's knobs apply to every loopback resource, and creating a
+    /// fabric restarts the `fail` counters.
+    ///
+    /// # Errors
+    /// A malformed knob: the error names `MPIB_LOOPBACK_FAULTS` and the bad token.
+    pub fn new(faults: &str) -> Result<LoopbackFabric, FabricError> {
+        let faults = Faults::parse(faults)?;
+        let mut world = world();
+        world.faults = faults;
+        world.posted = [0, 0];
+        Ok(LoopbackFabric { faults })
+    }
+
+    /// Whether this fabric was created with any fault knob (for logs).
+    pub fn has_faults(&self) -> bool {
+        self.faults != Faults::default()
+    }
+}
+
+impl Fabric for LoopbackFabric {
+    fn name(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn device_names(&self) -> Vec<String> {
+        DEVICE_NAMES.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
+        let index = parse_spec(spec)?;
+        Ok(Arc::new(LoopbackDevice::new(index, rail)))
+    }
+}
+
+/// Resolves `name` or `name:port` to a device index; only port 1 exists.
+fn parse_spec(spec: &str) -> FabricResult<usize> {
+    let (name, port) = match spec.split_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (spec, None),
+    };
+    let unknown = |why: String| {
+        fabric_error(
+            "ibv_open_device",
+            spec,
+            None,
+            libc::ENODEV,
+            format!(
+                "{why}; available devices: {} (port 1)",
+                DEVICE_NAMES.join(", ")
+            ),
+        )
+    };
+    let index = DEVICE_NAMES
+        .iter()
+        .position(|n| *n == name)
+        .ok_or_else(|| unknown(format!("no loopback device named `{name}`")))?;
+    match port {
+        None => Ok(index),
+        Some(port) if port.trim().parse::<u32>() == Ok(1) => Ok(index),
+        Some(port) => Err(unknown(format!("device `{name}` has no port `{port}`"))),
+    }
+}

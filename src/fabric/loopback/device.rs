@@ -1,0 +1,352 @@
+//! Loopback devices: static facts, memory registration, async events, and the factories for
+//! CQs, SRQs and QPs.
+
+use std::collections::VecDeque;
+
+use super::qp::{LoopbackQp, QpState};
+use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
+use super::{device_name, fabric_error, world, World};
+use crate::fabric::{
+    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
+    LinkLayer, MemoryKeys, QpCapabilities, QueuePair, Rail, RailDevice, Sge, SharedReceiveQueue,
+};
+
+/// Largest CQ a loopback device creates (the ConnectX `max_cqe`).
+const MAX_CQE: u32 = (1 << 22) - 1;
+/// Largest SRQ a loopback device creates (the ConnectX `max_srq_wr`).
+const MAX_SRQ_WR: u32 = (1 << 15) - 1;
+/// Largest send queue a loopback QP has (the ConnectX `max_qp_wr`).
+const MAX_QP_WR: u32 = 1 << 15;
+/// Largest inline payload a loopback QP accepts (inline data is copied into per-slot buffers
+/// preallocated at QP creation, so this bounds that memory).
+const MAX_INLINE: u32 = 1024;
+/// Pending async events kept per device; older ones are what matters (the first failure), so
+/// later ones are dropped once the queue is full rather than growing it without bound.
+const MAX_EVENTS: usize = 64;
+
+/// One memory registration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mr {
+    /// First byte.
+    addr: u64,
+    /// Length in bytes (non-zero).
+    len: u64,
+    /// Rights granted to remote peers.
+    access: Access,
+    /// Local key.
+    lkey: u32,
+    /// Remote key.
+    rkey: u32,
+}
+
+impl Mr {
+    /// Whether `[addr, addr + len)` lies inside the region.
+    fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// The mutable state of one emulated NIC.
+pub(crate) struct DeviceState {
+    /// Memory registrations (a handful per comm; a linear scan is cheaper than hashing).
+    mrs: Vec<Mr>,
+    /// Pending async events, oldest first.
+    events: VecDeque<AsyncEvent>,
+}
+
+impl DeviceState {
+    /// A device with no registrations and no events.
+    pub(crate) const fn new() -> DeviceState {
+        DeviceState {
+            mrs: Vec::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Whether a local SGE lies inside a region registered with its lkey (any access: the
+    /// local NIC may always read its own registered memory).
+    pub(crate) fn local_ok(&self, sge: &Sge) -> bool {
+        self.mrs
+            .iter()
+            .any(|m| m.lkey == sge.lkey && m.covers(sge.addr, u64::from(sge.length)))
+    }
+
+    /// Whether a remote peer may write `[addr, addr + len)` with `rkey`.
+    pub(crate) fn remote_write_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
+        self.mrs
+            .iter()
+            .any(|m| m.rkey == rkey && m.access.remote_write && m.covers(addr, len))
+    }
+
+    /// Queues an async event (dropped when `MAX_EVENTS` are already pending).
+    pub(crate) fn push_event(&mut self, event: AsyncEvent) {
+        if self.events.len() < MAX_EVENTS {
+            self.events.push_back(event);
+        }
+    }
+}
+
+/// An opened loopback device: a handle onto [`DeviceState`] in the world, tagged with the rail
+/// it was opened as (the fault knobs act per rail).
+pub(crate) struct LoopbackDevice {
+    /// Index of the device in the world.
+    index: usize,
+    /// Rail this handle serves.
+    rail: Rail,
+    /// Static facts.
+    info: DeviceInfo,
+}
+
+impl LoopbackDevice {
+    /// A handle on device `index` for `rail`.
+    pub(crate) fn new(index: usize, rail: Rail) -> LoopbackDevice {
+        LoopbackDevice {
+            index,
+            rail,
+            info: device_info(index),
+        }
+    }
+
+    /// Shorthand for errors about this device.
+    fn error(&self, verb: &'static str, errno: i32, detail: impl Into<String>) -> FabricError {
+        fabric_error(verb, &self.info.name, None, errno, detail)
+    }
+}
+
+/// What device `index` reports: 100 Gb/s RoCE with MTU 4096 and a distinct IPv4-mapped GID,
+/// and no PCI path (callers must cope with devices that have none, like Soft-RoCE).
+pub(crate) fn device_info(index: usize) -> DeviceInfo {
+    let gid = device_gid(index);
+    let host = gid[15];
+    DeviceInfo {
+        name: device_name(index).to_string(),
+        port: 1,
+        speed_mbps: 100_000,
+        active_mtu: 5,
+        link_layer: LinkLayer::Ethernet,
+        lid: 0,
+        gid,
+        gid_index: 1,
+        // "MPIBLOOP" followed by the device number: distinct per device, recognisable in logs.
+        guid: 0x4d50_4942_4c4f_4f00 | u64::from(host),
+        pci_path: None,
+        max_qp: 1 << 17,
+    }
+}
+
+/// The GID of device `index`: `::ffff:127.0.0.(index + 1)`, so the two rails have different
+/// addresses (computed, not stored, so that the data path can compare without allocating).
+pub(crate) fn device_gid(index: usize) -> [u8; 16] {
+    let host = u8::try_from(index + 1).unwrap_or(u8::MAX);
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12..].copy_from_slice(&[127, 0, 0, host]);
+    gid
+}
+
+/// Whether every page of `[addr, addr + len)` is mapped in this process. `ibv_reg_mr` pins the
+/// pages and fails with EFAULT on unmapped memory; checking here keeps a bogus registration
+/// from turning into a segfault at execution time. `mincore` has no side effects on the pages.
+fn mapped(addr: u64, len: u64) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1);
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut start = addr - addr % page;
+    // One status byte per page; probe in chunks so no allocation depends on the length.
+    let mut status = [0u8; 512];
+    while start < end {
+        let chunk = (end - start).min(page * status.len() as u64);
+        let Ok(chunk_len) = usize::try_from(chunk) else {
+            return false;
+        };
+        // SAFETY: mincore only reads the page tables of the range and writes at most
+        // ceil(chunk / page) <= status.len() bytes into `status`; `start` is page-aligned.
+        let rc =
+            unsafe { libc::mincore(start as *mut libc::c_void, chunk_len, status.as_mut_ptr()) };
+        if rc != 0 {
+            return false;
+        }
+        start += chunk;
+    }
+    true
+}
+
+impl RailDevice for LoopbackDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys> {
+        let verb = "ibv_reg_mr";
+        let len64 = len as u64;
+        if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
+            return Err(self.error(verb, libc::EINVAL, format!("bad range {addr:#x}+{len}")));
+        }
+        if !mapped(addr, len64) {
+            let detail = format!("range {addr:#x}+{len} is not mapped memory");
+            return Err(self.error(verb, libc::EFAULT, detail));
+        }
+        let mut world = world();
+        let lkey = world.next_key;
+        let Some(next) = lkey.checked_add(2) else {
+            return Err(self.error(verb, libc::ENOMEM, "memory keys exhausted"));
+        };
+        world.next_key = next;
+        // lkey and rkey differ so that using one for the other fails, as it may on hardware.
+        let mr = Mr {
+            addr,
+            len: len64,
+            access,
+            lkey,
+            rkey: lkey + 1,
+        };
+        world.devices[self.index].mrs.push(mr);
+        Ok(MemoryKeys {
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+        })
+    }
+
+    fn register_dmabuf(
+        &self,
+        _offset: u64,
+        _len: usize,
+        _iova: u64,
+        _fd: i32,
+        _access: Access,
+    ) -> FabricResult<MemoryKeys> {
+        Err(self.error(
+            "ibv_reg_dmabuf_mr",
+            libc::EOPNOTSUPP,
+            "loopback devices have no DMA-BUF",
+        ))
+    }
+
+    fn deregister(&self, keys: MemoryKeys) -> FabricResult<()> {
+        let mut world = world();
+        let mrs = &mut world.devices[self.index].mrs;
+        match mrs
+            .iter()
+            .position(|m| m.lkey == keys.lkey && m.rkey == keys.rkey)
+        {
+            Some(pos) => {
+                mrs.swap_remove(pos);
+                Ok(())
+            }
+            None => Err(self.error(
+                "ibv_dereg_mr",
+                libc::EINVAL,
+                format!(
+                    "no registration with lkey {:#x} rkey {:#x}",
+                    keys.lkey, keys.rkey
+                ),
+            )),
+        }
+    }
+
+    fn create_cq(&self, settings: CqSettings) -> FabricResult<Box<dyn CompletionQueue>> {
+        let verb = "ibv_create_cq";
+        let depth =
+            check_depth(settings.depth, MAX_CQE).map_err(|d| self.error(verb, libc::EINVAL, d))?;
+        let mut state = CqState::new(self.index, depth)
+            .ok_or_else(|| self.error(verb, libc::ENOMEM, "cannot allocate the CQ ring"))?;
+        let mut world = world();
+        state.id = world.take_id();
+        let id = state.id;
+        world.cqs.push(state);
+        Ok(Box::new(LoopbackCq::new(id, self.index)))
+    }
+
+    fn create_srq(&self, depth: u32) -> FabricResult<Box<dyn SharedReceiveQueue>> {
+        let verb = "ibv_create_srq";
+        let depth =
+            check_depth(depth, MAX_SRQ_WR).map_err(|d| self.error(verb, libc::EINVAL, d))?;
+        let mut state = SrqState::new(self.rail, depth)
+            .ok_or_else(|| self.error(verb, libc::ENOMEM, "cannot allocate the SRQ ring"))?;
+        let mut world = world();
+        state.id = world.take_id();
+        let id = state.id;
+        world.srqs.push(state);
+        Ok(Box::new(LoopbackSrq::new(id, self.index)))
+    }
+
+    fn create_qp(
+        &self,
+        cq: &dyn CompletionQueue,
+        srq: Option<&dyn SharedReceiveQueue>,
+        caps: QpCapabilities,
+    ) -> FabricResult<Box<dyn QueuePair>> {
+        let verb = "ibv_create_qp";
+        let einval = |detail: String| self.error(verb, libc::EINVAL, detail);
+        let cq = cq
+            .as_any()
+            .downcast_ref::<LoopbackCq>()
+            .ok_or_else(|| einval("the CQ was not created by the loopback fabric".to_string()))?;
+        let srq = match srq {
+            None => None,
+            Some(s) => Some(s.as_any().downcast_ref::<LoopbackSrq>().ok_or_else(|| {
+                einval("the SRQ was not created by the loopback fabric".to_string())
+            })?),
+        };
+        if cq.device() != self.index || srq.is_some_and(|s| s.device() != self.index) {
+            return Err(einval(
+                "the CQ and SRQ must belong to the QP's device".to_string(),
+            ));
+        }
+        check_depth(caps.max_send_wr, MAX_QP_WR)
+            .map_err(|d| einval(format!("max_send_wr: {d}")))?;
+        if caps.max_inline > MAX_INLINE {
+            let detail = format!("max_inline {} exceeds {MAX_INLINE}", caps.max_inline);
+            return Err(einval(detail));
+        }
+        let mut world = world();
+        create_qp_locked(&mut world, self, cq.id(), srq.map(|s| s.id()), caps)
+    }
+
+    fn next_async_event(&self) -> Option<AsyncEvent> {
+        world().devices[self.index].events.pop_front()
+    }
+}
+
+/// Second half of `create_qp`, under the world lock: allocates the QP number and state.
+fn create_qp_locked(
+    world: &mut World,
+    dev: &LoopbackDevice,
+    cq: u64,
+    srq: Option<u64>,
+    caps: QpCapabilities,
+) -> FabricResult<Box<dyn QueuePair>> {
+    let verb = "ibv_create_qp";
+    // The handles borrowed by the caller keep both queues alive, but check anyway: the world
+    // is the source of truth, not the handles.
+    if world.cq_index(cq).is_none() || srq.is_some_and(|s| world.srq_index(s).is_none()) {
+        return Err(dev.error(verb, libc::EINVAL, "the CQ or SRQ no longer exists"));
+    }
+    let qpn = world.next_qpn;
+    let Some(next) = qpn.checked_add(1).filter(|n| *n <= 0x00ff_ffff) else {
+        // QP numbers are 24 bits on the wire.
+        return Err(dev.error(verb, libc::ENOMEM, "QP numbers exhausted"));
+    };
+    let state = QpState::new(qpn, dev.index, dev.rail, cq, srq, caps)
+        .ok_or_else(|| dev.error(verb, libc::ENOMEM, "cannot allocate the send queue"))?;
+    world.next_qpn = next;
+    world.qps.push(state);
+    Ok(Box::new(LoopbackQp::new(qpn, dev.index)))
+}
+
+/// Validates a queue depth: 1 ..= max. The error is the detail text.
+fn check_depth(depth: u32, max: u32) -> Result<u32, String> {
+    if depth == 0 || depth > max {
+        Err(format!("depth {depth} outside 1..={max}"))
+    } else {
+        Ok(depth)
+    }
+}

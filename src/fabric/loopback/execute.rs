@@ -1,0 +1,203 @@
+//! Progress: executing posted WRs the way an RC NIC would.
+//!
+//! One pass runs each QP's in-flight queue in FIFO order (RC keeps order within a QP) and the
+//! QPs in creation order, or, under `reorder`, SUP before SOUT and newest first, to prove the
+//! engine never relies on order across QPs or rails. Everything runs under the world lock, so a
+//! pass is atomic with respect to posts and polls.
+
+use super::device::device_gid;
+use super::qp::InFlight;
+use super::queues::deliver;
+use super::World;
+use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode};
+
+/// What executing the head WR of a QP did.
+enum Step {
+    /// The WR cannot run yet (its peer has not connected); the QP waits, keeping its order.
+    Blocked,
+    /// The WR ran (or failed) with this status.
+    Done(CompletionStatus),
+}
+
+/// Runs one progress pass over every QP of the world.
+pub(crate) fn progress(world: &mut World) {
+    world.pass = world.pass.wrapping_add(1);
+    let count = world.qps.len();
+    if world.faults.reorder {
+        for rail in [Rail::ScaleUp, Rail::ScaleOut] {
+            for index in (0..count).rev() {
+                if world.qps[index].rail == rail {
+                    run_qp(world, index);
+                }
+            }
+        }
+    } else {
+        for index in 0..count {
+            run_qp(world, index);
+        }
+    }
+}
+
+/// Executes QP `index`'s ready WRs in order until its queue is empty, a WR is held back by
+/// `delay`, a WR is blocked, or a WR fails (which flushes the rest).
+fn run_qp(world: &mut World, index: usize) {
+    loop {
+        let Some(head) = world.qps[index].inflight.front().copied() else {
+            return;
+        };
+        if head.ready_pass > world.pass {
+            return;
+        }
+        let status = match execute(world, index, &head) {
+            Step::Blocked => return,
+            Step::Done(status) => status,
+        };
+        world.qps[index].inflight.pop_front();
+        finish(world, index, &head, status);
+        if status != CompletionStatus::Success {
+            flush(world, index);
+            return;
+        }
+    }
+}
+
+/// Executes one WR: reachability, protection checks, the receive for an IMM, the copy, and the
+/// receiver's completion. Returns the sender-side status.
+fn execute(world: &mut World, index: usize, head: &InFlight) -> Step {
+    use CompletionStatus::{LocalProtection, ReceiverNotReady, RemoteAccess, RetryExceeded};
+    if head.inject_fail {
+        return Step::Done(RetryExceeded);
+    }
+    let qp = &world.qps[index];
+    let Some(peer) = qp.peer else {
+        return Step::Done(RetryExceeded);
+    };
+    // A destroyed peer, a wrong GID, a peer in error or connected elsewhere never ACKs: on
+    // hardware the transport retries run out.
+    let Some(peer_index) = world.qp_index(peer.qpn) else {
+        return Step::Done(RetryExceeded);
+    };
+    let remote = &world.qps[peer_index];
+    if device_gid(remote.device) != peer.gid || remote.error {
+        return Step::Done(RetryExceeded);
+    }
+    match remote.peer {
+        None => return Step::Blocked,
+        Some(back) if back.qpn != qp.qpn => return Step::Done(RetryExceeded),
+        Some(_) => {}
+    }
+    let wr = head.wr;
+    let len = wr.length();
+    if let (false, Some(sge), true) = (wr.inline, wr.sge, len > 0) {
+        if !world.devices[qp.device].local_ok(&sge) {
+            return Step::Done(LocalProtection);
+        }
+    }
+    // A zero-byte write touches no memory, so (as on hardware) its rkey is not checked.
+    if len > 0 && !world.devices[remote.device].remote_write_ok(wr.remote_addr, len.into(), wr.rkey)
+    {
+        return Step::Done(RemoteAccess);
+    }
+    let (remote_qpn, remote_cq, remote_srq) = (remote.qpn, remote.cq, remote.srq);
+    let receive = match wr.opcode {
+        SendOpcode::Write => None,
+        SendOpcode::WriteWithImm { imm } => {
+            // The responder needs a receive before it accepts the message (RNR NAK otherwise),
+            // so nothing is placed when the SRQ is empty.
+            let srq = remote_srq.and_then(|id| world.srq_index(id));
+            match srq.and_then(|s| world.srqs[s].take()) {
+                Some(recv_wr_id) => Some((recv_wr_id, imm)),
+                None => return Step::Done(ReceiverNotReady),
+            }
+        }
+    };
+    copy_payload(world, index, head);
+    if let Some((recv_wr_id, imm)) = receive {
+        let completion = Completion {
+            wr_id: recv_wr_id,
+            status: CompletionStatus::Success,
+            opcode: CompletionOpcode::RecvRdmaWithImm,
+            byte_len: len,
+            imm,
+            qp_num: remote_qpn,
+            vendor_err: 0,
+        };
+        deliver(world, remote_cq, completion);
+    }
+    Step::Done(CompletionStatus::Success)
+}
+
+/// Copies the WR's payload to its remote address (both ranges were checked against
+/// registrations, or the source is the QP's own inline slot).
+fn copy_payload(world: &World, index: usize, head: &InFlight) {
+    let wr = &head.wr;
+    let Some(sge) = wr.sge else { return };
+    let len = sge.length as usize;
+    if len == 0 {
+        return;
+    }
+    let qp = &world.qps[index];
+    let src = if wr.inline {
+        let offset = qp.inline_offset(head.seq);
+        match qp.inline_buf.get(offset..offset + len) {
+            Some(slot) => slot.as_ptr(),
+            None => return,
+        }
+    } else {
+        sge.addr as *const u8
+    };
+    // SAFETY: the destination lies inside a live registration of the peer's device and the
+    // source inside one of ours (or is our own inline slot). `QueuePair::post_send`'s contract
+    // makes the poster guarantee that both stay valid memory until this WR's chain completes,
+    // which cannot happen before this copy. `copy` (memmove) tolerates overlapping ranges, e.g.
+    // a QP writing within its own registered buffer.
+    unsafe { std::ptr::copy(src, wr.remote_addr as *mut u8, len) };
+}
+
+/// Completes an executed WR on the sender side: error completions are always generated, success
+/// ones only for signaled WRs; either way the send-queue accounting is updated.
+fn finish(world: &mut World, index: usize, head: &InFlight, status: CompletionStatus) {
+    let generated = head.wr.signaled
+        || !matches!(
+            status,
+            CompletionStatus::Success | CompletionStatus::Flushed
+        );
+    let qp = &mut world.qps[index];
+    qp.retire(generated);
+    if !generated {
+        return;
+    }
+    let completion = Completion {
+        wr_id: head.wr.wr_id,
+        status,
+        opcode: CompletionOpcode::RdmaWrite,
+        byte_len: 0,
+        imm: 0,
+        qp_num: qp.qpn,
+        vendor_err: vendor_err(status),
+    };
+    let cq = qp.cq;
+    deliver(world, cq, completion);
+}
+
+/// Puts QP `index` in the error state and flushes every WR still queued behind the failed one.
+fn flush(world: &mut World, index: usize) {
+    world.qps[index].error = true;
+    while let Some(next) = world.qps[index].inflight.pop_front() {
+        finish(world, index, &next, CompletionStatus::Flushed);
+    }
+}
+
+/// A vendor error code for error completions (the ConnectX CQE syndromes), so error reports
+/// look like the hardware's.
+fn vendor_err(status: CompletionStatus) -> u32 {
+    match status {
+        CompletionStatus::Success => 0,
+        CompletionStatus::LocalProtection => 0x04,
+        CompletionStatus::Flushed => 0x05,
+        CompletionStatus::RemoteAccess => 0x13,
+        CompletionStatus::RetryExceeded => 0x15,
+        CompletionStatus::ReceiverNotReady => 0x16,
+        CompletionStatus::Other(code) => code,
+    }
+}

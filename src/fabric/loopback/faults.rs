@@ -1,0 +1,128 @@
+//! Parsing of the deterministic fault knobs (`MPIB_LOOPBACK_FAULTS`).
+//!
+//! The knobs exist so that tests can provoke, on demand and reproducibly, the situations real
+//! hardware produces only by accident: completions of different rails arriving out of order,
+//! slow rails, transport failures, and receivers that stop refilling their SRQ.
+
+use crate::fabric::{FabricError, Rail};
+
+/// The name of the setting the knobs come from; every parse error names it so that a user who
+/// mistyped a knob knows which variable to fix.
+pub(crate) const FAULTS_VAR: &str = "MPIB_LOOPBACK_FAULTS";
+
+/// The parsed fault knobs. All per-rail arrays are indexed by [`Rail::index`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Faults {
+    /// `reorder`: progress runs SUP QPs before SOUT QPs, each rail in reverse creation order.
+    pub(crate) reorder: bool,
+    /// `delay=RAIL:N`: progress passes a WR posted on the rail waits before it may execute.
+    pub(crate) delay: [u64; 2],
+    /// `fail=RAIL:N`: the 1-based index of the WR posted on the rail that fails.
+    pub(crate) fail: [Option<u64>; 2],
+    /// `starve=RAIL:N`: how many receives each SRQ of the rail accepts over its lifetime.
+    pub(crate) starve: [Option<u64>; 2],
+}
+
+impl Faults {
+    /// Parses a comma-separated knob list. Empty items (an empty string, a trailing comma) are
+    /// ignored so that `MPIB_LOOPBACK_FAULTS=` means "no faults". A knob given twice keeps the
+    /// last value, like a later flag overriding an earlier one on a command line.
+    pub(crate) fn parse(text: &str) -> Result<Faults, FabricError> {
+        let mut faults = Faults::default();
+        for token in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            faults
+                .apply(token)
+                .map_err(|why| parse_error(text, token, why))?;
+        }
+        Ok(faults)
+    }
+
+    /// Applies one knob; the error is the reason only (the caller adds the context).
+    fn apply(&mut self, token: &str) -> Result<(), &'static str> {
+        if token == "reorder" {
+            self.reorder = true;
+            return Ok(());
+        }
+        let (name, value) = token.split_once('=').ok_or("unknown knob")?;
+        let (rail, count) = parse_rail_count(value)?;
+        let slot = rail.index();
+        match name.trim() {
+            "delay" => self.delay[slot] = count,
+            // The N-th WR is 1-based: `fail=sout:0` would silently never fire, which is
+            // certainly not what the user meant.
+            "fail" if count == 0 => return Err("fail counts WRs from 1"),
+            "fail" => self.fail[slot] = Some(count),
+            "starve" => self.starve[slot] = Some(count),
+            _ => return Err("unknown knob"),
+        }
+        Ok(())
+    }
+}
+
+/// Parses `RAIL:N`.
+fn parse_rail_count(value: &str) -> Result<(Rail, u64), &'static str> {
+    let (rail, count) = value.split_once(':').ok_or("expected RAIL:N")?;
+    let rail = match rail.trim() {
+        "sout" => Rail::ScaleOut,
+        "sup" => Rail::ScaleUp,
+        _ => return Err("RAIL must be `sout` or `sup`"),
+    };
+    let count = count
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| "N must be a non-negative integer")?;
+    Ok((rail, count))
+}
+
+/// The error for a bad knob: names the variable, the whole value and the offending token.
+fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
+    FabricError {
+        verb: "LoopbackFabric::new",
+        device: "loopback".to_string(),
+        qp_num: None,
+        errno: libc::EINVAL,
+        detail: format!(
+            "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
+             of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N` with RAIL `sout` or \
+             `sup`"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_means_no_faults() {
+        assert_eq!(Faults::parse("").unwrap(), Faults::default());
+        assert_eq!(Faults::parse(" , ,").unwrap(), Faults::default());
+    }
+
+    #[test]
+    fn all_knobs_parse() {
+        let f = Faults::parse("reorder, delay=sup:3,fail=sout:2,starve=sup:0").unwrap();
+        assert!(f.reorder);
+        assert_eq!(f.delay, [0, 3]);
+        assert_eq!(f.fail, [Some(2), None]);
+        assert_eq!(f.starve, [None, Some(0)]);
+    }
+
+    #[test]
+    fn bad_knobs_name_the_variable_and_token() {
+        for bad in [
+            "bogus",
+            "delay=sout",
+            "delay=x:1",
+            "fail=sup:-1",
+            "fail=sout:0",
+            "zap=sup:1",
+        ] {
+            let err = Faults::parse(&format!("reorder,{bad}")).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains("MPIB_LOOPBACK_FAULTS"), "{text}");
+            assert!(text.contains(&format!("`{bad}`")), "{text}");
+            assert_eq!(err.errno, libc::EINVAL);
+        }
+    }
+}
