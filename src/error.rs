@@ -46,7 +46,10 @@ pub struct Error {
 impl Error {
     /// A new error.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into() }
+        Error {
+            kind,
+            message: message.into(),
+        }
     }
     /// `ncclSystemError`.
     pub fn system(message: impl Into<String>) -> Error {

@@ -11,8 +11,14 @@ use std::fmt;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 /// NCCL's logger: `void (*)(ncclDebugLogLevel, unsigned long, const char*, int, const char*, ...)`.
-pub type LoggerFn =
-    unsafe extern "C" fn(level: c_int, flags: c_ulong, file: *const c_char, line: c_int, fmt: *const c_char, ...);
+pub type LoggerFn = unsafe extern "C" fn(
+    level: c_int,
+    flags: c_ulong,
+    file: *const c_char,
+    line: c_int,
+    fmt: *const c_char,
+    ...
+);
 
 /// `ncclDebugLogLevel` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -41,7 +47,11 @@ static THRESHOLD: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 pub fn set_logger(logger: Option<LoggerFn>) {
     let raw = logger.map_or(std::ptr::null_mut(), |f| f as *mut ());
     LOGGER.store(raw, Ordering::Release);
-    let threshold = match std::env::var("NCCL_DEBUG").unwrap_or_default().to_ascii_uppercase().as_str() {
+    let threshold = match std::env::var("NCCL_DEBUG")
+        .unwrap_or_default()
+        .to_ascii_uppercase()
+        .as_str()
+    {
         "VERSION" | "NONE" => 1,
         "INFO" => Level::Info as u8,
         "TRACE" => Level::Trace as u8,
@@ -56,7 +66,13 @@ pub fn enabled(level: Level) -> bool {
 }
 
 /// Emits one message; used through the `warn!`/`info!`/`trace!` macros.
-pub fn emit(level: Level, subsystems: u64, file: &'static str, line: u32, args: fmt::Arguments<'_>) {
+pub fn emit(
+    level: Level,
+    subsystems: u64,
+    file: &'static str,
+    line: u32,
+    args: fmt::Arguments<'_>,
+) {
     if !enabled(level) {
         return;
     }

@@ -119,7 +119,11 @@ pub struct ParamError {
 
 impl fmt::Display for ParamError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={:?} is invalid: expected {}", self.name, self.value, self.expected)
+        write!(
+            f,
+            "{}={:?} is invalid: expected {}",
+            self.name, self.value, self.expected
+        )
     }
 }
 
@@ -181,7 +185,11 @@ impl Settings {
         let cts_signal_interval = parse_int(&get, "MPIB_CTS_SIGNAL_INTERVAL", 128, 1, 256)?;
         if !cts_signal_interval.is_power_of_two() {
             let value = cts_signal_interval.to_string();
-            return Err(invalid("MPIB_CTS_SIGNAL_INTERVAL", &value, "a power of two in 1..=256"));
+            return Err(invalid(
+                "MPIB_CTS_SIGNAL_INTERVAL",
+                &value,
+                "a power of two in 1..=256",
+            ));
         }
         let oob_address = match get("MPIB_OOB_ADDR") {
             None => None,
@@ -210,7 +218,11 @@ impl Settings {
 }
 
 fn invalid(name: &'static str, value: &str, expected: &str) -> ParamError {
-    ParamError { name, value: value.to_string(), expected: expected.to_string() }
+    ParamError {
+        name,
+        value: value.to_string(),
+        expected: expected.to_string(),
+    }
 }
 
 fn parse_int(
@@ -220,10 +232,16 @@ fn parse_int(
     min: u32,
     max: u32,
 ) -> Result<u32, ParamError> {
-    let Some(text) = get(name) else { return Ok(default) };
+    let Some(text) = get(name) else {
+        return Ok(default);
+    };
     match text.trim().parse::<u32>() {
         Ok(value) if (min..=max).contains(&value) => Ok(value),
-        _ => Err(invalid(name, &text, &format!("an integer in {min}..={max}"))),
+        _ => Err(invalid(
+            name,
+            &text,
+            &format!("an integer in {min}..={max}"),
+        )),
     }
 }
 
@@ -233,8 +251,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Result<Settings, ParamError> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Settings::from_lookup(|name| map.get(name).cloned())
     }
 
@@ -243,7 +263,10 @@ mod tests {
         let s = settings(&[("MPIB_FABRIC", "loopback")]).unwrap();
         assert_eq!((s.sout_qps, s.sup_qps, s.cts_signal_interval), (2, 4, 128));
         assert_eq!((s.mode, s.island_prefix_len), (Mode::Vanilla, 24));
-        assert_eq!((s.hca_sout.as_str(), s.hca_sup.as_str()), ("loop0", "loop1"));
+        assert_eq!(
+            (s.hca_sout.as_str(), s.hca_sup.as_str()),
+            ("loop0", "loop1")
+        );
         for param in PARAMS {
             let text = match param.name {
                 "MPIB_SOUT_QP" => s.sout_qps.to_string(),
@@ -270,10 +293,19 @@ mod tests {
         let e = settings(&[("MPIB_SUP_QP", "0")]).unwrap_err();
         assert_eq!(e.name, "MPIB_SUP_QP");
         assert!(e.to_string().contains("MPIB_SUP_QP=\"0\""), "{e}");
-        assert_eq!(settings(&[("MPIB_MODE", "2")]).unwrap_err().name, "MPIB_MODE");
-        assert_eq!(settings(&[("MPIB_FABRIC", "tcp")]).unwrap_err().name, "MPIB_FABRIC");
+        assert_eq!(
+            settings(&[("MPIB_MODE", "2")]).unwrap_err().name,
+            "MPIB_MODE"
+        );
+        assert_eq!(
+            settings(&[("MPIB_FABRIC", "tcp")]).unwrap_err().name,
+            "MPIB_FABRIC"
+        );
         let e = settings(&[("MPIB_CTS_SIGNAL_INTERVAL", "100")]).unwrap_err();
         assert_eq!(e.name, "MPIB_CTS_SIGNAL_INTERVAL");
-        assert_eq!(settings(&[("MPIB_OOB_ADDR", "10.0.0")]).unwrap_err().name, "MPIB_OOB_ADDR");
+        assert_eq!(
+            settings(&[("MPIB_OOB_ADDR", "10.0.0")]).unwrap_err().name,
+            "MPIB_OOB_ADDR"
+        );
     }
 }

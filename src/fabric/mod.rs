@@ -250,14 +250,23 @@ pub struct Access {
 
 impl Access {
     /// Data buffers: remote write and read.
-    pub const DATA: Access =
-        Access { remote_write: true, remote_read: true, relaxed_ordering: false };
+    pub const DATA: Access = Access {
+        remote_write: true,
+        remote_read: true,
+        relaxed_ordering: false,
+    };
     /// Control memory (CTS FIFO, completion records): remote write, strict ordering.
-    pub const CONTROL: Access =
-        Access { remote_write: true, remote_read: true, relaxed_ordering: false };
+    pub const CONTROL: Access = Access {
+        remote_write: true,
+        remote_read: true,
+        relaxed_ordering: false,
+    };
     /// Local-only memory (shadows written by the local NIC from local SGEs).
-    pub const LOCAL: Access =
-        Access { remote_write: false, remote_read: false, relaxed_ordering: false };
+    pub const LOCAL: Access = Access {
+        remote_write: false,
+        remote_read: false,
+        relaxed_ordering: false,
+    };
 }
 
 /// How to reach the remote end of a queue pair (exchanged in the handshake).
@@ -343,7 +352,12 @@ impl fmt::Display for FabricError {
             write!(f, " QP {qp}")?;
         }
         if self.errno != 0 {
-            write!(f, ": errno {} ({})", self.errno, std::io::Error::from_raw_os_error(self.errno))?;
+            write!(
+                f,
+                ": errno {} ({})",
+                self.errno,
+                std::io::Error::from_raw_os_error(self.errno)
+            )?;
         }
         if !self.detail.is_empty() {
             write!(f, ": {}", self.detail)?;
@@ -380,7 +394,10 @@ pub enum AsyncEvent {
 impl AsyncEvent {
     /// Whether the event makes the comms using the device unusable.
     pub fn is_fatal(self) -> bool {
-        matches!(self, AsyncEvent::DeviceFatal | AsyncEvent::QpFatal { .. } | AsyncEvent::CqError)
+        matches!(
+            self,
+            AsyncEvent::DeviceFatal | AsyncEvent::QpFatal { .. } | AsyncEvent::CqError
+        )
     }
 }
 

@@ -11,9 +11,20 @@ use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
+mod accept;
+mod agent;
+mod comm;
+mod connect;
+mod dma;
+mod memory;
+mod oob;
 mod plugin;
+mod recv;
+mod request;
+mod resources;
+mod send;
 
 pub use plugin::{Context, InitParams, ProfilerCallback};
 
@@ -69,26 +80,11 @@ pub struct Properties {
     pub plane_id: i16,
 }
 
-/// An opaque listen comm.
-pub struct ListenComm {
-    _private: (),
-}
-/// An opaque send comm.
-pub struct SendComm {
-    _private: (),
-}
-/// An opaque receive comm.
-pub struct RecvComm {
-    _private: (),
-}
-/// An opaque memory registration.
-pub struct MemoryHandle {
-    _private: (),
-}
-/// An opaque request.
-pub struct Request {
-    _private: (),
-}
+pub use accept::ListenComm;
+pub use memory::MemoryHandle;
+pub use recv::RecvComm;
+pub use request::Request;
+pub use send::SendComm;
 
 /// Either kind of data comm (NCCL's `regMr` takes both through one `void*`).
 #[derive(Clone, Copy)]
@@ -106,8 +102,26 @@ impl CommRef<'_> {
     /// `comm` must be a pointer this plugin returned from `connect` or `accept` and not yet
     /// closed; the comm must outlive `'a`.
     pub unsafe fn from_raw<'a>(comm: NonNull<c_void>) -> Result<CommRef<'a>> {
-        let _ = comm;
-        todo!()
+        // SAFETY: both comm types are `#[repr(C)]` with a `u32` magic first; the caller promises
+        // the pointer is one of them, so the first word is readable.
+        let magic = unsafe { comm.cast::<u32>().as_ptr().read() };
+        match magic {
+            // SAFETY: the magic identifies the concrete type; lifetime per the caller's promise.
+            comm::SEND_MAGIC => Ok(CommRef::Send(unsafe { comm.cast::<SendComm>().as_ref() })),
+            // SAFETY: as above.
+            comm::RECV_MAGIC => Ok(CommRef::Recv(unsafe { comm.cast::<RecvComm>().as_ref() })),
+            other => Err(Error::invalid_argument(format!(
+                "comm {:p} is not an MPIB send or receive comm (first word {other:#x})",
+                comm.as_ptr()
+            ))),
+        }
+    }
+
+    fn devices(&self) -> &resources::Devices {
+        match self {
+            CommRef::Send(comm) => &comm.info.devices,
+            CommRef::Recv(comm) => &comm.info.devices,
+        }
     }
 }
 
@@ -177,9 +191,13 @@ pub fn make_vdevice(ndevs: i32) -> Result<i32> {
 }
 
 /// `listen`: writes the handle to ship to the peer.
-pub fn listen(ctx: &Arc<Context>, dev: i32, handle: &mut [u8; HANDLE_SIZE]) -> Result<Box<ListenComm>> {
-    let _ = (ctx, dev, handle);
-    todo!()
+pub fn listen(
+    ctx: &Arc<Context>,
+    dev: i32,
+    handle: &mut [u8; HANDLE_SIZE],
+) -> Result<Box<ListenComm>> {
+    plugin::check_device(dev)?;
+    accept::listen(ctx, handle)
 }
 
 /// `connect`: non-blocking; `Ok(None)` means call again with the same handle.
@@ -189,14 +207,18 @@ pub fn connect(
     handle: &mut [u8; HANDLE_SIZE],
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
-    let _ = (ctx, dev, handle, traffic_class);
-    todo!()
+    plugin::check_device(dev)?;
+    connect::connect(ctx, handle, traffic_class)
 }
 
 /// `accept`: non-blocking; `Ok(None)` means call again.
 pub fn accept(listen: &mut ListenComm) -> Result<Option<Box<RecvComm>>> {
-    let _ = listen;
-    todo!()
+    if !listen.is_valid() {
+        return Err(Error::invalid_argument(
+            "accept: listenComm is not a live MPIB listen comm",
+        ));
+    }
+    listen.accept()
 }
 
 /// `regMr`.
@@ -206,8 +228,7 @@ pub fn register_memory(
     size: usize,
     ptr_type: i32,
 ) -> Result<Box<MemoryHandle>> {
-    let _ = (comm, addr, size, ptr_type);
-    todo!()
+    memory::register(comm.devices(), addr, size, ptr_type)
 }
 
 /// `regMrDmaBuf`: `fd` is duplicated if kept (NCCL closes it on return).
@@ -219,14 +240,13 @@ pub fn register_dmabuf(
     offset: u64,
     fd: i32,
 ) -> Result<Box<MemoryHandle>> {
-    let _ = (comm, addr, size, ptr_type, offset, fd);
-    todo!()
+    memory::register_dmabuf(comm.devices(), addr, size, ptr_type, offset, fd)
 }
 
 /// `deregMr`.
 pub fn deregister_memory(comm: CommRef<'_>, memory: Box<MemoryHandle>) -> Result<()> {
-    let _ = (comm, memory);
-    todo!()
+    let _ = comm;
+    memory::deregister(memory)
 }
 
 /// `isend`: `Ok(None)` means "try again later".
@@ -238,20 +258,20 @@ pub fn isend(
     memory: &MemoryHandle,
     profiler_handle: *mut c_void,
 ) -> Result<Option<NonNull<Request>>> {
-    let _ = (comm, addr, size, tag, memory, profiler_handle);
-    todo!()
+    comm.isend(addr, size as u64, tag, memory, profiler_handle as usize)
 }
 
 /// `irecv` of `buffers.len()` (1..=8) grouped buffers: `Ok(None)` means "try again later".
 pub fn irecv(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
-    let _ = (comm, buffers);
-    todo!()
+    comm.irecv(buffers)
 }
 
 /// `iflush`: `Ok(None)` means nothing to wait for.
 pub fn iflush(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
+    // Flush is a no-op (seed 001 §9): forceFlush = 0 and only host memory is advertised, so the
+    // NIC's completion already orders the data for the consumer.
     let _ = (comm, buffers);
-    todo!()
+    Ok(None)
 }
 
 /// `test`.
@@ -259,24 +279,74 @@ pub fn iflush(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonN
 /// # Safety
 /// `request` must have been returned by `isend`/`irecv`/`iflush` and not yet reported done.
 pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
-    let _ = request;
-    todo!()
+    // SAFETY: the caller passes a pointer this plugin returned and has not seen done; requests
+    // live inside their comm, which NCCL closes only after its requests finished.
+    let header = unsafe { request.as_ref() };
+    if !header.is_live() {
+        return Err(Error::invalid_argument(format!(
+            "test: request {:p} is not a live MPIB request (already reported done?)",
+            request.as_ptr()
+        )));
+    }
+    let (index, owner) = (header.index, header.owner);
+    let mut outcome = TestOutcome {
+        done: false,
+        sizes: [0; MAX_RECVS],
+        count: 0,
+    };
+    match header.owner_kind {
+        request::Owner::Send => {
+            // SAFETY: `owner` is the comm that allocated the request (set in isend), still open.
+            let comm = unsafe { &*(owner as *const SendComm) };
+            if let Some(size) = comm.test(index)? {
+                outcome = TestOutcome {
+                    done: true,
+                    sizes: [0; MAX_RECVS],
+                    count: 1,
+                };
+                outcome.sizes[0] = size as i32;
+            }
+        }
+        request::Owner::Recv => {
+            // SAFETY: as above, set in irecv.
+            let comm = unsafe { &*(owner as *const RecvComm) };
+            if let Some((sizes, count)) = comm.test(index)? {
+                outcome = TestOutcome {
+                    done: true,
+                    sizes: [0; MAX_RECVS],
+                    count,
+                };
+                for (out, size) in outcome.sizes.iter_mut().zip(&sizes[..count]) {
+                    *out = *size as i32;
+                }
+            }
+        }
+    }
+    Ok(outcome)
 }
 
 /// `closeSend`.
 pub fn close_send(comm: Box<SendComm>) -> Result<()> {
-    let _ = comm;
-    todo!()
+    drop(comm);
+    Ok(())
 }
 
 /// `closeRecv`.
 pub fn close_recv(comm: Box<RecvComm>) -> Result<()> {
-    let _ = comm;
-    todo!()
+    drop(comm);
+    Ok(())
 }
 
 /// `closeListen`.
 pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
-    let _ = comm;
-    todo!()
+    if !comm.is_valid() {
+        return Err(Error::invalid_argument(
+            "closeListen: not a live MPIB listen comm",
+        ));
+    }
+    drop(comm);
+    Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,13 +1,23 @@
-//! Process-global plugin state: devices opened at the first `init`, released at the last
-//! `finalize`; per-communicator contexts snapshot the settings.
+//! Process-global plugin state: the fabric and both rails, opened at the first `init` and closed
+//! after the last `finalize`; per-communicator contexts snapshot the settings (v11+ calls `init`
+//! once per communicator).
+//!
+//! Nothing here survives `dlclose` in a way that matters: no threads are started, no TLS
+//! destructors or `atexit` hooks are registered, and a later `dlopen` starts from a fresh image
+//! whose statics are re-initialised (NCCL 2.28+ unloads the plugin after the last communicator).
 
-use std::ffi::c_void;
-use std::sync::Arc;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::error::Result;
-use crate::params::Settings;
+use crate::error::{Error, Result};
+use crate::fabric::loopback::LoopbackFabric;
+use crate::fabric::{Fabric, Rail, RailDevice};
+use crate::log;
+use crate::params::{FabricKind, Settings};
 
-use super::Properties;
+use super::resources::Devices;
+use super::send::MAX_TRANSFER;
+use super::{Properties, MAX_RECVS, PTR_HOST};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
 /// int64_t pluginId, void* extData)`.
@@ -32,8 +42,17 @@ pub struct InitParams {
     pub logger: Option<crate::log::LoggerFn>,
 }
 
+/// The opened fabric and rails, shared by every context and comm.
+pub(crate) struct Opened {
+    /// Kept so the backend outlives every device it opened.
+    _fabric: Arc<dyn Fabric>,
+    /// SOUT, SUP.
+    pub devices: Devices,
+    name: CString,
+    pci_path: Option<CString>,
+}
+
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
-#[derive(Debug)]
 pub struct Context {
     /// Settings snapshot taken at this `init`.
     pub settings: Settings,
@@ -43,23 +62,174 @@ pub struct Context {
     pub traffic_class: i32,
     /// NCCL's profiler callback.
     pub profiler: Option<ProfilerCallback>,
+    pub(crate) plugin: Arc<Opened>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("comm_id", &self.comm_id)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+struct Global {
+    opened: Option<Arc<Opened>>,
+    references: usize,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    opened: None,
+    references: 0,
+});
+
+fn global() -> MutexGuard<'static, Global> {
+    // A panic while holding the lock cannot leave `Global` inconsistent (two plain fields).
+    GLOBAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub(super) fn init(params: InitParams) -> Result<Arc<Context>> {
-    let _ = params;
-    todo!()
+    log::set_logger(params.logger);
+    let settings = Settings::from_env()?;
+    let mut global = global();
+    let opened = match &global.opened {
+        Some(opened) => Arc::clone(opened),
+        None => {
+            let opened = Arc::new(open(&settings)?);
+            global.opened = Some(Arc::clone(&opened));
+            opened
+        }
+    };
+    global.references += 1;
+    Ok(Arc::new(Context {
+        settings,
+        comm_id: params.comm_id,
+        traffic_class: params.traffic_class,
+        profiler: params.profiler,
+        plugin: opened,
+    }))
 }
 
 pub(super) fn finalize(ctx: Arc<Context>) -> Result<()> {
-    let _ = ctx;
-    todo!()
+    let mut global = global();
+    if global.references == 0 {
+        return Err(Error::invalid_usage("finalize without a matching init"));
+    }
+    global.references -= 1;
+    if global.references == 0 {
+        // Comms still open keep their rails alive through their own references.
+        global.opened = None;
+        info!(
+            log::INIT,
+            "finalized; rails closed once their last comm closes"
+        );
+    }
+    drop(ctx);
+    Ok(())
+}
+
+fn opened() -> Result<Arc<Opened>> {
+    global()
+        .opened
+        .clone()
+        .ok_or_else(|| Error::invalid_usage("the plugin is not initialised: call init first"))
 }
 
 pub(super) fn device_count() -> Result<i32> {
-    todo!()
+    opened().map(|_| 1)
 }
 
 pub(super) fn properties(dev: i32) -> Result<Properties> {
-    let _ = dev;
-    todo!()
+    check_device(dev)?;
+    let opened = opened()?;
+    let [sout, sup] = &opened.devices;
+    let (sout, sup) = (sout.info(), sup.info());
+    let speed = u64::from(sout.speed_mbps) + u64::from(sup.speed_mbps);
+    Ok(Properties {
+        name: opened.name.as_ptr(),
+        pci_path: opened
+            .pci_path
+            .as_ref()
+            .map_or(std::ptr::null(), |p| p.as_ptr()),
+        guid: sout.guid,
+        ptr_support: PTR_HOST,
+        reg_is_global: 0,
+        force_flush: 0,
+        speed: speed.min(i32::MAX as u64) as i32,
+        port: i32::from(sout.port),
+        latency: 0.0,
+        max_comms: sout.max_qp.min(sup.max_qp).min(i32::MAX as u32) as i32,
+        max_recvs: MAX_RECVS as i32,
+        vdev_count: 2,
+        vdev_devices: [0, 1],
+        max_p2p_bytes: MAX_TRANSFER as usize,
+        max_coll_bytes: MAX_TRANSFER as usize,
+        max_multi_request_size: 1,
+        rail_id: -1,
+        plane_id: -1,
+    })
+}
+
+/// MPIB exposes exactly one device: the fused pair.
+pub(crate) fn check_device(dev: i32) -> Result<()> {
+    if dev != 0 {
+        return Err(Error::invalid_argument(format!(
+            "device {dev} does not exist: MPIB exposes one fused device (0)"
+        )));
+    }
+    Ok(())
+}
+
+fn open(settings: &Settings) -> Result<Opened> {
+    let fabric: Arc<dyn Fabric> = match settings.fabric {
+        FabricKind::Loopback => Arc::new(LoopbackFabric::new(&settings.loopback_faults)?),
+        FabricKind::Verbs => {
+            return Err(Error::invalid_usage(
+                "MPIB_FABRIC=verbs (the default): the libibverbs backend is not part of this build yet; \
+                 set MPIB_FABRIC=loopback to run on the in-process fabric",
+            ))
+        }
+    };
+    let open_rail = |spec: &str, variable: &str, rail: Rail| -> Result<Arc<dyn RailDevice>> {
+        if spec.is_empty() {
+            return Err(Error::invalid_usage(format!(
+                "{variable} is not set: name the {rail} rail's device (available: {:?})",
+                fabric.device_names()
+            )));
+        }
+        fabric.open(spec, rail).map_err(|e| {
+            Error::invalid_usage(format!(
+                "{variable}={spec:?}: {e} (available: {:?})",
+                fabric.device_names()
+            ))
+        })
+    };
+    let sout = open_rail(&settings.hca_sout, "MPIB_HCA_SOUT", Rail::ScaleOut)?;
+    let sup = open_rail(&settings.hca_sup, "MPIB_HCA_SUP", Rail::ScaleUp)?;
+    let name = format!("{}+{}", sout.info().name, sup.info().name);
+    let pci_path = sout.info().pci_path.clone();
+    if pci_path.is_none() {
+        warn!(
+            log::INIT,
+            "{} ({}) has no PCI path (Soft-RoCE or a virtual function?): NCCL will place the fused device without PCI topology",
+            sout.info().name,
+            Rail::ScaleOut
+        );
+    }
+    info!(
+        log::INIT,
+        "opened {name} on the {} fabric: sout {} Mbps, sup {} Mbps",
+        fabric.name(),
+        sout.info().speed_mbps,
+        sup.info().speed_mbps
+    );
+    Ok(Opened {
+        _fabric: fabric,
+        devices: [sout, sup],
+        name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
+        pci_path: pci_path.and_then(|p| CString::new(p).ok()),
+    })
 }

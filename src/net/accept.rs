@@ -1,0 +1,310 @@
+//! `listen` and `accept`: the receiver's non-blocking handshake.
+//!
+//! ReceivingRequest -> (check agreement, create SRQs filled to the high-water mark, QPs to RTS)
+//! -> SendingReply -> ReceivingReady -> connected. A first `accept` never waits: with nothing
+//! pending on the listener it returns "not yet" at once.
+
+use std::net::{SocketAddrV4, TcpStream};
+use std::sync::Arc;
+
+use socket2::Socket;
+
+use crate::error::{Error, Result};
+use crate::fabric::{Access, Rail};
+use crate::log;
+use crate::params::Mode;
+use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::island::classify;
+use crate::proto::qp_layout::QpLayout;
+use crate::proto::signal::CtsSignalPolicy;
+use crate::proto::srq::{SrqCredits, SRQ_HIGH_WATER, SRQ_LOW_WATER};
+use crate::proto::wire::{
+    check_agreement, decode_ready, ConnectReply, ConnectRequest, Refusal, CONNECT_REPLY_LEN,
+    CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
+};
+
+use super::agent::AgentRegistration;
+use super::comm::ConnectionInfo;
+use super::oob::{listen_on, local_address, ListenHandle, Transfer};
+use super::recv::{RecvComm, RecvData};
+use super::resources::{
+    connect_queue_pairs, create_queues, endpoint, qp_settings, QueueSizing, RegisteredRegion,
+};
+use super::{Context, HANDLE_SIZE};
+
+/// Receiver queue sizes: CTS writes only on the send side; SRQ receives plus periodic CTS
+/// completions on each rail's CQ.
+const RECEIVER_SIZING: QueueSizing = QueueSizing {
+    send_queue: 512,
+    cq_depth: 2 * SRQ_HIGH_WATER,
+    srq_depth: SRQ_HIGH_WATER,
+};
+
+const LISTEN_MAGIC: u32 = 0x4D50_4C53; // "MPLS"
+
+/// A listening comm; can accept any number of connections, one at a time.
+pub struct ListenComm {
+    magic: u32,
+    ctx: Arc<Context>,
+    listener: Socket,
+    address: SocketAddrV4,
+    pending: Option<Box<Acceptance>>,
+}
+
+enum Stage {
+    ReceivingRequest(Transfer<CONNECT_REQUEST_LEN>),
+    SendingReply(Transfer<CONNECT_REPLY_LEN>),
+    ReceivingReady(Transfer<READY_LEN>),
+}
+
+struct Acceptance {
+    stream: TcpStream,
+    peer: SocketAddrV4,
+    local: SocketAddrV4,
+    stage: Stage,
+    /// Set when we refuse: sent to the peer first, then returned.
+    refusal: Option<Error>,
+    built: Option<(ConnectionInfo, RecvData)>,
+}
+
+/// `listen` on the context's OOB address.
+pub(crate) fn listen(
+    ctx: &Arc<Context>,
+    handle: &mut [u8; HANDLE_SIZE],
+) -> Result<Box<ListenComm>> {
+    let address = local_address(&ctx.settings)?;
+    let (listener, bound) = listen_on(address)?;
+    ListenHandle { address: bound }.write(handle);
+    Ok(Box::new(ListenComm {
+        magic: LISTEN_MAGIC,
+        ctx: Arc::clone(ctx),
+        listener,
+        address: bound,
+        pending: None,
+    }))
+}
+
+impl ListenComm {
+    /// Whether a pointer from NCCL names a live listen comm.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.magic == LISTEN_MAGIC
+    }
+
+    /// One `accept` call.
+    pub(crate) fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
+        if self.pending.is_none() {
+            match self.listener.accept() {
+                Ok((socket, _)) => self.pending = Some(Box::new(self.start(socket)?)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(Error::system(format!("accept on {}: {e}", self.address))),
+            }
+        }
+        let result = match self.pending.as_mut() {
+            Some(acceptance) => acceptance.progress(&self.ctx),
+            None => Ok(None),
+        };
+        match result {
+            Ok(None) => Ok(None),
+            Ok(Some(comm)) => {
+                self.pending = None;
+                Ok(Some(comm))
+            }
+            Err(e) => {
+                let peer = self
+                    .pending
+                    .take()
+                    .map(|a| a.peer.to_string())
+                    .unwrap_or_default();
+                Err(e.context(format!("accept from {peer}")))
+            }
+        }
+    }
+
+    fn start(&self, socket: Socket) -> Result<Acceptance> {
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| Error::system(format!("accepted socket: {e}")))?;
+        socket.set_nodelay(true).ok();
+        let v4 = |address: std::io::Result<socket2::SockAddr>| {
+            address.ok().and_then(|a| a.as_socket_ipv4())
+        };
+        let peer = v4(socket.peer_addr())
+            .ok_or_else(|| Error::system("accepted socket has no IPv4 peer"))?;
+        let local = v4(socket.local_addr())
+            .ok_or_else(|| Error::system("accepted socket has no IPv4 address"))?;
+        Ok(Acceptance {
+            stream: socket.into(),
+            peer,
+            local,
+            stage: Stage::ReceivingRequest(Transfer::incoming()),
+            refusal: None,
+            built: None,
+        })
+    }
+}
+
+impl Acceptance {
+    fn progress(&mut self, ctx: &Arc<Context>) -> Result<Option<Box<RecvComm>>> {
+        let peer = self.peer.to_string();
+        loop {
+            match &mut self.stage {
+                Stage::ReceivingRequest(transfer) => {
+                    if !transfer.receive(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    let request = ConnectRequest::decode(transfer.bytes())
+                        .map_err(|e| Error::remote(format!("malformed handshake request: {e}")))?;
+                    let reply = self.on_request(ctx, &request)?;
+                    self.stage = Stage::SendingReply(Transfer::outgoing(reply.encode()));
+                }
+                Stage::SendingReply(transfer) => {
+                    if !transfer.send(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    if let Some(refusal) = self.refusal.take() {
+                        return Err(refusal);
+                    }
+                    self.stage = Stage::ReceivingReady(Transfer::incoming());
+                }
+                Stage::ReceivingReady(transfer) => {
+                    if !transfer.receive(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    decode_ready(transfer.bytes())
+                        .map_err(|e| Error::remote(format!("bad ready message: {e}")))?;
+                    return self.finish(ctx).map(Some);
+                }
+            }
+        }
+    }
+
+    /// Checks that both sides agree, then builds the receiver's resources and the reply.
+    fn on_request(&mut self, ctx: &Arc<Context>, request: &ConnectRequest) -> Result<ConnectReply> {
+        let settings = &ctx.settings;
+        let class = classify(
+            *self.local.ip(),
+            *self.peer.ip(),
+            settings.island_prefix_len,
+        );
+        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
+        let (sout, sup) = (
+            layout.count(Rail::ScaleOut) as u8,
+            layout.count(Rail::ScaleUp) as u8,
+        );
+        let mut reply = ConnectReply {
+            refusal: None,
+            mode: settings.mode,
+            class,
+            sout_qps: sout,
+            sup_qps: sup,
+            rails: Default::default(),
+            qp_nums: [0; MAX_QPS],
+            records_addr: 0,
+            records_rkeys: [0; 2],
+        };
+        if let Err(refusal) = check_agreement(request, settings.mode, class, sout, sup) {
+            reply.refusal = Some(refusal);
+            self.refusal =
+                Some(self.refusal_error(refusal, request, &reply, settings.island_prefix_len));
+            return Ok(reply);
+        }
+        let devices = &ctx.plugin.devices;
+        let (queues, mut qps) = create_queues(devices, layout, RECEIVER_SIZING)?;
+        let cts_shadow =
+            RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
+        let records =
+            RegisteredRegion::<CompletionRecord>::new(devices, FIFO_SLOTS, Access::CONTROL)?;
+        connect_queue_pairs(
+            &mut qps,
+            layout,
+            devices,
+            &request.rails,
+            &request.qp_nums,
+            &qp_settings(ctx.traffic_class),
+        )?;
+        for (index, qp) in qps.qps.iter().enumerate() {
+            reply.qp_nums[index] = qp.qp_num();
+        }
+        reply.rails = [endpoint(devices[0].as_ref()), endpoint(devices[1].as_ref())];
+        reply.records_addr = records.region().addr();
+        reply.records_rkeys = records.rkeys();
+        let cts_qp = layout.cts_qp(settings.mode, class);
+        let cts_rail = layout.rail_of(cts_qp).unwrap_or(Rail::ScaleOut);
+        let srq = [SrqCredits::new(SRQ_LOW_WATER, SRQ_HIGH_WATER); 2];
+        let mut data = RecvData::new(
+            qps,
+            queues,
+            cts_shadow,
+            records,
+            (request.fifo_addr, request.fifo_rkeys),
+            srq,
+            (cts_qp, cts_rail),
+            CtsSignalPolicy::new(settings.cts_signal_interval),
+        );
+        // Receives are posted before the peer can send anything (it waits for our reply), so an
+        // IMM never finds an empty SRQ at start-up (torchcomms #3345 saw RNR from posting late).
+        data.refill()?;
+        let info = ConnectionInfo {
+            devices: devices.clone(),
+            peer: self.peer,
+            local: self.local,
+            class,
+            mode: settings.mode,
+            layout,
+            agent: None,
+        };
+        self.built = Some((info, data));
+        Ok(reply)
+    }
+
+    fn refusal_error(
+        &self,
+        refusal: Refusal,
+        request: &ConnectRequest,
+        reply: &ConnectReply,
+        prefix: u8,
+    ) -> Error {
+        Error::invalid_usage(format!(
+            "refusing connection from {}: {}: the peer sent mode {:?}, {} (classified from {}<->{} with prefix {}), \
+             QPs sout={} sup={}; we have mode {:?}, {} (classified from {}<->{} with MPIB_ISLAND_PREFIX_LEN={prefix}), \
+             QPs sout={} sup={}",
+            self.peer,
+            refusal.describe(),
+            request.mode,
+            request.class.label(),
+            std::net::Ipv4Addr::from(request.connector_addr),
+            std::net::Ipv4Addr::from(request.acceptor_addr),
+            request.prefix_len,
+            request.sout_qps,
+            request.sup_qps,
+            reply.mode,
+            reply.class.label(),
+            self.local.ip(),
+            self.peer.ip(),
+            reply.sout_qps,
+            reply.sup_qps,
+        ))
+    }
+
+    fn finish(&mut self, ctx: &Arc<Context>) -> Result<Box<RecvComm>> {
+        let (mut info, data) = self
+            .built
+            .take()
+            .ok_or_else(|| Error::internal("ready before the request"))?;
+        if ctx.settings.mode == Mode::Advanced {
+            info.agent =
+                AgentRegistration::register(&ctx.settings, *self.local.ip(), *self.peer.ip());
+        }
+        info!(
+            log::NET | log::INIT,
+            "recv comm from {}: QPs sout={} sup={}, CTS on {}",
+            info.describe_peer(),
+            info.layout.count(Rail::ScaleOut),
+            info.layout.count(Rail::ScaleUp),
+            info.layout
+                .rail_of(info.layout.cts_qp(info.mode, info.class))
+                .unwrap_or(Rail::ScaleOut)
+        );
+        Ok(RecvComm::new(info, data))
+    }
+}

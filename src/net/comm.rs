@@ -1,0 +1,79 @@
+//! What send and receive comms share: identity for `void*` dispatch, connection facts, and
+//! completion-error reporting.
+
+use std::net::SocketAddrV4;
+
+use crate::error::Error;
+use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail};
+use crate::params::Mode;
+use crate::proto::island::PathClass;
+use crate::proto::qp_layout::QpLayout;
+
+use super::agent::AgentRegistration;
+use super::resources::Devices;
+
+/// First word of a `SendComm`.
+pub(crate) const SEND_MAGIC: u32 = 0x4D50_5353; // "MPSS"
+/// First word of a `RecvComm`.
+pub(crate) const RECV_MAGIC: u32 = 0x4D50_5352; // "MPSR"
+
+/// Facts about a connection, fixed once it is up; readable from any thread.
+pub(crate) struct ConnectionInfo {
+    /// The two rails.
+    pub devices: Devices,
+    /// The peer's control address.
+    pub peer: SocketAddrV4,
+    /// Our control address.
+    pub local: SocketAddrV4,
+    /// Island classification both sides agreed on.
+    pub class: PathClass,
+    /// Vanilla or advanced.
+    pub mode: Mode,
+    /// QP pools.
+    pub layout: QpLayout,
+    /// Agent registration (advanced mode), deregistered on drop.
+    pub agent: Option<AgentRegistration>,
+}
+
+impl ConnectionInfo {
+    /// "peer 10.0.0.2:4242 (intra-island, vanilla)" for messages.
+    pub(crate) fn describe_peer(&self) -> String {
+        let mode = match self.mode {
+            Mode::Vanilla => "vanilla",
+            Mode::Advanced => "advanced",
+        };
+        format!("peer {} ({}, {mode})", self.peer, self.class.label())
+    }
+
+    /// The error a failed completion becomes: `ncclRemoteError` with everything an operator needs
+    /// (NCCL's net_ib reports the same fields, `docs/nccl-net-abi.md` §3.8).
+    pub(crate) fn completion_error(&self, rail: Rail, completion: &Completion) -> Error {
+        let device = &self.devices[rail.index()].info().name;
+        let opcode = match completion.opcode {
+            CompletionOpcode::RdmaWrite => "RDMA_WRITE",
+            CompletionOpcode::RecvRdmaWithImm => "RECV_RDMA_WITH_IMM",
+            CompletionOpcode::RdmaRead => "RDMA_READ",
+        };
+        let hint = match completion.status {
+            CompletionStatus::RetryExceeded => {
+                "; the peer's NIC stopped answering (cable, switch or peer down): raise MPIB_IB_TIMEOUT if the fabric is merely slow"
+            }
+            CompletionStatus::Flushed => "; an earlier work request on this QP failed",
+            CompletionStatus::ReceiverNotReady => "; the receiver's shared receive queue was empty",
+            CompletionStatus::RemoteAccess => "; the peer rejected the rkey or address range",
+            CompletionStatus::LocalProtection => "; a local buffer is outside its registration",
+            _ => "",
+        };
+        Error::remote(format!(
+            "{}: {rail} rail ({device}) QP {:#x}: {opcode} completed with status \"{}\" ({}), vendor error {:#x}{hint}",
+            self.describe_peer(),
+            completion.qp_num,
+            completion.status.text(),
+            completion.status.code(),
+            completion.vendor_err,
+        ))
+    }
+}
+
+/// Polls this many completions per call (caller-owned array, no allocation).
+pub(crate) const POLL_BATCH: usize = 16;

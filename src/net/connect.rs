@@ -1,0 +1,284 @@
+//! `connect`: the sender's non-blocking handshake, resumed on every call through a state word
+//! kept in NCCL's handle buffer (NCCL keeps that buffer alive across retries; net_ib does the same).
+//!
+//! Connecting -> SendingRequest -> ReceivingReply -> SendingReady -> connected.
+//! The island class is computed once from the bound control socket's address pair and carried in
+//! the request; the acceptor recomputes it from the same pair and refuses a disagreement.
+
+use std::net::{SocketAddrV4, TcpStream};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::fabric::Access;
+use crate::log;
+use crate::params::Mode;
+use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::island::{classify, PathClass};
+use crate::proto::qp_layout::QpLayout;
+use crate::proto::wire::{
+    encode_ready, ConnectReply, ConnectRequest, CONNECT_REPLY_LEN, CONNECT_REQUEST_LEN, MAX_QPS,
+    READY_LEN,
+};
+
+use super::agent::{AgentRegistration, HintReader};
+use super::comm::ConnectionInfo;
+use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
+use super::resources::{
+    connect_queue_pairs, create_queues, endpoint, qp_settings, QueuePairs, QueueSizing, RailQueues,
+    RegisteredRegion,
+};
+use super::send::{SendComm, SendData};
+use super::{Context, HANDLE_SIZE};
+
+/// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
+const SENDER_SIZING: QueueSizing = QueueSizing {
+    send_queue: 1024,
+    cq_depth: 1024,
+    srq_depth: 0,
+};
+
+enum Stage {
+    Connecting,
+    SendingRequest(Transfer<CONNECT_REQUEST_LEN>),
+    ReceivingReply(Transfer<CONNECT_REPLY_LEN>),
+    SendingReady(Transfer<READY_LEN>),
+}
+
+/// Resources created once the control socket is up.
+struct Prepared {
+    class: PathClass,
+    layout: QpLayout,
+    qps: QueuePairs,
+    queues: [Option<RailQueues>; 2],
+    fifo: RegisteredRegion<CtsEntry>,
+    records: RegisteredRegion<CompletionRecord>,
+    request: ConnectRequest,
+    remote_records: (u64, [u32; 2]),
+}
+
+/// An in-progress `connect`.
+pub(crate) struct Connector {
+    ctx: Arc<Context>,
+    traffic_class: i32,
+    remote: SocketAddrV4,
+    stream: TcpStream,
+    stage: Stage,
+    prepared: Option<Prepared>,
+}
+
+/// One `connect` call: start or resume, `Ok(None)` while in progress.
+pub(crate) fn connect(
+    ctx: &Arc<Context>,
+    handle: &mut [u8; HANDLE_SIZE],
+    traffic_class: i32,
+) -> Result<Option<Box<SendComm>>> {
+    let word = ListenHandle::state_word(handle);
+    let mut connector = if word == 0 {
+        let remote = ListenHandle::read(handle)?.address;
+        let local = local_address(&ctx.settings)?;
+        let stream = start_connect(local, remote)?;
+        Box::new(Connector {
+            ctx: Arc::clone(ctx),
+            traffic_class,
+            remote,
+            stream,
+            stage: Stage::Connecting,
+            prepared: None,
+        })
+    } else {
+        // SAFETY: a non-zero word is a `Box<Connector>` leaked by a previous call on this very
+        // handle buffer (below); NCCL hands the same buffer back until connect completes.
+        unsafe { Box::from_raw(word as usize as *mut Connector) }
+    };
+    ListenHandle::set_state_word(handle, 0);
+    match connector.progress() {
+        Ok(Some(comm)) => Ok(Some(comm)),
+        Ok(None) => {
+            ListenHandle::set_state_word(handle, Box::into_raw(connector) as usize as u64);
+            Ok(None)
+        }
+        Err(e) => Err(e.context(format!("connect to {}", connector.remote))),
+    }
+}
+
+impl Connector {
+    fn progress(&mut self) -> Result<Option<Box<SendComm>>> {
+        loop {
+            let peer = self.remote.to_string();
+            match &mut self.stage {
+                Stage::Connecting => {
+                    if !connect_finished(&self.stream, self.remote)? {
+                        return Ok(None);
+                    }
+                    let request = self.prepare()?;
+                    self.stage = Stage::SendingRequest(Transfer::outgoing(request.encode()));
+                }
+                Stage::SendingRequest(transfer) => {
+                    if !transfer.send(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    self.stage = Stage::ReceivingReply(Transfer::incoming());
+                }
+                Stage::ReceivingReply(transfer) => {
+                    if !transfer.receive(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    let reply = ConnectReply::decode(transfer.bytes())
+                        .map_err(|e| Error::remote(format!("malformed handshake reply: {e}")))?;
+                    self.on_reply(&reply)?;
+                    self.stage = Stage::SendingReady(Transfer::outgoing(encode_ready()));
+                }
+                Stage::SendingReady(transfer) => {
+                    if !transfer.send(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
+                    return self.finish().map(Some);
+                }
+            }
+        }
+    }
+
+    fn local(&self) -> Result<SocketAddrV4> {
+        self.stream
+            .local_addr()
+            .ok()
+            .and_then(|a| match a {
+                std::net::SocketAddr::V4(v4) => Some(v4),
+                std::net::SocketAddr::V6(_) => None,
+            })
+            .ok_or_else(|| Error::system("control socket has no IPv4 local address"))
+    }
+
+    /// Classifies the path and creates the QPs, FIFO and record shadow.
+    fn prepare(&mut self) -> Result<ConnectRequest> {
+        let settings = &self.ctx.settings;
+        let devices = &self.ctx.plugin.devices;
+        let local = self.local()?;
+        let class = classify(*local.ip(), *self.remote.ip(), settings.island_prefix_len);
+        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
+        let (queues, qps) = create_queues(devices, layout, SENDER_SIZING)?;
+        let fifo =
+            RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::CONTROL)?;
+        let records =
+            RegisteredRegion::<CompletionRecord>::new(devices, FIFO_SLOTS, Access::LOCAL)?;
+        let mut qp_nums = [0u32; MAX_QPS];
+        for (index, qp) in qps.qps.iter().enumerate() {
+            qp_nums[index] = qp.qp_num();
+        }
+        let request = ConnectRequest {
+            mode: settings.mode,
+            class,
+            prefix_len: settings.island_prefix_len,
+            sout_qps: layout.count(crate::fabric::Rail::ScaleOut) as u8,
+            sup_qps: layout.count(crate::fabric::Rail::ScaleUp) as u8,
+            connector_addr: local.ip().octets(),
+            acceptor_addr: self.remote.ip().octets(),
+            rails: [endpoint(devices[0].as_ref()), endpoint(devices[1].as_ref())],
+            qp_nums,
+            fifo_addr: fifo.region().addr(),
+            fifo_rkeys: fifo.rkeys(),
+            conn_id: 0,
+        };
+        self.prepared = Some(Prepared {
+            class,
+            layout,
+            qps,
+            queues,
+            fifo,
+            records,
+            request,
+            remote_records: (0, [0; 2]),
+        });
+        Ok(request)
+    }
+
+    fn on_reply(&mut self, reply: &ConnectReply) -> Result<()> {
+        let prepared = self
+            .prepared
+            .as_mut()
+            .ok_or_else(|| Error::internal("reply before prepare"))?;
+        let request = &prepared.request;
+        if let Some(refusal) = reply.refusal {
+            return Err(Error::invalid_usage(format!(
+                "the peer refused the connection: {}: we sent mode {:?}, {} (classified from {}<->{} with \
+                 MPIB_ISLAND_PREFIX_LEN={}), QPs sout={} sup={}; the peer has mode {:?}, {}, QPs sout={} sup={}",
+                refusal.describe(),
+                request.mode,
+                request.class.label(),
+                std::net::Ipv4Addr::from(request.connector_addr),
+                std::net::Ipv4Addr::from(request.acceptor_addr),
+                request.prefix_len,
+                request.sout_qps,
+                request.sup_qps,
+                reply.mode,
+                reply.class.label(),
+                reply.sout_qps,
+                reply.sup_qps,
+            )));
+        }
+        if (reply.sout_qps, reply.sup_qps) != (request.sout_qps, request.sup_qps) {
+            return Err(Error::remote(format!(
+                "QP count mismatch: we have sout={} sup={}, the peer accepted with sout={} sup={}",
+                request.sout_qps, request.sup_qps, reply.sout_qps, reply.sup_qps
+            )));
+        }
+        let settings = qp_settings(self.traffic_class);
+        let devices = &self.ctx.plugin.devices;
+        connect_queue_pairs(
+            &mut prepared.qps,
+            prepared.layout,
+            devices,
+            &reply.rails,
+            &reply.qp_nums,
+            &settings,
+        )?;
+        prepared.remote_records = (reply.records_addr, reply.records_rkeys);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Box<SendComm>> {
+        let prepared = self
+            .prepared
+            .take()
+            .ok_or_else(|| Error::internal("finish before prepare"))?;
+        let settings = &self.ctx.settings;
+        let local = self.local()?;
+        let (agent, hint) = match settings.mode {
+            Mode::Vanilla => (None, HintReader::none()),
+            Mode::Advanced => {
+                let agent = AgentRegistration::register(settings, *local.ip(), *self.remote.ip());
+                let hint = match &agent {
+                    Some(registration) => HintReader::open(settings, registration.hint_slot),
+                    None => HintReader::none(),
+                };
+                (agent, hint)
+            }
+        };
+        let info = ConnectionInfo {
+            devices: self.ctx.plugin.devices.clone(),
+            peer: self.remote,
+            local,
+            class: prepared.class,
+            mode: settings.mode,
+            layout: prepared.layout,
+            agent,
+        };
+        info!(
+            log::NET | log::INIT,
+            "send comm to {}: QPs sout={} sup={}, hint slot {:?}",
+            info.describe_peer(),
+            prepared.layout.count(crate::fabric::Rail::ScaleOut),
+            prepared.layout.count(crate::fabric::Rail::ScaleUp),
+            info.agent.as_ref().map(|a| a.hint_slot)
+        );
+        let data = SendData::new(
+            prepared.qps,
+            prepared.queues,
+            prepared.fifo,
+            prepared.records,
+            prepared.remote_records,
+            hint,
+        );
+        Ok(SendComm::new(info, data))
+    }
+}

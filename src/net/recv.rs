@@ -1,0 +1,342 @@
+//! The receive comm's data path (`irecv`, `test` on receive requests): post a CTS into the
+//! sender's FIFO, keep every rail's SRQ above its low-water mark, and complete requests by mask
+//! learning over the IMMs of the active rails (seed 000 §2.3).
+//!
+//! Allocation-free, lock-free and integer-only: all state is preallocated at accept time.
+
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+use crate::fabric::{
+    Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
+};
+use crate::proto::completion::MaskLearning;
+use crate::proto::cts::{ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::imm::Imm;
+use crate::proto::signal::CtsSignalPolicy;
+use crate::proto::srq::SrqCredits;
+use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
+
+use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
+use super::request::{now_ns, Owner, Request, RequestPool};
+use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+use super::RecvBuffer;
+
+/// Mutable data-path state; touched only by the comm's progress thread.
+pub(crate) struct RecvData {
+    pub(crate) qps: QueuePairs,
+    pub(crate) queues: [Option<RailQueues>; 2],
+    /// Local shadow of the CTS entries, the source of the CTS RDMA write.
+    pub(crate) cts_shadow: RegisteredRegion<CtsEntry>,
+    /// Completion records the sender's leader rail writes.
+    pub(crate) records: RegisteredRegion<CompletionRecord>,
+    pub(crate) remote_fifo: u64,
+    pub(crate) remote_fifo_rkeys: [u32; 2],
+    pub(crate) srq: [SrqCredits; 2],
+    cts_qp: usize,
+    cts_rail: Rail,
+    signal: CtsSignalPolicy,
+    fifo_head: u64,
+    slot_requests: Box<[Option<u16>]>,
+    pool: RequestPool,
+    failure: Option<Error>,
+    protocol_errors: u64,
+}
+
+impl RecvData {
+    /// State for a freshly accepted comm; `srq` must already be filled to the high-water mark.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qps: QueuePairs,
+        queues: [Option<RailQueues>; 2],
+        cts_shadow: RegisteredRegion<CtsEntry>,
+        records: RegisteredRegion<CompletionRecord>,
+        remote_fifo: (u64, [u32; 2]),
+        srq: [SrqCredits; 2],
+        cts: (usize, Rail),
+        signal: CtsSignalPolicy,
+    ) -> RecvData {
+        RecvData {
+            qps,
+            queues,
+            cts_shadow,
+            records,
+            remote_fifo: remote_fifo.0,
+            remote_fifo_rkeys: remote_fifo.1,
+            srq,
+            cts_qp: cts.0,
+            cts_rail: cts.1,
+            signal,
+            fifo_head: 0,
+            slot_requests: vec![None; FIFO_SLOTS].into_boxed_slice(),
+            pool: RequestPool::new(),
+            failure: None,
+            protocol_errors: 0,
+        }
+    }
+
+    /// Posts generic receives on every rail whose SRQ is under its low-water mark.
+    pub(crate) fn refill(&mut self) -> Result<()> {
+        for rail in Rail::ALL {
+            let Some(srq) = self.queues[rail.index()]
+                .as_mut()
+                .and_then(|q| q.srq.as_mut())
+            else {
+                continue;
+            };
+            let needed = self.srq[rail.index()].refill_needed();
+            if needed > 0 {
+                srq.post_receives(needed, receive_wr_id(rail))?;
+                self.srq[rail.index()].on_posted(needed);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connected receive comm.
+#[repr(C)]
+pub struct RecvComm {
+    magic: u32,
+    pub(crate) info: ConnectionInfo,
+    data: UnsafeCell<RecvData>,
+}
+
+// SAFETY: `info` is immutable after accept; `data` is only touched from NCCL's progress thread
+// for this comm (NCCL's contract, docs/nccl-net-abi.md §2), never concurrently.
+unsafe impl Sync for RecvComm {}
+// SAFETY: all fields are owned; the raw pointers inside requests point into this comm.
+unsafe impl Send for RecvComm {}
+
+impl RecvComm {
+    pub(crate) fn new(info: ConnectionInfo, data: RecvData) -> Box<RecvComm> {
+        Box::new(RecvComm {
+            magic: RECV_MAGIC,
+            info,
+            data: UnsafeCell::new(data),
+        })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn data(&self) -> &mut RecvData {
+        // SAFETY: as for `SendComm::data`: one progress thread, no re-entrance.
+        unsafe { &mut *self.data.get() }
+    }
+
+    /// `irecv` of 1..=8 grouped buffers.
+    pub(crate) fn irecv(&self, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
+        let data = self.data();
+        if let Some(failure) = &data.failure {
+            return Err(failure.clone());
+        }
+        if buffers.is_empty() || buffers.len() > MAX_RECVS {
+            return Err(Error::invalid_argument(format!(
+                "irecv: n = {} (must be 1..=8)",
+                buffers.len()
+            )));
+        }
+        for buffer in buffers {
+            let memory = buffer
+                .memory
+                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
+            memory.check_covers("irecv", buffer.addr, buffer.capacity as u64)?;
+        }
+        data.refill()?;
+        let seq = data.fifo_head;
+        let slot = slot_of(seq);
+        if data.slot_requests[slot].is_some() || data.qps.credits[data.cts_qp].available() == 0 {
+            return Ok(None);
+        }
+        let owner = self as *const RecvComm as *const ();
+        let Some(index) = data.pool.allocate(Owner::Recv, owner, seq) else {
+            return Ok(None);
+        };
+        let request = data.pool.get_mut(index);
+        request.count = buffers.len() as u8;
+        request.learning = MaskLearning::new();
+        request.posted_ns = now_ns();
+        for (r, buffer) in buffers.iter().enumerate() {
+            request.sizes[r] = buffer.capacity as u64;
+            request.profiler_handles[r] = buffer.profiler_handle as usize;
+            let memory = buffer
+                .memory
+                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
+            let entry = CtsEntry {
+                addr: buffer.addr,
+                size: buffer.capacity as u64,
+                rkeys: [memory.rkey(Rail::ScaleOut), memory.rkey(Rail::ScaleUp)],
+                nreqs: buffers.len() as u32,
+                tag: buffer.tag as u32,
+                idx: ready_idx(seq),
+                padding: [0; 24],
+            };
+            data.cts_shadow.region().write(slot * MAX_RECVS + r, entry);
+        }
+        if let Err(error) = self.post_cts(data, slot, buffers.len()) {
+            data.pool.release(index);
+            return Err(error);
+        }
+        data.slot_requests[slot] = Some(index);
+        data.fifo_head += 1;
+        Ok(Some(data.pool.pointer(index)))
+    }
+
+    /// One RDMA_WRITE of the slot's `n` entries into the sender's FIFO on the pinned CTS QP.
+    fn post_cts(&self, data: &mut RecvData, slot: usize, n: usize) -> Result<()> {
+        let rail = data.cts_rail;
+        let bytes = (n * std::mem::size_of::<CtsEntry>()) as u32;
+        let post_index = data.qps.credits[data.cts_qp]
+            .reserve(1)
+            .ok_or_else(|| Error::internal("CTS send queue full after a credit check"))?;
+        let wr = WorkRequest {
+            wr_id: WrId {
+                kind: WrKind::Cts,
+                rail,
+                qp_index: data.cts_qp as u8,
+                slot: slot as u8,
+                post_index,
+            }
+            .pack(),
+            opcode: SendOpcode::Write,
+            sge: Some(Sge {
+                addr: data.cts_shadow.region().addr_of(slot * MAX_RECVS),
+                length: bytes,
+                lkey: data.cts_shadow.keys(rail).lkey,
+            }),
+            remote_addr: data.remote_fifo
+                + (slot * MAX_RECVS * std::mem::size_of::<CtsEntry>()) as u64,
+            rkey: data.remote_fifo_rkeys[rail.index()],
+            signaled: data.signal.is_signaled(slot as u8),
+            inline: false,
+        };
+        // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, and is not
+        // rewritten until this slot comes round again 256 receives later, after its completion.
+        unsafe { data.qps.qps[data.cts_qp].post_send(std::slice::from_ref(&wr)) }.map_err(|e| {
+            let error = Error::from(e).context(self.info.describe_peer());
+            data.failure = Some(error.clone());
+            error
+        })
+    }
+
+    /// `test` on a receive request: the sizes received when done.
+    pub(crate) fn test(&self, index: u16) -> Result<Option<([u64; MAX_RECVS], usize)>> {
+        let data = self.data();
+        if let Some(failure) = &data.failure {
+            return Err(failure.clone());
+        }
+        self.poll(data)?;
+        data.refill()?;
+        let request = data.pool.get(index);
+        if !request.done {
+            return Ok(None);
+        }
+        let outcome = (request.sizes, request.count as usize);
+        data.pool.release(index);
+        Ok(Some(outcome))
+    }
+
+    fn poll(&self, data: &mut RecvData) -> Result<()> {
+        let mut completions = [Completion::EMPTY; POLL_BATCH];
+        for rail in Rail::ALL {
+            loop {
+                let Some(queues) = data.queues[rail.index()].as_mut() else {
+                    break;
+                };
+                let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
+                for completion in &completions[..count] {
+                    self.complete(data, rail, completion)?;
+                }
+                if count < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
+        if completion.status != CompletionStatus::Success {
+            let error = self.info.completion_error(rail, completion);
+            data.failure = Some(error.clone());
+            return Err(error);
+        }
+        match completion.opcode {
+            CompletionOpcode::RecvRdmaWithImm => self.on_imm(data, rail, completion),
+            CompletionOpcode::RdmaWrite => {
+                let wr = WrId::unpack(completion.wr_id)
+                    .map_err(|e| Error::internal(format!("CTS completion with {e}")))?;
+                if let Some(credits) = data.qps.credits.get_mut(wr.qp_index as usize) {
+                    credits.retire(wr.post_index);
+                }
+                Ok(())
+            }
+            CompletionOpcode::RdmaRead => Err(Error::internal("unexpected RDMA_READ completion")),
+        }
+    }
+
+    /// One IMM: consume an SRQ credit, find the slot's request, learn and check the mask.
+    fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
+        if data.srq[rail.index()].on_consumed().is_err() {
+            return self.protocol_error(
+                data,
+                rail,
+                format!("{rail} SRQ delivered more IMMs than receives posted"),
+            );
+        }
+        let imm = match Imm::from_wire(completion.imm) {
+            Ok(imm) => imm,
+            Err(e) => return self.protocol_error(data, rail, e.to_string()),
+        };
+        let slot = imm.slot as usize;
+        let Some(index) = data.slot_requests[slot] else {
+            return self.protocol_error(
+                data,
+                rail,
+                format!("IMM for slot {slot}, which has no receive posted"),
+            );
+        };
+        let allowed = self.info.layout.rails();
+        let request = data.pool.get_mut(index);
+        let complete = match request.learning.arrive(rail, imm.mask, allowed) {
+            Ok(complete) => complete,
+            Err(e) => return self.protocol_error(data, rail, format!("slot {slot}: {e}")),
+        };
+        if let Some(bytes) = imm.size_bytes() {
+            request.imm_size = Some(bytes);
+        }
+        if complete {
+            self.finish(data, slot, index);
+        }
+        Ok(())
+    }
+
+    /// All active rails delivered: fix the sizes and release the slot.
+    fn finish(&self, data: &mut RecvData, slot: usize, index: u16) {
+        let record = data.records.region().read(slot);
+        let request = data.pool.get_mut(index);
+        let count = request.count as usize;
+        match (count, request.imm_size) {
+            (1, Some(bytes)) => request.sizes[0] = bytes.min(request.sizes[0]),
+            _ => {
+                for r in 0..count {
+                    request.sizes[r] = u64::from(record.sizes[r]).min(request.sizes[r]);
+                }
+            }
+        }
+        request.done = true;
+        data.slot_requests[slot] = None;
+    }
+
+    /// Counts a protocol violation and fails the comm with the full context.
+    fn protocol_error(&self, data: &mut RecvData, rail: Rail, what: String) -> Result<()> {
+        data.protocol_errors += 1;
+        let error = Error::internal(format!(
+            "{}: protocol error on the {rail} rail (#{}): {what}",
+            self.info.describe_peer(),
+            data.protocol_errors
+        ));
+        data.failure = Some(error.clone());
+        Err(error)
+    }
+}

@@ -1,0 +1,173 @@
+//! Requests handed to NCCL: a fixed pool of 256 per comm (NCCL's `NET_IB_MAX_REQUESTS`: 32
+//! outstanding receives, each matching up to 8 sends), allocated and freed through an index stack
+//! so the data path never touches the heap.
+
+use crate::proto::completion::MaskLearning;
+use crate::proto::cts::{FIFO_SLOTS, MAX_RECVS};
+
+/// Requests per comm.
+pub(crate) const POOL_SIZE: usize = FIFO_SLOTS;
+
+const IN_USE: u32 = 0x5245_5155; // "REQU"
+const FREE: u32 = 0x4652_4545; // "FREE"
+
+/// Which comm type owns a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// A send comm.
+    Send,
+    /// A receive comm.
+    Recv,
+}
+
+/// A request as NCCL sees it (an opaque pointer into its comm's pool).
+#[repr(C)]
+pub struct Request {
+    magic: u32,
+    pub(crate) owner_kind: Owner,
+    pub(crate) done: bool,
+    pub(crate) index: u16,
+    /// The owning comm (`SendComm` or `RecvComm`), for `test`, which gets no comm argument.
+    pub(crate) owner: *const (),
+    /// Fifo sequence number of the slot this request rides on.
+    pub(crate) seq: u64,
+    /// Buffers (receive) or 1 (send).
+    pub(crate) count: u8,
+    /// Send: the clamped size. Receive: capacities, replaced by the received sizes when done.
+    pub(crate) sizes: [u64; MAX_RECVS],
+    /// Receive: which rails have delivered their IMM (seed 000 §2.3).
+    pub(crate) learning: MaskLearning,
+    /// Receive: the size carried in `size_q`, when it was carried (`nreqs == 1` fast path).
+    pub(crate) imm_size: Option<u64>,
+    /// Profiler handle per buffer (NCCL's; may be NULL).
+    pub(crate) profiler_handles: [usize; MAX_RECVS],
+    /// Post time (ns, monotonic), for latency.
+    pub(crate) posted_ns: u64,
+}
+
+impl Request {
+    const fn blank(index: u16) -> Request {
+        Request {
+            magic: FREE,
+            owner_kind: Owner::Send,
+            done: false,
+            index,
+            owner: std::ptr::null(),
+            seq: 0,
+            count: 0,
+            sizes: [0; MAX_RECVS],
+            learning: MaskLearning::new(),
+            imm_size: None,
+            profiler_handles: [0; MAX_RECVS],
+            posted_ns: 0,
+        }
+    }
+
+    /// Whether the pointer NCCL gave back names a live request.
+    pub(crate) fn is_live(&self) -> bool {
+        self.magic == IN_USE
+    }
+}
+
+/// The pool.
+pub(crate) struct RequestPool {
+    requests: Box<[Request]>,
+    free: Box<[u16]>,
+    free_count: usize,
+}
+
+impl RequestPool {
+    /// A pool of [`POOL_SIZE`] free requests.
+    pub(crate) fn new() -> RequestPool {
+        let requests: Box<[Request]> = (0..POOL_SIZE as u16).map(Request::blank).collect();
+        let free: Box<[u16]> = (0..POOL_SIZE as u16).rev().collect();
+        RequestPool {
+            requests,
+            free,
+            free_count: POOL_SIZE,
+        }
+    }
+
+    /// Takes a request, or `None` when all 256 are in flight (NCCL then retries).
+    pub(crate) fn allocate(
+        &mut self,
+        owner_kind: Owner,
+        owner: *const (),
+        seq: u64,
+    ) -> Option<u16> {
+        if self.free_count == 0 {
+            return None;
+        }
+        self.free_count -= 1;
+        let index = self.free[self.free_count];
+        let request = &mut self.requests[index as usize];
+        *request = Request::blank(index);
+        request.magic = IN_USE;
+        request.owner_kind = owner_kind;
+        request.owner = owner;
+        request.seq = seq;
+        Some(index)
+    }
+
+    /// Returns a request to the pool.
+    pub(crate) fn release(&mut self, index: u16) {
+        let request = &mut self.requests[index as usize];
+        if request.magic != IN_USE {
+            return;
+        }
+        request.magic = FREE;
+        self.free[self.free_count] = index;
+        self.free_count += 1;
+    }
+
+    /// The request at `index`.
+    pub(crate) fn get(&self, index: u16) -> &Request {
+        &self.requests[index as usize]
+    }
+
+    /// The request at `index`, mutably.
+    pub(crate) fn get_mut(&mut self, index: u16) -> &mut Request {
+        &mut self.requests[index as usize]
+    }
+
+    /// Stable pointer handed to NCCL.
+    pub(crate) fn pointer(&mut self, index: u16) -> std::ptr::NonNull<Request> {
+        std::ptr::NonNull::from(&mut self.requests[index as usize])
+    }
+
+    /// Requests currently handed out.
+    pub(crate) fn in_use(&self) -> usize {
+        POOL_SIZE - self.free_count
+    }
+}
+
+/// Monotonic nanoseconds (CLOCK_MONOTONIC through std; vDSO, no syscall on Linux).
+pub(crate) fn now_ns() -> u64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = EPOCH.get_or_init(Instant::now);
+    epoch.elapsed().as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_hands_out_every_request_once_then_refuses() {
+        let mut pool = RequestPool::new();
+        let mut seen = std::collections::HashSet::new();
+        for seq in 0..POOL_SIZE as u64 {
+            let index = pool.allocate(Owner::Recv, std::ptr::null(), seq).unwrap();
+            assert!(seen.insert(index));
+            assert!(pool.get(index).is_live());
+        }
+        assert_eq!(pool.allocate(Owner::Recv, std::ptr::null(), 0), None);
+        pool.release(7);
+        pool.release(7); // a double release is ignored
+        assert!(!pool.get(7).is_live());
+        assert_eq!(pool.allocate(Owner::Send, std::ptr::null(), 1), Some(7));
+        assert_eq!(pool.in_use(), POOL_SIZE);
+    }
+}

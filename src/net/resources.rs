@@ -1,0 +1,247 @@
+//! Per-connection fabric resources with ownership-guaranteed teardown: memory registrations,
+//! NIC-shared regions, queue pairs and their completion / shared receive queues.
+//!
+//! Teardown order matters for verbs (QPs before the CQ/SRQ they use, MRs before the memory they
+//! cover): it follows from field order and ownership here, and teardown failures are logged, never
+//! panicked on (we live inside someone else's process).
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::fabric::{
+    Access, CompletionQueue, CqSettings, MemoryKeys, QpCapabilities, QpSettings, QueuePair, Rail,
+    RailDevice, RemoteQp, SharedReceiveQueue,
+};
+use crate::log;
+use crate::proto::credits::SendQueueCredits;
+use crate::proto::qp_layout::QpLayout;
+use crate::proto::wire::RailEndpoint;
+
+use super::dma::DmaRegion;
+
+/// The two opened rails, SOUT first.
+pub(crate) type Devices = [Arc<dyn RailDevice>; 2];
+
+/// One memory registration on one rail, deregistered on drop.
+pub(crate) struct Registration {
+    device: Arc<dyn RailDevice>,
+    keys: Option<MemoryKeys>,
+}
+
+impl Registration {
+    /// Registers `[addr, addr + len)` on `device`.
+    pub(crate) fn new(
+        device: &Arc<dyn RailDevice>,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
+        let keys = device.register(addr, len, access)?;
+        Ok(Registration {
+            device: Arc::clone(device),
+            keys: Some(keys),
+        })
+    }
+
+    /// Wraps keys obtained another way (DMA-BUF).
+    pub(crate) fn from_keys(device: &Arc<dyn RailDevice>, keys: MemoryKeys) -> Self {
+        Registration {
+            device: Arc::clone(device),
+            keys: Some(keys),
+        }
+    }
+
+    /// The keys.
+    pub(crate) fn keys(&self) -> MemoryKeys {
+        self.keys.unwrap_or(MemoryKeys { lkey: 0, rkey: 0 })
+    }
+
+    /// Deregisters now, reporting failure.
+    pub(crate) fn release(mut self) -> Result<()> {
+        match self.keys.take() {
+            Some(keys) => self.device.deregister(keys).map_err(Error::from),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(keys) = self.keys.take() {
+            if let Err(e) = self.device.deregister(keys) {
+                warn!(log::NET, "teardown: {e}");
+            }
+        }
+    }
+}
+
+/// A NIC-shared region registered on both rails.
+pub(crate) struct RegisteredRegion<T: Copy> {
+    registrations: [Registration; 2],
+    region: DmaRegion<T>,
+}
+
+impl<T: Copy> RegisteredRegion<T> {
+    /// Allocates `len` zeroed elements and registers them on both rails.
+    pub(crate) fn new(devices: &Devices, len: usize, access: Access) -> Result<Self> {
+        let region = DmaRegion::zeroed(len)?;
+        let register = |rail: Rail| {
+            Registration::new(
+                &devices[rail.index()],
+                region.addr(),
+                region.byte_len(),
+                access,
+            )
+        };
+        let registrations = [register(Rail::ScaleOut)?, register(Rail::ScaleUp)?];
+        Ok(RegisteredRegion {
+            registrations,
+            region,
+        })
+    }
+
+    /// The memory.
+    pub(crate) fn region(&self) -> &DmaRegion<T> {
+        &self.region
+    }
+
+    /// Keys on `rail`.
+    pub(crate) fn keys(&self, rail: Rail) -> MemoryKeys {
+        self.registrations[rail.index()].keys()
+    }
+
+    /// Remote keys of both rails, as the handshake carries them.
+    pub(crate) fn rkeys(&self) -> [u32; 2] {
+        [
+            self.keys(Rail::ScaleOut).rkey,
+            self.keys(Rail::ScaleUp).rkey,
+        ]
+    }
+}
+
+/// Completion queue (and, on the receiver, shared receive queue) of one rail.
+pub(crate) struct RailQueues {
+    /// Shared receive queue (receiver only). Declared before `cq`: dropped first.
+    pub srq: Option<Box<dyn SharedReceiveQueue>>,
+    /// Completion queue.
+    pub cq: Box<dyn CompletionQueue>,
+}
+
+/// The QPs of one connection in layout order, with their send-queue credits.
+pub(crate) struct QueuePairs {
+    /// QPs, contiguous by rail (seed 001 §II step 6).
+    pub qps: Vec<Box<dyn QueuePair>>,
+    /// Send-queue credits per QP.
+    pub credits: Vec<SendQueueCredits>,
+}
+
+/// Sizing of one side's queues.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueSizing {
+    /// Send-queue depth per QP.
+    pub send_queue: u32,
+    /// CQ entries per rail.
+    pub cq_depth: u32,
+    /// SRQ depth per rail (0: no SRQ, the sender side).
+    pub srq_depth: u32,
+}
+
+/// Creates the CQ (and SRQ) of every rail that has QPs in `layout`, then the QPs.
+pub(crate) fn create_queues(
+    devices: &Devices,
+    layout: QpLayout,
+    sizing: QueueSizing,
+) -> Result<([Option<RailQueues>; 2], QueuePairs)> {
+    let mut queues: [Option<RailQueues>; 2] = [None, None];
+    for rail in layout.rails().rails() {
+        let device = &devices[rail.index()];
+        let cq = device.create_cq(CqSettings {
+            depth: sizing.cq_depth,
+        })?;
+        let srq = if sizing.srq_depth > 0 {
+            Some(device.create_srq(sizing.srq_depth)?)
+        } else {
+            None
+        };
+        queues[rail.index()] = Some(RailQueues { srq, cq });
+    }
+    let caps = QpCapabilities {
+        max_send_wr: sizing.send_queue,
+        max_inline: 0,
+    };
+    let mut qps = Vec::with_capacity(layout.total());
+    let mut credits = Vec::with_capacity(layout.total());
+    for index in 0..layout.total() {
+        let rail = layout
+            .rail_of(index)
+            .ok_or_else(|| Error::internal(format!("QP index {index} outside the layout")))?;
+        let rail_queues = queues[rail.index()]
+            .as_ref()
+            .ok_or_else(|| Error::internal(format!("rail {rail} has QPs but no CQ")))?;
+        let qp = devices[rail.index()].create_qp(
+            rail_queues.cq.as_ref(),
+            rail_queues.srq.as_deref(),
+            caps,
+        )?;
+        qps.push(qp);
+        credits.push(SendQueueCredits::new(sizing.send_queue));
+    }
+    Ok((queues, QueuePairs { qps, credits }))
+}
+
+/// What the handshake tells the peer about a local rail.
+pub(crate) fn endpoint(device: &dyn RailDevice) -> RailEndpoint {
+    let info = device.info();
+    RailEndpoint {
+        present: true,
+        lid: info.lid,
+        mtu: info.active_mtu,
+        link_layer: match info.link_layer {
+            crate::fabric::LinkLayer::InfiniBand => 1,
+            crate::fabric::LinkLayer::Ethernet => 2,
+        },
+        gid: info.gid,
+        gid_index: info.gid_index,
+    }
+}
+
+/// Moves every QP to RTS against the peer's QP of the same index (both sides use one layout).
+pub(crate) fn connect_queue_pairs(
+    qps: &mut QueuePairs,
+    layout: QpLayout,
+    devices: &Devices,
+    remote_rails: &[RailEndpoint; 2],
+    remote_qp_nums: &[u32],
+    settings: &QpSettings,
+) -> Result<()> {
+    for (index, qp) in qps.qps.iter_mut().enumerate() {
+        let rail = layout
+            .rail_of(index)
+            .ok_or_else(|| Error::internal(format!("QP index {index} outside the layout")))?;
+        let remote = &remote_rails[rail.index()];
+        let local = devices[rail.index()].info();
+        if !remote.present {
+            return Err(Error::remote(format!(
+                "peer reported no {rail} rail but the layout uses it"
+            )));
+        }
+        let remote_qp = RemoteQp {
+            qp_num: remote_qp_nums[index],
+            lid: remote.lid,
+            gid: remote.gid,
+            mtu: local.active_mtu.min(remote.mtu),
+        };
+        qp.connect(&remote_qp, settings)
+            .map_err(|e| Error::from(e).context(format!("bringing up {rail} QP {index}")))?;
+    }
+    Ok(())
+}
+
+/// NCCL-default transport settings, with the communicator's traffic class when it has one.
+pub(crate) fn qp_settings(traffic_class: i32) -> QpSettings {
+    let mut settings = QpSettings::default();
+    if (0..=255).contains(&traffic_class) {
+        settings.traffic_class = traffic_class as u8;
+    }
+    settings
+}

@@ -1,0 +1,523 @@
+//! The send comm's data path (`isend`, `test` on send requests): wait for the receiver's CTS,
+//! match tags, split each transfer across the rails, post one WR chain per active rail, and
+//! complete requests from the leader-independent per-rail signalled completions.
+//!
+//! Allocation-free, lock-free and integer-only: all state is preallocated at connect time.
+
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
+
+use crate::error::{Error, Result};
+use crate::fabric::{
+    Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
+};
+use crate::proto::cts::{
+    match_tag, ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS,
+};
+use crate::proto::imm::{Imm, SIZE_Q_SENTINEL};
+use crate::proto::policy::sup_bandwidth;
+use crate::proto::rail_mask::RailMask;
+use crate::proto::split::{slot_mask, RailSplit};
+use crate::proto::wr_id::{WrId, WrKind};
+
+use super::agent::HintReader;
+use super::comm::{ConnectionInfo, POLL_BATCH, SEND_MAGIC};
+use super::memory::MemoryHandle;
+use super::request::{now_ns, Owner, Request, RequestPool};
+use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+
+/// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
+pub(crate) const MAX_TRANSFER: u64 = 1 << 30;
+/// WRs in one chain at most: 8 data writes + the signalling write.
+const MAX_CHAIN: usize = MAX_RECVS + 1;
+
+/// Where a CTS slot is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Free for the next fifo sequence that maps here.
+    Idle,
+    /// CTS read; `isend`s are being matched to its entries.
+    Matching,
+    /// All entries matched; waiting for send-queue credits to post.
+    Posting,
+    /// Posted; waiting for the signalled completion of every active rail.
+    InFlight,
+}
+
+/// Sender-side state of one CTS slot.
+#[derive(Clone, Copy)]
+struct SendSlot {
+    phase: Phase,
+    seq: u64,
+    nreqs: u8,
+    taken: u8,
+    pending: RailMask,
+    entries: [CtsEntry; MAX_RECVS],
+    requests: [u16; MAX_RECVS],
+    addrs: [u64; MAX_RECVS],
+    lkeys: [[u32; 2]; MAX_RECVS],
+}
+
+impl SendSlot {
+    const IDLE: SendSlot = SendSlot {
+        phase: Phase::Idle,
+        seq: 0,
+        nreqs: 0,
+        taken: 0,
+        pending: RailMask::NONE,
+        entries: [CtsEntry {
+            addr: 0,
+            size: 0,
+            rkeys: [0; 2],
+            nreqs: 0,
+            tag: 0,
+            idx: 0,
+            padding: [0; 24],
+        }; MAX_RECVS],
+        requests: [0; MAX_RECVS],
+        addrs: [0; MAX_RECVS],
+        lkeys: [[0; 2]; MAX_RECVS],
+    };
+}
+
+/// Mutable data-path state; touched only by the comm's progress thread.
+pub(crate) struct SendData {
+    pub(crate) qps: QueuePairs,
+    pub(crate) queues: [Option<RailQueues>; 2],
+    /// The CTS FIFO `[256][8]` the receiver RDMA-writes into.
+    pub(crate) fifo: RegisteredRegion<CtsEntry>,
+    /// Local shadow of the completion records the leader rail writes to the receiver.
+    pub(crate) records: RegisteredRegion<CompletionRecord>,
+    pub(crate) remote_records: u64,
+    pub(crate) remote_records_rkeys: [u32; 2],
+    pub(crate) hint: HintReader,
+    fifo_head: u64,
+    post_head: u64,
+    slots: Box<[SendSlot]>,
+    pool: RequestPool,
+    failure: Option<Error>,
+}
+
+impl SendData {
+    /// State for a freshly connected comm.
+    pub(crate) fn new(
+        qps: QueuePairs,
+        queues: [Option<RailQueues>; 2],
+        fifo: RegisteredRegion<CtsEntry>,
+        records: RegisteredRegion<CompletionRecord>,
+        remote_records: (u64, [u32; 2]),
+        hint: HintReader,
+    ) -> SendData {
+        SendData {
+            qps,
+            queues,
+            fifo,
+            records,
+            remote_records: remote_records.0,
+            remote_records_rkeys: remote_records.1,
+            hint,
+            fifo_head: 0,
+            post_head: 0,
+            slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+            pool: RequestPool::new(),
+            failure: None,
+        }
+    }
+}
+
+/// A connected send comm.
+#[repr(C)]
+pub struct SendComm {
+    magic: u32,
+    pub(crate) info: ConnectionInfo,
+    data: UnsafeCell<SendData>,
+}
+
+// SAFETY: `info` is immutable after connect; `data` is only touched from NCCL's progress thread
+// for this comm (NCCL's contract, docs/nccl-net-abi.md §2), never concurrently.
+unsafe impl Sync for SendComm {}
+// SAFETY: all fields are owned; the raw pointers inside requests point into this comm.
+unsafe impl Send for SendComm {}
+
+impl SendComm {
+    pub(crate) fn new(info: ConnectionInfo, data: SendData) -> Box<SendComm> {
+        Box::new(SendComm {
+            magic: SEND_MAGIC,
+            info,
+            data: UnsafeCell::new(data),
+        })
+    }
+
+    /// The data-path state.
+    #[allow(clippy::mut_from_ref)]
+    fn data(&self) -> &mut SendData {
+        // SAFETY: NCCL drives one comm's data path from a single progress thread and never
+        // re-enters it; no other code takes a reference into `data` (see `unsafe impl Sync`).
+        unsafe { &mut *self.data.get() }
+    }
+
+    /// `isend`.
+    pub(crate) fn isend(
+        &self,
+        addr: u64,
+        size: u64,
+        tag: i32,
+        memory: &MemoryHandle,
+        profiler_handle: usize,
+    ) -> Result<Option<NonNull<Request>>> {
+        let data = self.data();
+        if let Some(failure) = &data.failure {
+            return Err(failure.clone());
+        }
+        if size > MAX_TRANSFER {
+            return Err(Error::invalid_argument(format!(
+                "isend: size {size} exceeds maxP2pBytes ({MAX_TRANSFER})"
+            )));
+        }
+        self.post_ready(data)?;
+        let seq = data.fifo_head;
+        let slot = slot_of(seq);
+        if data.slots[slot].phase == Phase::Idle && !self.load_cts(data, seq)? {
+            return Ok(None);
+        }
+        let state = &mut data.slots[slot];
+        if state.phase != Phase::Matching || state.seq != seq {
+            return Ok(None); // the previous use of this slot is still in flight
+        }
+        let nreqs = state.nreqs as usize;
+        let Some(entry) = match_tag(&state.entries[..nreqs], state.taken, tag as u32) else {
+            return Ok(None); // NCCL retries until the receive with this tag is posted
+        };
+        let clamped = size.min(state.entries[entry].size);
+        memory.check_covers("isend", addr, clamped)?;
+        let owner = self as *const SendComm as *const ();
+        let Some(index) = data.pool.allocate(Owner::Send, owner, seq) else {
+            return Ok(None);
+        };
+        let request = data.pool.get_mut(index);
+        request.count = 1;
+        request.sizes[0] = clamped;
+        request.profiler_handles[0] = profiler_handle;
+        request.posted_ns = now_ns();
+        let state = &mut data.slots[slot];
+        state.taken |= 1 << entry;
+        state.requests[entry] = index;
+        state.addrs[entry] = addr;
+        state.lkeys[entry] = [memory.lkey(Rail::ScaleOut), memory.lkey(Rail::ScaleUp)];
+        if state.taken.count_ones() as usize == nreqs {
+            state.phase = Phase::Posting;
+            data.fifo_head += 1;
+            self.post_ready(data)?;
+        }
+        Ok(Some(data.pool.pointer(index)))
+    }
+
+    /// Reads the CTS for `seq` if the receiver wrote it (`idx == seq + 1` on every entry).
+    fn load_cts(&self, data: &mut SendData, seq: u64) -> Result<bool> {
+        let slot = slot_of(seq);
+        let base = slot * MAX_RECVS;
+        let ready = ready_idx(seq);
+        let first = data.fifo.region().read(base);
+        if first.idx != ready {
+            return Ok(false);
+        }
+        let nreqs = (first.nreqs as usize).clamp(1, MAX_RECVS);
+        // The n entries arrive in one RDMA write but may become visible piecemeal: wait (by
+        // returning "try later") until every entry carries this sequence's idx, as net_ib does.
+        if (1..nreqs).any(|r| data.fifo.region().read(base + r).idx != ready) {
+            return Ok(false);
+        }
+        fence(Ordering::Acquire);
+        let state = &mut data.slots[slot];
+        for r in 0..nreqs {
+            let entry = data.fifo.region().read(base + r);
+            entry
+                .validate(slot, r, self.info.layout.rails())
+                .map_err(|e| {
+                    Error::remote(format!(
+                        "{}: posted incorrect receive info: {e}",
+                        self.info.describe_peer()
+                    ))
+                })?;
+            state.entries[r] = entry;
+        }
+        state.phase = Phase::Matching;
+        state.seq = seq;
+        state.nreqs = nreqs as u8;
+        state.taken = 0;
+        Ok(true)
+    }
+
+    /// Posts matched slots in fifo order while send-queue credits allow.
+    fn post_ready(&self, data: &mut SendData) -> Result<()> {
+        while data.post_head < data.fifo_head {
+            let slot = slot_of(data.post_head);
+            if data.slots[slot].phase != Phase::Posting || !self.post_slot(data, slot)? {
+                break;
+            }
+            data.post_head += 1;
+        }
+        Ok(())
+    }
+
+    /// Builds and posts the WR chains of one slot; `Ok(false)` when credits are short.
+    fn post_slot(&self, data: &mut SendData, slot: usize) -> Result<bool> {
+        let state = data.slots[slot];
+        let nreqs = state.nreqs as usize;
+        let info = &self.info;
+        let hint = &mut data.hint;
+        let sup_bw = sup_bandwidth(info.mode, info.class, || hint.read());
+        let mut splits = [RailSplit::default(); MAX_RECVS];
+        for r in 0..nreqs {
+            splits[r] = RailSplit::new(sup_bw, data.pool.get(state.requests[r]).sizes[0]);
+        }
+        let mask = slot_mask(&splits[..nreqs]);
+        if !mask.is_subset_of(info.layout.rails()) {
+            return Err(Error::internal(format!(
+                "{}: split chose rails {:#x} but this connection has QPs on {:#x}",
+                info.describe_peer(),
+                mask.bits(),
+                info.layout.rails().bits()
+            )));
+        }
+        let exact = if nreqs == 1 {
+            Imm::exact_size_q(splits[0].size)
+        } else {
+            None
+        };
+        let mut chains = [[EMPTY_WR; MAX_CHAIN]; 2];
+        let mut lengths = [0usize; 2];
+        let mut qp_indices = [0usize; 2];
+        for rail in mask.rails() {
+            let qp = info.layout.qp_for_request(state.seq, rail).ok_or_else(|| {
+                Error::internal(format!("no {rail} QP for fifo sequence {}", state.seq))
+            })?;
+            qp_indices[rail.index()] = qp;
+            let chain = &mut chains[rail.index()];
+            lengths[rail.index()] = match exact {
+                Some(size_q) => {
+                    self.build_fast_chain(&state, &splits[0], rail, mask, size_q, chain)
+                }
+                None => self.build_chain(data, &state, &splits[..nreqs], rail, mask, chain),
+            };
+        }
+        if mask.rails().any(|rail| {
+            data.qps.credits[qp_indices[rail.index()]].available() < lengths[rail.index()] as u32
+        }) {
+            return Ok(false);
+        }
+        if exact.is_none() {
+            let mut record = CompletionRecord::default();
+            for (r, split) in splits[..nreqs].iter().enumerate() {
+                record.sizes[r] = split.size as u32;
+            }
+            data.records.region().write(slot, record);
+        }
+        for rail in mask.rails() {
+            let qp = qp_indices[rail.index()];
+            let length = lengths[rail.index()];
+            let chain = &mut chains[rail.index()][..length];
+            let post_index = data.qps.credits[qp]
+                .reserve(length as u32)
+                .unwrap_or_default();
+            chain[length - 1].wr_id = WrId {
+                kind: WrKind::Data,
+                rail,
+                qp_index: qp as u8,
+                slot: slot as u8,
+                post_index,
+            }
+            .pack();
+            // SAFETY: every SGE lies in a registration NCCL keeps alive until `test` reports this
+            // slot's requests done (checked by `check_covers`), or in `records`, owned by this comm;
+            // remote ranges come from the receiver's CTS and handshake.
+            let posted = unsafe { data.qps.qps[qp].post_send(chain) };
+            if let Err(e) = posted {
+                let error = Error::from(e).context(info.describe_peer());
+                data.failure = Some(error.clone());
+                return Err(error);
+            }
+        }
+        let state = &mut data.slots[slot];
+        state.pending = mask;
+        state.phase = Phase::InFlight;
+        Ok(true)
+    }
+
+    /// `nreqs == 1` with an exactly encodable size: data and signal merged into one
+    /// RDMA_WRITE_WITH_IMM per active rail, no completion record (seed 000 Phase 5).
+    fn build_fast_chain(
+        &self,
+        state: &SendSlot,
+        split: &RailSplit,
+        rail: Rail,
+        mask: RailMask,
+        size_q: u32,
+        chain: &mut [WorkRequest; MAX_CHAIN],
+    ) -> usize {
+        let entry = &state.entries[0];
+        let length = split.length(rail);
+        let offset = split.offset(rail);
+        let sge = (length > 0).then(|| Sge {
+            addr: state.addrs[0] + offset,
+            length: length as u32,
+            lkey: state.lkeys[0][rail.index()],
+        });
+        let imm = Imm {
+            slot: slot_of(state.seq) as u8,
+            mask,
+            size_q,
+        };
+        chain[0] = WorkRequest {
+            wr_id: 0,
+            opcode: SendOpcode::WriteWithImm { imm: imm.to_wire() },
+            sge,
+            remote_addr: entry.addr + offset,
+            rkey: entry.rkeys[rail.index()],
+            signaled: true,
+            inline: false,
+        };
+        1
+    }
+
+    /// The general chain: one RDMA_WRITE per non-empty buffer portion on this rail, then one
+    /// signalling RDMA_WRITE_WITH_IMM; the leader rail's also writes the completion record.
+    fn build_chain(
+        &self,
+        data: &SendData,
+        state: &SendSlot,
+        splits: &[RailSplit],
+        rail: Rail,
+        mask: RailMask,
+        chain: &mut [WorkRequest; MAX_CHAIN],
+    ) -> usize {
+        let mut length = 0;
+        for (r, split) in splits.iter().enumerate() {
+            let bytes = split.length(rail);
+            if bytes == 0 {
+                continue; // a zero-byte portion moves nothing; the signal WR still counts the rail
+            }
+            let offset = split.offset(rail);
+            chain[length] = WorkRequest {
+                wr_id: 0,
+                opcode: SendOpcode::Write,
+                sge: Some(Sge {
+                    addr: state.addrs[r] + offset,
+                    length: bytes as u32,
+                    lkey: state.lkeys[r][rail.index()],
+                }),
+                remote_addr: state.entries[r].addr + offset,
+                rkey: state.entries[r].rkeys[rail.index()],
+                signaled: false,
+                inline: false,
+            };
+            length += 1;
+        }
+        let slot = slot_of(state.seq);
+        let leader = mask.leader() == Some(rail);
+        let record_bytes = std::mem::size_of::<CompletionRecord>() as u32;
+        let sge = leader.then(|| Sge {
+            addr: data.records.region().addr_of(slot),
+            length: record_bytes,
+            lkey: data.records.keys(rail).lkey,
+        });
+        let imm = Imm {
+            slot: slot as u8,
+            mask,
+            size_q: SIZE_Q_SENTINEL,
+        };
+        chain[length] = WorkRequest {
+            wr_id: 0,
+            opcode: SendOpcode::WriteWithImm { imm: imm.to_wire() },
+            sge,
+            remote_addr: data.remote_records + (slot as u64) * u64::from(record_bytes),
+            rkey: data.remote_records_rkeys[rail.index()],
+            signaled: true,
+            inline: false,
+        };
+        length + 1
+    }
+
+    /// `test` on a send request.
+    pub(crate) fn test(&self, index: u16) -> Result<Option<u64>> {
+        let data = self.data();
+        if let Some(failure) = &data.failure {
+            return Err(failure.clone());
+        }
+        self.post_ready(data)?;
+        self.poll(data)?;
+        let request = data.pool.get(index);
+        if !request.done {
+            return Ok(None);
+        }
+        let size = request.sizes[0];
+        data.pool.release(index);
+        Ok(Some(size))
+    }
+
+    /// Drains both rails' CQs.
+    fn poll(&self, data: &mut SendData) -> Result<()> {
+        let mut completions = [Completion::EMPTY; POLL_BATCH];
+        for rail in Rail::ALL {
+            loop {
+                let Some(queues) = data.queues[rail.index()].as_mut() else {
+                    break;
+                };
+                let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
+                for completion in &completions[..count] {
+                    self.complete(data, rail, completion)?;
+                }
+                if count < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
+        if completion.status != CompletionStatus::Success {
+            let error = self.info.completion_error(rail, completion);
+            data.failure = Some(error.clone());
+            return Err(error);
+        }
+        let wr = WrId::unpack(completion.wr_id)
+            .map_err(|e| Error::internal(format!("send completion with {e}")))?;
+        if wr.kind != WrKind::Data || completion.opcode != CompletionOpcode::RdmaWrite {
+            return Err(Error::internal(format!(
+                "unexpected send completion {wr:?} on {rail}"
+            )));
+        }
+        if let Some(credits) = data.qps.credits.get_mut(wr.qp_index as usize) {
+            credits.retire(wr.post_index);
+        }
+        let state = &mut data.slots[wr.slot as usize];
+        if state.phase != Phase::InFlight || !state.pending.contains(rail) {
+            return Err(Error::internal(format!(
+                "{}: completion for slot {} on {rail} that has no transfer in flight",
+                self.info.describe_peer(),
+                wr.slot
+            )));
+        }
+        state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
+        if state.pending.is_empty() {
+            state.phase = Phase::Idle;
+            let (requests, nreqs) = (state.requests, state.nreqs as usize);
+            for index in &requests[..nreqs] {
+                data.pool.get_mut(*index).done = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+const EMPTY_WR: WorkRequest = WorkRequest {
+    wr_id: 0,
+    opcode: SendOpcode::Write,
+    sge: None,
+    remote_addr: 0,
+    rkey: 0,
+    signaled: false,
+    inline: false,
+};
