@@ -1,15 +1,17 @@
 //! Engine tests over the loopback fabric, through the internal API the FFI adapters call.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::fabric::Rail;
+use crate::proto::island::PathClass;
 
-/// Env and the loopback world are process-wide: serialize the tests that set them.
-pub(crate) fn env_lock() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+/// Env and the loopback world are process-wide: serialize the tests that set them, together with
+/// the loopback fabric's own fault-knob tests.
+pub(crate) fn env_lock() -> impl Drop {
+    crate::fabric::loopback::tests::serial("").0
 }
 
 pub(crate) struct Pair {
@@ -19,37 +21,63 @@ pub(crate) struct Pair {
 }
 
 pub(crate) fn connect_pair(vars: &[(&str, &str)]) -> Pair {
-    for (name, _) in ENV_NAMES.iter().map(|n| (n, ())) {
-        std::env::remove_var(name);
-    }
-    std::env::set_var("MPIB_FABRIC", "loopback");
-    for (name, value) in vars {
-        std::env::set_var(name, value);
-    }
-    let ctx = init(InitParams {
-        traffic_class: -1,
-        ..Default::default()
-    })
-    .unwrap();
+    connect_pair_with(vars, vars).unwrap()
+}
+
+/// Receiver and sender contexts initialised with different settings (each `init` snapshots env).
+pub(crate) fn connect_pair_with(
+    recv_vars: &[(&str, &str)],
+    send_vars: &[(&str, &str)],
+) -> Result<Pair> {
+    let context = |vars: &[(&str, &str)]| {
+        for name in ENV_NAMES {
+            std::env::remove_var(name);
+        }
+        std::env::set_var("MPIB_FABRIC", "loopback");
+        for (name, value) in vars {
+            std::env::set_var(name, value);
+        }
+        init(InitParams {
+            traffic_class: -1,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let recv_ctx = context(recv_vars);
+    let ctx = context(send_vars);
     let mut handle = [0u8; HANDLE_SIZE];
-    let mut listen_comm = listen(&ctx, 0, &mut handle).unwrap();
+    let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let (mut send, mut recv) = (None, None);
-    while send.is_none() || recv.is_none() {
+    let result = loop {
+        if send.is_some() && recv.is_some() {
+            break Ok(());
+        }
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            send = connect(&ctx, 0, &mut handle, -1).unwrap();
+            match connect(&ctx, 0, &mut handle, -1) {
+                Ok(comm) => send = comm,
+                Err(e) => break Err(e),
+            }
         }
         if recv.is_none() {
-            recv = accept(&mut listen_comm).unwrap();
+            match accept(&mut listen_comm) {
+                Ok(comm) => recv = comm,
+                Err(e) => break Err(e),
+            }
         }
-    }
+    };
     close_listen(listen_comm).unwrap();
-    Pair {
+    finalize(recv_ctx).unwrap();
+    if let Err(e) = result {
+        finalize(ctx).unwrap();
+        return Err(e);
+    }
+    Ok(Pair {
         send: send.unwrap(),
         recv: recv.unwrap(),
         ctx,
-    }
+    })
 }
 
 const ENV_NAMES: [&str; 6] = [
@@ -141,4 +169,87 @@ fn moves_bytes_intra_island() {
     close_send(send).unwrap();
     close_recv(recv).unwrap();
     finalize(ctx).unwrap();
+}
+
+fn close(pair: Pair) {
+    let Pair { send, recv, ctx } = pair;
+    close_send(send).unwrap();
+    close_recv(recv).unwrap();
+    finalize(ctx).unwrap();
+}
+
+#[test]
+fn inter_island_creates_no_sup_queue_pairs_and_still_moves_bytes() {
+    let _guard = env_lock();
+    let pair = connect_pair_with(
+        &[("MPIB_OOB_ADDR", "127.0.0.1")],
+        &[("MPIB_OOB_ADDR", "127.0.1.1")],
+    )
+    .unwrap();
+    for info in [&pair.send.info, &pair.recv.info] {
+        assert_eq!(info.class, PathClass::InterIsland);
+        assert_eq!(
+            (
+                info.layout.count(Rail::ScaleOut),
+                info.layout.count(Rail::ScaleUp)
+            ),
+            (2, 0)
+        );
+    }
+    for size in [0, 129, 65536] {
+        transfer(&pair, size);
+    }
+    close(pair);
+}
+
+#[test]
+fn a_classification_mismatch_is_refused_with_both_views() {
+    let _guard = env_lock();
+    // Same address pair, different prefix lengths: the sender says inter, the receiver intra.
+    let result = connect_pair_with(
+        &[
+            ("MPIB_OOB_ADDR", "127.0.0.1"),
+            ("MPIB_ISLAND_PREFIX_LEN", "8"),
+        ],
+        &[
+            ("MPIB_OOB_ADDR", "127.0.1.1"),
+            ("MPIB_ISLAND_PREFIX_LEN", "24"),
+        ],
+    );
+    let error = result.err().expect("a mismatch must be refused");
+    assert_eq!(error.kind, crate::error::ErrorKind::InvalidUsage, "{error}");
+    assert!(
+        error.message.contains("inter") && error.message.contains("intra"),
+        "{error}"
+    );
+    assert!(error.message.contains("MPIB_ISLAND_PREFIX_LEN"), "{error}");
+}
+
+#[test]
+fn a_qp_count_mismatch_is_refused() {
+    let _guard = env_lock();
+    let result = connect_pair_with(&[("MPIB_SUP_QP", "3")], &[("MPIB_SUP_QP", "4")]);
+    let error = result.err().expect("a QP count mismatch must be refused");
+    assert!(
+        error.message.contains("sup=4") && error.message.contains("sup=3"),
+        "{error}"
+    );
+}
+
+#[test]
+fn advanced_mode_without_an_agent_goes_all_sout() {
+    let _guard = env_lock();
+    let dir = std::env::temp_dir().join(format!("mpib-noagent-{}", std::process::id()));
+    let socket = dir.join("agent.sock");
+    let hints = dir.join("hints");
+    let pair = connect_pair(&[
+        ("MPIB_MODE", "1"),
+        ("MPIB_AGENT_SOCKET", socket.to_str().unwrap()),
+        ("MPIB_HINT_PATH", hints.to_str().unwrap()),
+    ]);
+    assert!(pair.send.info.agent.is_none());
+    for size in [0, 4096, 1 << 20] {
+        transfer(&pair, size);
+    }
+    close(pair);
 }
