@@ -1,0 +1,260 @@
+//! Finding and loading the built plugin the way NCCL does (`dlopen(RTLD_NOW | RTLD_LOCAL)`,
+//! `dlsym("ncclNetPlugin_vN")`).
+
+use std::ffi::{c_char, c_void, CStr};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use libloading::os::unix::Library;
+
+use crate::error::{Error, Result};
+use crate::net::Net;
+
+/// File cargo builds (`[lib] name = "nccl_net_mpib"`, crate type cdylib).
+pub const BUILT_NAME: &str = "libnccl_net_mpib.so";
+/// Name NCCL looks for with `NCCL_NET_PLUGIN=mpib`.
+pub const NCCL_NAME: &str = "libnccl-net-mpib.so";
+
+/// The net ABI versions MPIB exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Version {
+    /// `ncclNetPlugin_v7` (NCCL 2.19).
+    V7,
+    /// `ncclNetPlugin_v8` (NCCL 2.20 – 2.23).
+    V8,
+    /// `ncclNetPlugin_v9` (NCCL 2.24 – 2.25).
+    V9,
+    /// `ncclNetPlugin_v10` (NCCL 2.26 – 2.27).
+    V10,
+    /// `ncclNetPlugin_v11` (NCCL 2.28 – 2.29).
+    V11,
+    /// `ncclNetPlugin_v12` (NCCL 2.30).
+    V12,
+}
+
+impl Version {
+    /// Every version, oldest first.
+    pub const ALL: [Version; 6] = [
+        Version::V7,
+        Version::V8,
+        Version::V9,
+        Version::V10,
+        Version::V11,
+        Version::V12,
+    ];
+
+    /// The number (7 … 12).
+    pub const fn number(self) -> u32 {
+        match self {
+            Version::V7 => 7,
+            Version::V8 => 8,
+            Version::V9 => 9,
+            Version::V10 => 10,
+            Version::V11 => 11,
+            Version::V12 => 12,
+        }
+    }
+
+    /// The exported symbol, NUL-terminated.
+    pub const fn symbol(self) -> &'static [u8] {
+        match self {
+            Version::V7 => b"ncclNetPlugin_v7\0",
+            Version::V8 => b"ncclNetPlugin_v8\0",
+            Version::V9 => b"ncclNetPlugin_v9\0",
+            Version::V10 => b"ncclNetPlugin_v10\0",
+            Version::V11 => b"ncclNetPlugin_v11\0",
+            Version::V12 => b"ncclNetPlugin_v12\0",
+        }
+    }
+
+    /// `init` per communicator with a context and `finalize` (v11+), rather than once.
+    pub const fn has_context(self) -> bool {
+        matches!(self, Version::V11 | Version::V12)
+    }
+
+    /// `isend`/`irecv` sizes are `int` (v7, v8): NCCL refuses more than 1 GiB.
+    pub const fn int_sizes(self) -> bool {
+        matches!(self, Version::V7 | Version::V8)
+    }
+
+    /// Properties carry `forceFlush`, `vProps`, `maxP2pBytes`; the table has `makeVDevice`.
+    pub const fn has_vdevice(self) -> bool {
+        self.number() >= 9
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.number())
+    }
+}
+
+/// The loaded library. Dropping it `dlclose`s (the image is really unloaded only when no other
+/// handle in the process keeps it open).
+pub struct Plugin {
+    lib: Library,
+    path: PathBuf,
+}
+
+// SAFETY: a `Library` is a dlopen handle, usable from any thread; `path` is plain data.
+unsafe impl Sync for Plugin {}
+
+impl fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plugin").field("path", &self.path).finish()
+    }
+}
+
+impl Plugin {
+    /// `dlopen(path, RTLD_NOW | RTLD_LOCAL)`, exactly as NCCL does: every undefined symbol must
+    /// resolve now.
+    pub fn load(path: impl AsRef<Path>) -> Result<Plugin> {
+        let path = path.as_ref().to_path_buf();
+        // SAFETY: loading runs the library's initialisers; MPIB is a Rust cdylib without
+        // constructors that assume anything about the host.
+        let lib = unsafe { Library::open(Some(&path), libc::RTLD_NOW | libc::RTLD_LOCAL) }
+            .map_err(|e| Error::Load(format!("dlopen({}): {e}", path.display())))?;
+        Ok(Plugin { lib, path })
+    }
+
+    /// Where it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The address of `ncclNetPlugin_vN`.
+    pub fn table_address(&self, version: Version) -> Result<*const c_void> {
+        // SAFETY: the symbol is looked up as an opaque address; nothing is called or read here.
+        let symbol = unsafe { self.lib.get::<*const c_void>(version.symbol()) }.map_err(|e| {
+            Error::Load(format!(
+                "dlsym(ncclNetPlugin_{version}) in {}: {e}",
+                self.path.display()
+            ))
+        })?;
+        let address = symbol.into_raw() as *const c_void;
+        if address.is_null() {
+            return Err(Error::Load(format!(
+                "ncclNetPlugin_{version} resolves to NULL"
+            )));
+        }
+        Ok(address)
+    }
+
+    /// The table's `name`, read straight after `dlsym`, before any `init` (as NCCL does).
+    pub fn name(&self, version: Version) -> Result<String> {
+        let table = self.table_address(version)?;
+        // SAFETY: every table starts with `const char* name` (sheet §1.4); the address is the
+        // exported static, valid while `self.lib` is loaded.
+        let name = unsafe { *(table as *const *const c_char) };
+        if name.is_null() {
+            return Err(Error::Contract(format!(
+                "ncclNetPlugin_{version}->name is NULL"
+            )));
+        }
+        // SAFETY: NCCL requires a static NUL-terminated string here.
+        let text = unsafe { CStr::from_ptr(name) };
+        Ok(text.to_string_lossy().into_owned())
+    }
+
+    /// A version-neutral driver over `ncclNetPlugin_vN`.
+    pub fn net(&self, version: Version) -> Result<Net<'_>> {
+        let table = self.table_address(version)?;
+        // SAFETY: `table` is the exported `ncclNet_vN_t` for exactly this `version`, and it lives
+        // as long as `self`, which the returned `Net` borrows.
+        Ok(unsafe { Net::from_table(version, table) })
+    }
+}
+
+/// The profile the current executable was built with (`debug`, `release`, …), from its path
+/// (`target/<profile>/deps/<test>` or `target/<profile>/<bin>`).
+pub fn current_profile() -> String {
+    let exe = std::env::current_exe().ok();
+    let dir = exe.as_deref().and_then(Path::parent);
+    let dir = match dir {
+        Some(d)
+            if d.file_name()
+                .is_some_and(|n| n == "deps" || n == "examples") =>
+        {
+            d.parent()
+        }
+        other => other,
+    };
+    dir.and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "debug".to_string())
+}
+
+/// The workspace root (the driver lives in `<root>/driver`).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Finds `target/<profile>/libnccl_net_mpib.so` (from `CARGO_TARGET_DIR`, the running
+/// executable's target dir, or the workspace's `target/`), creates the NCCL name
+/// `libnccl-net-mpib.so` beside it as a symlink, and returns the path of that symlink.
+pub fn locate_built_plugin(profile: &str) -> Result<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        let target = PathBuf::from(target);
+        let target = if target.is_absolute() {
+            target
+        } else {
+            workspace_root().join(target)
+        };
+        dirs.push(target.join(profile));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for ancestor in exe.ancestors().skip(1).take(3) {
+            if ancestor.file_name().is_some_and(|n| n == profile) {
+                dirs.push(ancestor.to_path_buf());
+            }
+        }
+    }
+    dirs.push(workspace_root().join("target").join(profile));
+    let found = dirs
+        .iter()
+        .map(|d| d.join(BUILT_NAME))
+        .find(|p| p.is_file());
+    let Some(built) = found else {
+        let tried: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        return Err(Error::Load(format!(
+            "{BUILT_NAME} not found in [{}]; build it first with `cargo build{}` in {}",
+            tried.join(", "),
+            if profile == "release" {
+                " --release"
+            } else {
+                ""
+            },
+            workspace_root().display()
+        )));
+    };
+    nccl_named_link(&built)
+}
+
+/// Creates (or refreshes) `libnccl-net-mpib.so -> libnccl_net_mpib.so` beside `built`, atomically
+/// (parallel tests may race here), and returns the link's path.
+pub fn nccl_named_link(built: &Path) -> Result<PathBuf> {
+    let dir = built
+        .parent()
+        .ok_or_else(|| Error::Load(format!("{} has no parent", built.display())))?;
+    let link = dir.join(NCCL_NAME);
+    let target = built
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| built.to_path_buf());
+    if std::fs::read_link(&link).is_ok_and(|current| current == target) {
+        return Ok(link);
+    }
+    let unique = format!(
+        ".{NCCL_NAME}.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    let temporary = dir.join(unique.replace(['(', ')'], ""));
+    let _ = std::fs::remove_file(&temporary);
+    std::os::unix::fs::symlink(&target, &temporary)
+        .and_then(|()| std::fs::rename(&temporary, &link))
+        .map_err(|e| Error::Load(format!("cannot create {}: {e}", link.display())))?;
+    Ok(link)
+}
