@@ -11,6 +11,7 @@
 //! * [`agent`]: a test agent for advanced mode (hint SHM + registration socket).
 //! * [`child`]: run one test in a fresh process (per-process plugin state, real unload).
 //! * [`env`]: environment changes serialised with every `init`.
+//! * [`testing`]: helpers shared by the integration tests.
 
 pub mod abi;
 pub mod agent;
@@ -22,6 +23,7 @@ pub mod pattern;
 pub mod plan;
 pub mod plugin;
 pub mod proxy;
+pub mod testing;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

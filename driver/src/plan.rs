@@ -45,6 +45,9 @@ pub struct Plan {
     pub preset_recv_request: bool,
     /// Pass `sizes = NULL` to `test` on send requests.
     pub null_send_sizes: bool,
+    /// Pass `sizes = NULL` to `test` on receive requests (bootstrap-over-net does; sizes are then
+    /// not checked, bytes still are).
+    pub null_recv_sizes: bool,
 }
 
 fn align_up(value: usize, to: usize) -> usize {
@@ -141,6 +144,7 @@ impl Plan {
             max_sends_in_flight: max_sends.max(1),
             preset_recv_request: false,
             null_send_sizes: false,
+            null_recv_sizes: false,
         }
     }
 
@@ -172,6 +176,7 @@ impl Plan {
             max_sends_in_flight: max_in_flight.max(1),
             preset_recv_request: false,
             null_send_sizes: false,
+            null_recv_sizes: false,
         }
     }
 
@@ -194,9 +199,10 @@ impl Plan {
         self
     }
 
-    /// Test sends with `sizes = NULL`.
-    pub fn with_null_send_sizes(mut self) -> Plan {
+    /// Test sends and receives with `sizes = NULL`.
+    pub fn with_null_sizes(mut self) -> Plan {
         self.null_send_sizes = true;
+        self.null_recv_sizes = true;
         self
     }
 }

@@ -96,9 +96,6 @@ pub struct Plugin {
     path: PathBuf,
 }
 
-// SAFETY: a `Library` is a dlopen handle, usable from any thread; `path` is plain data.
-unsafe impl Sync for Plugin {}
-
 impl fmt::Debug for Plugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Plugin").field("path", &self.path).finish()

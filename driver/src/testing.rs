@@ -1,0 +1,120 @@
+//! Helpers for the root package's integration tests (one test binary = one process).
+
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::plugin::Plugin;
+use crate::proxy::Pair;
+use crate::{env, Plan, Version};
+
+/// Environment every test process of the suite starts with.
+pub const LOOPBACK: &[(&str, &str)] = &[("MPIB_FABRIC", "loopback")];
+
+/// Sets `vars` once for this process (the first caller wins; every test of a binary should pass
+/// the same list) and returns the plugin, loaded once per process and never unloaded.
+pub fn shared_plugin(vars: &[(&str, &str)]) -> &'static Plugin {
+    static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+    env::set_process_defaults(vars);
+    PLUGIN.get_or_init(|| match crate::load_built_plugin() {
+        Ok(plugin) => plugin,
+        Err(e) => panic!("{e}"),
+    })
+}
+
+/// Runs `body` on its own thread and fails the test if it does not finish within `limit`: a
+/// plugin call that blocks must not hang the suite. (The stuck thread is abandoned; the process
+/// ends with the test binary.)
+pub fn bounded<T: Send + 'static>(limit: Duration, body: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let name = std::thread::current().name().unwrap_or("test").to_string();
+    std::thread::Builder::new()
+        .name(format!("{name}-body"))
+        .spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)));
+        })
+        .expect("spawn test body");
+    match rx.recv_timeout(limit) {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("`{name}` did not finish within {limit:?}: a plugin call blocked"),
+    }
+}
+
+/// The sizes every version must move byte-exactly.
+pub const BASIC_SIZES: [usize; 6] = [0, 1, 127, 128, 4097, (1 << 20) + 3];
+
+/// 64 MiB, moved on the versions chosen to cover both size types (v8 `int`, v12 `size_t`).
+pub const LARGE_SIZE: usize = 64 << 20;
+
+/// Exchanges each size in turn (fresh pattern per size and iteration) and checks every byte.
+pub fn exchange_sizes(
+    pair: &mut Pair<'_, '_>,
+    sizes: &[usize],
+    case: &str,
+    iterations: u64,
+) -> Result<()> {
+    let case = crate::pattern::case_id(case);
+    for &size in sizes {
+        for iteration in 0..iterations {
+            pair.exchange(&Plan::single(size), case ^ size as u64, iteration)?;
+        }
+    }
+    Ok(())
+}
+
+/// Grouped receives with `n = 1..=8` buffers: distinct tags, distinct sizes, sends posted in a
+/// different order than the tags (reversed, then rotated).
+pub fn grouped_plans() -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for n in 1..=8usize {
+        let sizes: Vec<usize> = (0..n)
+            .map(|i| 1000 * (i + 1) + 37 * i + if i % 3 == 0 { 0 } else { 128 })
+            .collect();
+        let tags: Vec<i32> = (0..n).map(|i| 100 + 7 * i as i32).collect();
+        let reversed: Vec<usize> = (0..n).rev().collect();
+        let rotated: Vec<usize> = (0..n).map(|i| (i + n / 2 + 1) % n).collect();
+        plans.push(Plan::grouped(&sizes, &tags, &reversed));
+        if n > 2 {
+            plans.push(Plan::grouped(&sizes, &tags, &rotated));
+        }
+    }
+    plans
+}
+
+/// Runs every grouped plan once.
+pub fn exchange_grouped(pair: &mut Pair<'_, '_>, case: &str) -> Result<()> {
+    let case = crate::pattern::case_id(case);
+    for (i, plan) in grouped_plans().iter().enumerate() {
+        pair.exchange(plan, case ^ i as u64, 0)?;
+    }
+    Ok(())
+}
+
+/// 32 grouped receives of 8 buffers each (NCCL's request budget × `maxRecvs`), i.e. up to 256
+/// sends in flight; irecv and isend are posted alternately until the plugin says "try later".
+pub fn many_outstanding_plan() -> Plan {
+    let sizes: Vec<usize> = (0..8).map(|i| 4096 + 128 * i + i).collect();
+    let tags: Vec<i32> = (0..8).collect();
+    let order: Vec<usize> = vec![3, 1, 7, 5, 0, 2, 6, 4];
+    Plan::streams(
+        32,
+        &sizes,
+        &tags,
+        &order,
+        crate::abi::NCCL_NET_MAX_REQUESTS,
+        crate::abi::PLUGIN_REQUEST_SLOTS,
+    )
+    .labelled("256 sends in flight (32 x grouped n=8)")
+}
+
+/// Parses `MPIB_DRIVER_VERSION` (set by the parent of a child test).
+pub fn version_arg() -> Version {
+    let text = std::env::var("MPIB_DRIVER_VERSION").unwrap_or_else(|_| "12".into());
+    let number: u32 = text.trim().trim_start_matches('v').parse().unwrap_or(12);
+    Version::ALL
+        .into_iter()
+        .find(|v| v.number() == number)
+        .unwrap_or(Version::V12)
+}
