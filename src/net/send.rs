@@ -179,7 +179,12 @@ impl SendComm {
         let seq = data.fifo_head;
         let slot = slot_of(seq);
         if data.slots[slot].phase == Phase::Idle && !self.load_cts(data, seq)? {
-            return Ok(None);
+            // Not there yet: reap completions (frees credits and slots, and lets a fabric that
+            // executes work only when polled, like the loopback, make progress), then look again.
+            self.poll(data)?;
+            if data.slots[slot].phase != Phase::Idle || !self.load_cts(data, seq)? {
+                return Ok(None);
+            }
         }
         let state = &mut data.slots[slot];
         if state.phase != Phase::Matching || state.seq != seq {
