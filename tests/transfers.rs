@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use mpib_driver::testing::{
-    bounded, exchange_grouped, exchange_sizes, many_outstanding_plan, shared_plugin, BASIC_SIZES,
-    LARGE_SIZE, LOOPBACK,
+    bounded, exchange_grouped, exchange_sizes, exchange_sizes_in_larger_receives,
+    many_outstanding_plan, shared_plugin, slot_capacity, BASIC_SIZES, LARGE_SIZE, LOOPBACK,
 };
 use mpib_driver::{Pair, Plan, Version};
 
@@ -31,6 +31,15 @@ fn sizes(version: Version) {
         if matches!(version, Version::V8 | Version::V12) {
             exchange_sizes(pair, &[LARGE_SIZE], &case, 1).unwrap_or_else(|e| panic!("{e}"));
         }
+    });
+}
+
+fn larger_receives(version: Version) {
+    with_pair(version, move |pair| {
+        let case = format!("larger receives {version}");
+        let sizes = [0, 1, 127, 4097, 65_536 + 3, (1 << 20) + 3];
+        exchange_sizes_in_larger_receives(pair, &sizes, slot_capacity, &case)
+            .unwrap_or_else(|e| panic!("{e}"));
     });
 }
 
@@ -85,6 +94,12 @@ per_version! {
     sizes_v10: sizes(Version::V10);
     sizes_v11: sizes(Version::V11);
     sizes_v12: sizes(Version::V12);
+    larger_receives_v7: larger_receives(Version::V7);
+    larger_receives_v8: larger_receives(Version::V8);
+    larger_receives_v9: larger_receives(Version::V9);
+    larger_receives_v10: larger_receives(Version::V10);
+    larger_receives_v11: larger_receives(Version::V11);
+    larger_receives_v12: larger_receives(Version::V12);
     grouped_receives_v7: grouped(Version::V7);
     grouped_receives_v8: grouped(Version::V8);
     grouped_receives_v9: grouped(Version::V9);

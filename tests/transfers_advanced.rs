@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use mpib_driver::testing::{
-    bounded, exchange_grouped, exchange_sizes, shared_plugin, version_arg, BASIC_SIZES,
+    bounded, exchange_grouped, exchange_sizes, exchange_sizes_in_larger_receives, shared_plugin,
+    slot_capacity, version_arg, BASIC_SIZES,
 };
 use mpib_driver::{child, Agent, Pair, Plan, Version};
 
@@ -87,6 +88,8 @@ fn child_advanced() {
             exchange_sizes(&mut pair, &[(4 << 20) + 5], &case, 1)
                 .unwrap_or_else(|e| panic!("{case}: {e}"));
             exchange_grouped(&mut pair, &case).unwrap_or_else(|e| panic!("{case}: {e}"));
+            exchange_sizes_in_larger_receives(&mut pair, &BASIC_SIZES, slot_capacity, &case)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
             let plan =
                 Plan::pipeline(32, |i| 3000 + 1531 * i, 16).labelled(format!("{case} pipeline"));
             pair.exchange(&plan, u64::from(sup_bw), 7)

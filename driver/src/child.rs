@@ -24,9 +24,11 @@ pub struct ChildOutcome {
 }
 
 impl ChildOutcome {
-    /// Exited with status 0.
+    /// Exited with status 0 after running exactly one test (a name that matched nothing would
+    /// also exit 0, having run no test).
     pub fn success(&self) -> bool {
         self.status.is_some_and(|s| s.success())
+            && self.output.contains("test result: ok. 1 passed")
     }
 
     /// Panics with the child's output unless it succeeded.

@@ -180,6 +180,21 @@ impl Plan {
         }
     }
 
+    /// Posts receives larger than the messages, as NCCL does (its capacities are protocol buffer
+    /// slots; the receiver learns each real size from the sender): each capacity becomes
+    /// `capacity(size)` (at least the size), and the receive region is laid out again.
+    pub fn with_capacities(mut self, capacity: impl Fn(usize) -> usize) -> Plan {
+        let mut recv_at = 0usize;
+        for r in self.recvs.iter_mut().flatten() {
+            let size = self.sends[r.source].size;
+            r.capacity = capacity(size).max(size);
+            r.offset = recv_at;
+            recv_at = align_up(recv_at + r.capacity + GUARD, 64);
+        }
+        self.label = format!("{} (receive capacities larger than messages)", self.label);
+        self
+    }
+
     /// Renames the plan (failure messages use the label).
     pub fn labelled(mut self, label: impl Into<String>) -> Plan {
         self.label = label.into();
@@ -226,6 +241,9 @@ mod tests {
         assert_eq!(streams.recvs.len(), 3);
         assert_eq!(streams.sends.len(), 6);
         assert_eq!(streams.recvs[2][0].source, 5);
+        let wide = Plan::grouped(&[10, 0], &[1, 2], &[1, 0]).with_capacities(|s| s + 4096);
+        assert_eq!(wide.recvs[0][0].capacity, 4106);
+        assert_eq!(wide.recvs[0][1].offset, 4224);
         let single = Plan::single(0);
         assert_eq!((single.send_len(), single.recv_len()), (1, GUARD));
     }

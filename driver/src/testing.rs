@@ -78,9 +78,40 @@ pub fn grouped_plans() -> Vec<Plan> {
         plans.push(Plan::grouped(&sizes, &tags, &reversed));
         if n > 2 {
             plans.push(Plan::grouped(&sizes, &tags, &rotated));
+            // NCCL posts capacities larger than the messages, and some subs can be empty.
+            let sparse: Vec<usize> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| if i % 3 == 1 { 0 } else { *s })
+                .collect();
+            plans.push(Plan::grouped(&sparse, &tags, &rotated).with_capacities(|s| s + 8192));
         }
     }
     plans
+}
+
+/// A receive capacity like NCCL's: at least a 512 KiB buffer slot, else the next power of two.
+pub fn slot_capacity(size: usize) -> usize {
+    (size + 1).next_power_of_two().max(512 << 10)
+}
+
+/// Exchanges each size into a receive of `capacity(size)` bytes (NCCL posts its buffer slot size,
+/// not the message size).
+pub fn exchange_sizes_in_larger_receives(
+    pair: &mut Pair<'_, '_>,
+    sizes: &[usize],
+    capacity: impl Fn(usize) -> usize + Copy,
+    case: &str,
+) -> Result<()> {
+    let case = crate::pattern::case_id(case);
+    for &size in sizes {
+        pair.exchange(
+            &Plan::single(size).with_capacities(capacity),
+            case ^ size as u64,
+            0,
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs every grouped plan once.

@@ -128,7 +128,8 @@ fn run(args: &Args) -> Result<(), String> {
         },
         ..PairOptions::default()
     };
-    let mut pair = Pair::connect_with(&net, &options).map_err(|e| format!("connect: {e}"))?;
+    let mut pair = Pair::connect_with(&net, &options)
+        .map_err(|e| format!("rank pair setup (init, listen, connect/accept): {e}"))?;
     let props = net.get_properties(0).map_err(|e| e.to_string())?;
     let registrations = agent
         .wait_for_registrations(1, Duration::from_secs(10))
@@ -188,11 +189,11 @@ fn run(args: &Args) -> Result<(), String> {
         println!();
     }
     pair.close().map_err(|e| format!("close: {e}"))?;
+    let count = SIZES.len() * SUP_BW.len() * args.iterations as usize;
+    let mib = moved as f64 / f64::from(1u32 << 20);
     println!(
-        "all {} transfers verified byte for byte ({} moved); rail columns are the split rule's \
-         expectation (measured per-rail counters are not exposed through the ABI yet)",
-        SIZES.len() * SUP_BW.len() * args.iterations as usize,
-        human(moved)
+        "all {count} transfers verified byte for byte ({mib:.1} MiB moved); rail columns are the \
+         split rule's expectation (measured per-rail counters are not exposed through the ABI yet)"
     );
     drop(agent);
     Ok(())

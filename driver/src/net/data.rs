@@ -286,7 +286,8 @@ impl Net<'_> {
         self.check(code, "irecv", || format!("n {}", bufs.len()))?;
         if !preset.is_null() && request == preset {
             return Err(Error::Contract(format!(
-                "{} irecv left *request == {preset:p} (the pre-set value) instead of a request or NULL",
+                "{} irecv left *request == {preset:p} (the pre-set value) instead of writing a \
+                 request or NULL",
                 self.version
             )));
         }
