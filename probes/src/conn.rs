@@ -1,0 +1,331 @@
+//! The connection table: claiming and releasing slots (writer) and reading them (reader).
+//!
+//! Each slot is an Aeron-style metadata record whose state word is written last. The state
+//! word packs `(generation << 32) | state` so that one atomic load tells a reader both whether
+//! the slot is in use and which occupant it holds:
+//!
+//! * claim (any thread, not the hot path): CAS the word from `UNUSED`, or from `CLOSED` once
+//!   the slot has lingered [`REUSE_LINGER_NS`], to `(generation + 1, CLAIMING)`; release fence;
+//!   write the attributes and zero the byte counters; store `(generation + 1, ACTIVE)` with
+//!   Release.
+//! * close: store `closed_ns`, then `(generation, CLOSED)` with Release. The slot keeps its
+//!   final counters for the collector until it is reused.
+//! * read: load the word; skip `UNUSED`/`CLAIMING`; copy the fields; acquire fence; reload the
+//!   word and retry if it changed (a seqlock whose "odd" value is `CLAIMING`, with the
+//!   generation making every claim a new value). The byte counters keep changing while the
+//!   slot is `ACTIVE`; they are single-writer monotonic words, each read atomically.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use crate::counters::bump;
+use crate::layout::{ConnSlot, MAX_RAILS};
+use crate::sync::{fence, spin_hint, Ordering};
+use crate::types::{now_ns, ConnectionInfo, Direction, Mode, PathClass, NO_CONNECTION};
+use crate::writer::DUMMY;
+
+/// Never claimed.
+const UNUSED: u32 = 0;
+/// In use.
+const ACTIVE: u32 = 1;
+/// Closed; final counters kept until reuse.
+const CLOSED: u32 = 2;
+/// Being (re)initialised by a claimer.
+const CLAIMING: u32 = 3;
+
+/// How long a closed slot keeps its final values before it may be reused (so a collector
+/// polling every second or so sees every connection's last counters).
+pub const REUSE_LINGER_NS: u64 = 5_000_000_000;
+
+/// Reader retries before giving a slot up for this snapshot.
+const READ_TRIES: usize = 64;
+
+const fn word(generation: u32, state: u32) -> u64 {
+    ((generation as u64) << 32) | state as u64
+}
+
+const fn split(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
+}
+
+/// State of a connection slot as seen by a reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// The connection is open.
+    Active,
+    /// The connection was closed; the values are final.
+    Closed,
+}
+
+/// A reader's copy of one connection slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionSnapshot {
+    /// Slot index (what events carry as `conn_index`).
+    pub index: u32,
+    /// Claim generation of the slot: changes each time the slot gets a new connection.
+    pub generation: u32,
+    /// Open or closed.
+    pub state: ConnectionState,
+    /// The claimed attributes.
+    pub info: ConnectionInfo,
+    /// When the slot was claimed, ns since the Unix epoch.
+    pub opened_ns: u64,
+    /// When it was closed (0 while active), ns since the Unix epoch.
+    pub closed_ns: u64,
+    /// Bytes moved per rail.
+    pub rail_bytes: [u64; MAX_RAILS],
+}
+
+/// Writer handle for one connection's slot. Releases the slot (state `CLOSED`) when dropped
+/// or [`close`](ConnectionProbe::close)d. Single writer: the thread that moves the
+/// connection's data updates its byte counters.
+pub struct ConnectionProbe<'a> {
+    slot: &'a ConnSlot,
+    index: u32,
+    generation: u32,
+}
+
+impl<'a> ConnectionProbe<'a> {
+    /// A handle that records nothing anyone reads (its index is `NO_CONNECTION`).
+    pub fn disabled() -> ConnectionProbe<'static> {
+        ConnectionProbe {
+            slot: &DUMMY.conns[0],
+            index: NO_CONNECTION,
+            generation: 0,
+        }
+    }
+
+    /// The slot index, to put in `SlowTransfer::conn_index`.
+    #[inline]
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Add `n` bytes moved on rail `rail` (0 = SOUT, 1 = SUP; other values are ignored).
+    #[inline]
+    pub fn add_rail_bytes(&self, rail: usize, n: u64) {
+        if let Some(counter) = self.slot.rail_bytes.get(rail) {
+            bump(counter, n);
+        }
+    }
+
+    /// Add a transfer's per-rail split.
+    #[inline]
+    pub fn add_split(&self, bytes: [u64; MAX_RAILS]) {
+        for (counter, n) in self.slot.rail_bytes.iter().zip(bytes) {
+            bump(counter, n);
+        }
+    }
+
+    /// Release the slot now (the same as dropping the handle).
+    pub fn close(self) {}
+}
+
+impl Drop for ConnectionProbe<'_> {
+    fn drop(&mut self) {
+        self.slot.closed_ns.store(now_ns(), Ordering::Relaxed);
+        // SYNC: pairs with the Relaxed load + fence(Acquire) in `read_slot`: a reader that sees
+        // CLOSED sees `closed_ns` and the final byte counts.
+        let closed = word(self.generation, CLOSED);
+        self.slot.state.store(closed, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for ConnectionProbe<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionProbe")
+            .field("index", &self.index)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claim a free slot in `table` for `info`; `None` when every slot is active or closed too
+/// recently. Lock-free (one CAS per candidate slot); safe to call from any thread.
+pub(crate) fn claim<'a>(
+    table: &'a [ConnSlot],
+    info: &ConnectionInfo,
+) -> Option<ConnectionProbe<'a>> {
+    let now = now_ns();
+    for (index, slot) in table.iter().enumerate() {
+        let Ok(index) = u32::try_from(index) else {
+            break;
+        };
+        let current = slot.state.load(Ordering::Relaxed);
+        let (generation, state) = split(current);
+        let lingered = || {
+            let closed = slot.closed_ns.load(Ordering::Relaxed);
+            now.saturating_sub(closed) >= REUSE_LINGER_NS
+        };
+        if !(state == UNUSED || (state == CLOSED && lingered())) {
+            continue;
+        }
+        let next = generation.wrapping_add(1).max(1);
+        // Acquire: we take the slot over after its previous owner's last stores.
+        let won = slot.state.compare_exchange(
+            current,
+            word(next, CLAIMING),
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        );
+        if won.is_err() {
+            continue;
+        }
+        // SYNC: pairs with the fence(Acquire) before the second state load in `read_slot`: a
+        // reader whose copy saw any field stored below sees CLAIMING (or later) on reload.
+        fence(Ordering::Release);
+        write_fields(slot, info, now);
+        // SYNC: pairs with the Relaxed load + fence(Acquire) at the start of `read_slot`.
+        slot.state.store(word(next, ACTIVE), Ordering::Release);
+        return Some(ConnectionProbe {
+            slot,
+            index,
+            generation: next,
+        });
+    }
+    None
+}
+
+fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
+    let relaxed = Ordering::Relaxed;
+    slot.peer_ipv4.store(u32::from(*info.peer.ip()), relaxed);
+    slot.peer_port.store(info.peer.port(), relaxed);
+    slot.direction.store(info.direction.code(), relaxed);
+    slot.path_class.store(info.path_class.code(), relaxed);
+    slot.mode.store(info.mode.code(), relaxed);
+    slot.hint_slot.store(info.hint_slot, relaxed);
+    slot.opened_ns.store(now, relaxed);
+    slot.closed_ns.store(0, relaxed);
+    for bytes in &slot.rail_bytes {
+        bytes.store(0, relaxed);
+    }
+}
+
+/// Read slot `index` consistently; `None` if it is unused, being claimed, or kept changing
+/// occupant for the whole retry budget.
+pub(crate) fn read_slot(slot: &ConnSlot, index: u32) -> Option<ConnectionSnapshot> {
+    for _ in 0..READ_TRIES {
+        let before = slot.state.load(Ordering::Relaxed);
+        // SYNC: pairs with the Release stores of ACTIVE (claim) and CLOSED (drop).
+        fence(Ordering::Acquire);
+        let (generation, state) = split(before);
+        let state = match state {
+            ACTIVE => ConnectionState::Active,
+            CLOSED => ConnectionState::Closed,
+            UNUSED => return None,
+            _ => {
+                spin_hint();
+                continue;
+            }
+        };
+        let snapshot = copy_fields(slot, index, generation, state);
+        // SYNC: pairs with the fence(Release) after the claim CAS.
+        fence(Ordering::Acquire);
+        if slot.state.load(Ordering::Relaxed) == before {
+            return Some(snapshot);
+        }
+    }
+    None
+}
+
+fn copy_fields(
+    slot: &ConnSlot,
+    index: u32,
+    generation: u32,
+    state: ConnectionState,
+) -> ConnectionSnapshot {
+    let relaxed = Ordering::Relaxed;
+    let ip = Ipv4Addr::from(slot.peer_ipv4.load(relaxed));
+    ConnectionSnapshot {
+        index,
+        generation,
+        state,
+        info: ConnectionInfo {
+            peer: SocketAddrV4::new(ip, slot.peer_port.load(relaxed)),
+            direction: Direction::from_code(slot.direction.load(relaxed)),
+            path_class: PathClass::from_code(slot.path_class.load(relaxed)),
+            mode: Mode::from_code(slot.mode.load(relaxed)),
+            hint_slot: slot.hint_slot.load(relaxed),
+        },
+        opened_ns: slot.opened_ns.load(relaxed),
+        closed_ns: slot.closed_ns.load(relaxed),
+        rail_bytes: core::array::from_fn(|r| slot.rail_bytes[r].load(relaxed)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn table(n: usize) -> Vec<ConnSlot> {
+        // SAFETY: all-zero bytes are a valid ConnSlot (atomics and byte arrays): UNUSED.
+        (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
+    }
+
+    fn info(port: u16) -> ConnectionInfo {
+        ConnectionInfo {
+            peer: SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 7), port),
+            direction: Direction::Send,
+            path_class: PathClass::InterIsland,
+            mode: Mode::Advanced,
+            hint_slot: 3,
+        }
+    }
+
+    #[test]
+    fn claim_fill_and_release() {
+        let t = table(2);
+        let a = claim(&t, &info(1)).unwrap();
+        let b = claim(&t, &info(2)).unwrap();
+        assert_eq!((a.index(), b.index()), (0, 1));
+        assert!(claim(&t, &info(3)).is_none(), "table full");
+        a.add_split([5, 7]);
+        a.add_rail_bytes(1, 1);
+        a.add_rail_bytes(9, 1000); // ignored
+        let s = read_slot(&t[0], 0).unwrap();
+        assert_eq!(
+            (s.state, s.generation, s.info),
+            (ConnectionState::Active, 1, info(1))
+        );
+        assert_eq!((s.rail_bytes, s.closed_ns), ([5, 8], 0));
+        a.close();
+        let s = read_slot(&t[0], 0).unwrap();
+        assert_eq!(s.state, ConnectionState::Closed);
+        assert!(s.closed_ns >= s.opened_ns && s.closed_ns > 0);
+        assert_eq!(s.rail_bytes, [5, 8], "final values kept after close");
+        assert!(
+            claim(&t, &info(3)).is_none(),
+            "a closed slot lingers before reuse"
+        );
+        // Age the closed slot past the linger time: it is reused with a new generation.
+        t[0].closed_ns.store(1, Ordering::Relaxed);
+        let c = claim(&t, &info(3)).unwrap();
+        let s = read_slot(&t[0], c.index()).unwrap();
+        assert_eq!(
+            (s.generation, s.info.peer.port(), s.rail_bytes),
+            (2, 3, [0, 0])
+        );
+        drop(b);
+        assert_eq!(read_slot(&t[1], 1).unwrap().state, ConnectionState::Closed);
+        assert!(
+            read_slot(&table(1)[0], 0).is_none(),
+            "an unused slot reads as none"
+        );
+    }
+
+    #[test]
+    fn claiming_slot_is_neither_read_nor_claimed() {
+        let t = table(1);
+        t[0].state.store(word(4, CLAIMING), Ordering::Relaxed);
+        assert!(read_slot(&t[0], 0).is_none());
+        assert!(claim(&t, &info(1)).is_none());
+    }
+
+    #[test]
+    fn disabled_connection_probe_is_inert() {
+        let p = ConnectionProbe::disabled();
+        assert_eq!(p.index(), NO_CONNECTION);
+        p.add_split([1, 2]);
+        p.close();
+    }
+}

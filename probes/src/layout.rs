@@ -1,0 +1,310 @@
+//! The probes file's `repr(C)` structures, constants and compile-time layout asserts.
+//!
+//! Every structure here is frozen by `const _: () = assert!(...)` on its size, alignment and
+//! field offsets. Padding is explicit (`_reserved` / `_pad` byte arrays) and fixed at 128-byte
+//! granularity rather than `CachePadded`, whose size depends on the architecture (crossbeam
+//! documents 32 to 256 bytes) and so cannot be part of a file format. Every region starts on a
+//! 128-byte boundary and is located through the header's region table (offsets, never
+//! pointers). See `docs/PROBES_LAYOUT.md` for the diagram and the versioning rules.
+
+use core::mem::{align_of, offset_of, size_of};
+
+use crate::histogram::SeqHistogram;
+use crate::ring::{RingControl, SeqRecord};
+use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8};
+
+/// The file's first 8 bytes.
+pub const MAGIC: [u8; 8] = *b"MPIBPROB";
+/// Layout major version: a reader refuses a file whose major differs from its own.
+pub const ABI_MAJOR: u16 = 1;
+/// Layout minor version: added fields (in reserved space), regions or record kinds.
+pub const ABI_MINOR: u16 = 0;
+/// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
+pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
+/// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
+pub const MAX_RAILS: usize = 2;
+/// Rail index of the scale-out rail.
+pub const RAIL_SOUT: usize = 0;
+/// Rail index of the scale-up rail.
+pub const RAIL_SUP: usize = 1;
+/// Label of each rail index, as used by the collector's `rail` label.
+pub const RAIL_NAMES: [&str; MAX_RAILS] = ["sout", "sup"];
+/// Connection table slots.
+pub const CONNECTION_SLOTS: usize = 64;
+/// Event ring records (a power of two).
+pub const EVENT_CAPACITY: usize = 1024;
+/// Payload words of an event record (after its sequence word).
+pub const EVENT_WORDS: usize = 15;
+/// Latency histogram buckets per rail.
+pub const LATENCY_BUCKETS: usize = 64;
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 512;
+/// Bytes of the host and device name fields (NUL-padded UTF-8, not necessarily terminated).
+pub const NAME_LEN: usize = 64;
+/// Entries in the header's region table.
+pub const REGION_COUNT: usize = 5;
+
+/// Region table index of the rail blocks.
+pub(crate) const REGION_RAILS: usize = 0;
+/// Region table index of the per-process block.
+pub(crate) const REGION_PROCESS: usize = 1;
+/// Region table index of the connection table.
+pub(crate) const REGION_CONNECTIONS: usize = 2;
+/// Region table index of the event ring control block.
+pub(crate) const REGION_RING: usize = 3;
+/// Region table index of the event records.
+pub(crate) const REGION_EVENTS: usize = 4;
+/// Region names, for error messages.
+pub(crate) const REGION_NAMES: [&str; REGION_COUNT] =
+    ["rails", "process", "connections", "ring", "events"];
+
+/// Where one region lives: byte offset and length in the file, record stride and count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RegionDesc {
+    pub(crate) offset: u32,
+    pub(crate) len: u32,
+    pub(crate) stride: u32,
+    pub(crate) count: u32,
+}
+
+/// Static description of one rail, for the collector's `device` and `port` labels.
+#[repr(C)]
+pub(crate) struct RailDesc {
+    pub(crate) device: [u8; NAME_LEN],
+    pub(crate) port: u32,
+    pub(crate) _reserved: [u8; 60],
+}
+
+/// The file header (512 bytes). Immutable once `abi_version` is non-zero, except the atomics.
+#[repr(C, align(128))]
+pub(crate) struct Header {
+    pub(crate) magic: [u8; 8],
+    /// Written last, with Release: 0 until the rest of the file is initialised.
+    pub(crate) abi_version: AtomicU32,
+    pub(crate) header_len: u32,
+    pub(crate) file_len: u64,
+    pub(crate) writer_pid: u32,
+    pub(crate) rail_count: u32,
+    /// ns since the Unix epoch.
+    pub(crate) start_ns: u64,
+    /// ns since the Unix epoch, refreshed by the writer.
+    pub(crate) heartbeat_ns: AtomicU64,
+    /// ns since the Unix epoch of a clean shutdown, 0 while running.
+    pub(crate) closed_ns: AtomicU64,
+    pub(crate) slow_threshold_ns: u64,
+    pub(crate) sample_one_in: u32,
+    pub(crate) region_count: u32,
+    pub(crate) regions: [RegionDesc; REGION_COUNT],
+    pub(crate) _reserved: [u8; 40],
+    pub(crate) host_name: [u8; NAME_LEN],
+    pub(crate) rails: [RailDesc; MAX_RAILS],
+}
+
+/// One rail's counters: single-writer `u64`s (the rail's progress thread), 256 bytes.
+#[repr(C, align(128))]
+pub(crate) struct RailCounters {
+    pub(crate) tx_bytes: AtomicU64,
+    pub(crate) rx_bytes: AtomicU64,
+    pub(crate) wrs_posted: AtomicU64,
+    pub(crate) send_cqes: AtomicU64,
+    pub(crate) recv_cqes: AtomicU64,
+    pub(crate) srq_depth: AtomicU64,
+    pub(crate) srq_low_water: AtomicU64,
+    pub(crate) srq_high_water: AtomicU64,
+    pub(crate) srq_refills: AtomicU64,
+    pub(crate) srq_low_water_hits: AtomicU64,
+    pub(crate) mask_mismatches: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+    pub(crate) cts_posted: AtomicU64,
+    pub(crate) cts_signaled: AtomicU64,
+    pub(crate) error_completions: AtomicU64,
+    pub(crate) _reserved: [u8; 136],
+}
+
+/// One rail's post-to-completion latency histogram (ns), 640 bytes.
+#[repr(C, align(128))]
+pub(crate) struct LatencyBlock {
+    pub(crate) hist: SeqHistogram<LATENCY_BUCKETS>,
+    pub(crate) _pad: [u8; 112],
+}
+
+/// Everything about one rail: counters then latency, 896 bytes.
+#[repr(C, align(128))]
+pub(crate) struct RailBlock {
+    pub(crate) counters: RailCounters,
+    pub(crate) latency: LatencyBlock,
+}
+
+/// Per-process counters, 128 bytes.
+#[repr(C, align(128))]
+pub(crate) struct ProcessBlock {
+    /// Completed transfers by active rail mask: `[none, sout only, sup only, both]`.
+    /// Single writer (the progress thread).
+    pub(crate) transfers_by_mask: [AtomicU64; 4],
+    /// `claim_connection` calls that found no free slot (any thread; `fetch_add`).
+    pub(crate) claim_failures: AtomicU64,
+    pub(crate) _reserved: [u8; 88],
+}
+
+/// One connection table slot (Aeron metadata-record style), 128 bytes.
+#[repr(C, align(128))]
+pub(crate) struct ConnSlot {
+    /// `(generation << 32) | state`; the state is written last with Release.
+    pub(crate) state: AtomicU64,
+    /// IPv4 address as `u32::from(Ipv4Addr)` (a.b.c.d = a << 24 | ...).
+    pub(crate) peer_ipv4: AtomicU32,
+    pub(crate) peer_port: AtomicU16,
+    pub(crate) direction: AtomicU8,
+    pub(crate) path_class: AtomicU8,
+    pub(crate) mode: AtomicU8,
+    pub(crate) _pad: [u8; 3],
+    pub(crate) hint_slot: AtomicU32,
+    pub(crate) opened_ns: AtomicU64,
+    pub(crate) closed_ns: AtomicU64,
+    /// Bytes moved per rail; single writer (the connection's progress thread).
+    pub(crate) rail_bytes: [AtomicU64; MAX_RAILS],
+    pub(crate) _reserved: [u8; 72],
+}
+
+/// One event record: a sequence word and 15 payload words, 128 bytes.
+pub(crate) type EventSlot = SeqRecord<EVENT_WORDS>;
+
+pub(crate) const RAILS_OFF: usize = HEADER_LEN;
+pub(crate) const RAILS_LEN: usize = MAX_RAILS * size_of::<RailBlock>();
+pub(crate) const PROCESS_OFF: usize = RAILS_OFF + RAILS_LEN;
+pub(crate) const PROCESS_LEN: usize = size_of::<ProcessBlock>();
+pub(crate) const CONNECTIONS_OFF: usize = PROCESS_OFF + PROCESS_LEN;
+pub(crate) const CONNECTIONS_LEN: usize = CONNECTION_SLOTS * size_of::<ConnSlot>();
+pub(crate) const RING_OFF: usize = CONNECTIONS_OFF + CONNECTIONS_LEN;
+pub(crate) const RING_LEN: usize = size_of::<RingControl>();
+pub(crate) const EVENTS_OFF: usize = RING_OFF + RING_LEN;
+pub(crate) const EVENTS_LEN: usize = EVENT_CAPACITY * size_of::<EventSlot>();
+/// Total file length written by this version (141,824 bytes).
+pub const FILE_LEN: usize = EVENTS_OFF + EVENTS_LEN;
+
+/// The whole file of this version as one struct: the writer's view of its own mapping (and of
+/// the static dummy behind disabled handles). Readers go through the header's region table.
+#[repr(C, align(128))]
+pub(crate) struct FileImage {
+    pub(crate) header: Header,
+    pub(crate) rails: [RailBlock; MAX_RAILS],
+    pub(crate) process: ProcessBlock,
+    pub(crate) conns: [ConnSlot; CONNECTION_SLOTS],
+    pub(crate) ring: RingControl,
+    pub(crate) events: [EventSlot; EVENT_CAPACITY],
+}
+
+/// Expected stride of each region (a reader of this major refuses any other).
+pub(crate) const REGION_STRIDES: [usize; REGION_COUNT] = [
+    size_of::<RailBlock>(),
+    size_of::<ProcessBlock>(),
+    size_of::<ConnSlot>(),
+    size_of::<RingControl>(),
+    size_of::<EventSlot>(),
+];
+
+/// The region table a writer of this version puts in the header.
+pub(crate) const REGION_TABLE: [RegionDesc; REGION_COUNT] = {
+    const fn desc(offset: usize, len: usize, stride: usize) -> RegionDesc {
+        // Every value is below FILE_LEN, asserted to fit in u32 below.
+        RegionDesc {
+            offset: offset as u32,
+            len: len as u32,
+            stride: stride as u32,
+            count: (len / stride) as u32,
+        }
+    }
+    [
+        desc(RAILS_OFF, RAILS_LEN, REGION_STRIDES[REGION_RAILS]),
+        desc(PROCESS_OFF, PROCESS_LEN, REGION_STRIDES[REGION_PROCESS]),
+        desc(
+            CONNECTIONS_OFF,
+            CONNECTIONS_LEN,
+            REGION_STRIDES[REGION_CONNECTIONS],
+        ),
+        desc(RING_OFF, RING_LEN, REGION_STRIDES[REGION_RING]),
+        desc(EVENTS_OFF, EVENTS_LEN, REGION_STRIDES[REGION_EVENTS]),
+    ]
+};
+
+// ---- Compile-time layout freeze. Changing any of these is a major version bump. ----
+
+const _: () = {
+    assert!(size_of::<RegionDesc>() == 16 && align_of::<RegionDesc>() == 4);
+    assert!(size_of::<RailDesc>() == 128 && offset_of!(RailDesc, port) == 64);
+    assert!(size_of::<Header>() == HEADER_LEN && align_of::<Header>() == 128);
+    assert!(offset_of!(Header, magic) == 0);
+    assert!(offset_of!(Header, abi_version) == 8);
+    assert!(offset_of!(Header, header_len) == 12);
+    assert!(offset_of!(Header, file_len) == 16);
+    assert!(offset_of!(Header, writer_pid) == 24);
+    assert!(offset_of!(Header, rail_count) == 28);
+    assert!(offset_of!(Header, start_ns) == 32);
+    assert!(offset_of!(Header, heartbeat_ns) == 40);
+    assert!(offset_of!(Header, closed_ns) == 48);
+    assert!(offset_of!(Header, slow_threshold_ns) == 56);
+    assert!(offset_of!(Header, sample_one_in) == 64);
+    assert!(offset_of!(Header, region_count) == 68);
+    assert!(offset_of!(Header, regions) == 72);
+    assert!(offset_of!(Header, _reserved) == 152);
+    assert!(offset_of!(Header, host_name) == 192);
+    assert!(offset_of!(Header, rails) == 256);
+};
+
+const _: () = {
+    assert!(size_of::<RailCounters>() == 256 && align_of::<RailCounters>() == 128);
+    assert!(offset_of!(RailCounters, tx_bytes) == 0);
+    assert!(offset_of!(RailCounters, rx_bytes) == 8);
+    assert!(offset_of!(RailCounters, wrs_posted) == 16);
+    assert!(offset_of!(RailCounters, send_cqes) == 24);
+    assert!(offset_of!(RailCounters, recv_cqes) == 32);
+    assert!(offset_of!(RailCounters, srq_depth) == 40);
+    assert!(offset_of!(RailCounters, srq_low_water) == 48);
+    assert!(offset_of!(RailCounters, srq_high_water) == 56);
+    assert!(offset_of!(RailCounters, srq_refills) == 64);
+    assert!(offset_of!(RailCounters, srq_low_water_hits) == 72);
+    assert!(offset_of!(RailCounters, mask_mismatches) == 80);
+    assert!(offset_of!(RailCounters, protocol_errors) == 88);
+    assert!(offset_of!(RailCounters, cts_posted) == 96);
+    assert!(offset_of!(RailCounters, cts_signaled) == 104);
+    assert!(offset_of!(RailCounters, error_completions) == 112);
+    assert!(offset_of!(RailCounters, _reserved) == 120);
+    assert!(size_of::<SeqHistogram<LATENCY_BUCKETS>>() == 16 + 8 * LATENCY_BUCKETS);
+    assert!(size_of::<LatencyBlock>() == 640 && offset_of!(LatencyBlock, _pad) == 528);
+    assert!(size_of::<RailBlock>() == 896 && offset_of!(RailBlock, latency) == 256);
+};
+
+const _: () = {
+    assert!(size_of::<ProcessBlock>() == 128 && align_of::<ProcessBlock>() == 128);
+    assert!(offset_of!(ProcessBlock, claim_failures) == 32);
+    assert!(size_of::<ConnSlot>() == 128 && align_of::<ConnSlot>() == 128);
+    assert!(offset_of!(ConnSlot, state) == 0);
+    assert!(offset_of!(ConnSlot, peer_ipv4) == 8);
+    assert!(offset_of!(ConnSlot, peer_port) == 12);
+    assert!(offset_of!(ConnSlot, direction) == 14);
+    assert!(offset_of!(ConnSlot, path_class) == 15);
+    assert!(offset_of!(ConnSlot, mode) == 16);
+    assert!(offset_of!(ConnSlot, hint_slot) == 20);
+    assert!(offset_of!(ConnSlot, opened_ns) == 24);
+    assert!(offset_of!(ConnSlot, closed_ns) == 32);
+    assert!(offset_of!(ConnSlot, rail_bytes) == 40);
+    assert!(offset_of!(ConnSlot, _reserved) == 56);
+    assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
+    assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
+    assert!(EVENT_CAPACITY.is_power_of_two());
+};
+
+const _: () = {
+    assert!(RAILS_OFF == 512 && PROCESS_OFF == 2304 && CONNECTIONS_OFF == 2432);
+    assert!(RING_OFF == 10_624 && EVENTS_OFF == 10_752 && FILE_LEN == 141_824);
+    assert!(RAILS_OFF % 128 == 0 && PROCESS_OFF % 128 == 0 && CONNECTIONS_OFF % 128 == 0);
+    assert!(RING_OFF % 128 == 0 && EVENTS_OFF % 128 == 0);
+    assert!(FILE_LEN <= u32::MAX as usize);
+    assert!(size_of::<FileImage>() == FILE_LEN && align_of::<FileImage>() == 128);
+    assert!(offset_of!(FileImage, rails) == RAILS_OFF);
+    assert!(offset_of!(FileImage, process) == PROCESS_OFF);
+    assert!(offset_of!(FileImage, conns) == CONNECTIONS_OFF);
+    assert!(offset_of!(FileImage, ring) == RING_OFF);
+    assert!(offset_of!(FileImage, events) == EVENTS_OFF);
+};

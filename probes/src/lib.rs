@@ -1,0 +1,130 @@
+//! MPIB probes: per-rail telemetry in a versioned shared-memory file.
+//!
+//! The plugin (one writer per process) keeps its counters, connection table and slow-transfer
+//! events in a small file under `MPIB_PROBES_DIR` (default `/dev/shm/mpib`), mapped into its
+//! address space; the collector maps the same file read-only and exports it. The model is
+//! Aeron's CnC file: a header whose version word is written last, regions found through
+//! offsets (never pointers), single-writer counters on their own cache lines, and metadata
+//! records whose state word is written last.
+//!
+//! # Layout (ABI 1.0, 141,824 bytes)
+//!
+//! ```text
+//! offset   size
+//!      0    512  Header
+//!                  0 magic "MPIBPROB"        8 abi_version u32 (major<<16|minor, written LAST)
+//!                 12 header_len u32         16 file_len u64
+//!                 24 writer_pid u32         28 rail_count u32
+//!                 32 start_ns u64           40 heartbeat_ns u64 (atomic, refreshed)
+//!                 48 closed_ns u64 (atomic) 56 slow_threshold_ns u64
+//!                 64 sample_one_in u32      68 region_count u32
+//!                 72 regions[5] {offset u32, len u32, stride u32, count u32}
+//!                152 reserved[40]          192 host_name[64]
+//!                256 rails[2] {device[64], port u32, reserved[60]}
+//!    512   1792  Rail blocks, 2 x 896 (rail 0 = SOUT, rail 1 = SUP)
+//!                  +0   counters: 15 x u64 single-writer + reserved -> 256
+//!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
+//!   2304    128  Process block: transfers_by_mask[4] u64, claim_failures u64, reserved
+//!   2432   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
+//!                peer ipv4/port, direction, path class, mode, hint slot, opened/closed ns,
+//!                bytes per rail
+//!  10624    128  Event ring control: written u64 (total records ever written)
+//!  10752 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
+//! ```
+//!
+//! Every region starts on a 128-byte boundary; sizes and offsets are frozen by compile-time
+//! asserts (`layout.rs`). `docs/PROBES_LAYOUT.md` has the field tables, the event word layout
+//! and the versioning rules (major = incompatible change, refused by readers; minor = fields
+//! added in reserved space, regions appended, record kinds added).
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use mpib_probes::{LoadState, ProbesFile, ProbesReader, RailInfo, WriterInfo};
+//! # fn main() -> std::io::Result<()> {
+//! let rails = vec![
+//!     RailInfo { device: "mlx5_0".into(), port: 1 },
+//!     RailInfo { device: "mlx5_1".into(), port: 1 },
+//! ];
+//! let probes = ProbesFile::create("/dev/shm/mpib".as_ref(), &WriterInfo::for_this_process(rails))?;
+//! let sout = probes.rail(0);
+//! sout.add_tx_bytes(4096);
+//! sout.inc_send_cqes();
+//! sout.record_latency_ns(12_000);
+//!
+//! // The collector:
+//! if let LoadState::Ready(reader) = ProbesReader::open(probes.path().unwrap_or("".as_ref()))? {
+//!     assert_eq!(reader.snapshot().rails[0].counters.tx_bytes, 4096);
+//! }
+//! probes.remove()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Thread safety
+//!
+//! Counters are single-writer: a rail handle, a connection handle and the event ring are each
+//! written by one thread at a time (the plugin's progress thread), which is what lets an
+//! update be a plain load + store (0.4 ns) instead of a locked add (5.8 ns). Breaking the rule
+//! loses counts but is never memory-unsafe. Heartbeats and connection claims are safe from any
+//! thread. Readers never block writers. Details in [`counters`] and [`writer`].
+//!
+//! # Disabled mode
+//!
+//! [`ProbesFile::disabled`] (`MPIB_PROBES=0`) gives handles that write into a static dummy
+//! block, so call sites never branch on whether probes are on.
+//!
+//! # Safety model
+//!
+//! All shared memory is accessed through atomics (`sync` re-exports `core`'s, or loom's
+//! under `--cfg loom`); the only non-atomic shared data is header fields written before the
+//! version is published and never after. Every `unsafe` block carries a `// SAFETY:` comment
+//! and every ordering pair a `// SYNC:` comment. The event ring and the histogram are
+//! seqlocks, model-checked with loom (`tests/loom.rs`) and run under miri heap-backed.
+//!
+//! # Features
+//!
+//! None. `--cfg loom` swaps the atomics for loom's and compiles only [`ring`] and
+//! [`histogram`] (loom atomics cannot live in a file).
+
+pub mod histogram;
+pub mod ring;
+mod sync;
+
+#[cfg(not(loom))]
+mod conn;
+#[cfg(not(loom))]
+pub mod counters;
+#[cfg(not(loom))]
+mod layout;
+#[cfg(not(loom))]
+mod reader;
+#[cfg(not(loom))]
+mod types;
+#[cfg(not(loom))]
+pub mod writer;
+
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+#[cfg(not(loom))]
+pub use crate::{
+    conn::{ConnectionProbe, ConnectionSnapshot, ConnectionState, REUSE_LINGER_NS},
+    counters::{RailProbe, TransferProbe},
+    histogram::{bucket_index, bucket_lower_bound, HistogramSnapshot},
+    layout::{
+        ABI_MAJOR, ABI_MINOR, ABI_VERSION, CONNECTION_SLOTS, EVENT_CAPACITY, EVENT_WORDS, FILE_LEN,
+        HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, RAIL_NAMES, RAIL_SOUT, RAIL_SUP,
+        REGION_COUNT,
+    },
+    reader::{
+        version_string, Corruption, DrainedEvents, EventCursor, FileInfo, LatencySnapshot,
+        LoadState, ProbesReader, RailCounterValues, RailSnapshot, SlowTransferRecord, Snapshot,
+        TransferCounts,
+    },
+    types::{
+        now_ns, ConnectionInfo, Direction, EventKind, Mode, PathClass, RailInfo, SlowTransfer,
+        WriterInfo, NO_CONNECTION,
+    },
+    writer::{file_name, Probes, ProbesFile},
+};

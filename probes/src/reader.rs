@@ -1,0 +1,461 @@
+//! The reader (the collector's side): open a probes file read-only, check it, copy it.
+//!
+//! [`ProbesReader::open`] returns an Aeron-style load state instead of guessing:
+//!
+//! | state | when | what the collector does |
+//! |---|---|---|
+//! | [`LoadState::AwaitVersion`] | file shorter than the header, or version word still 0 | retry later |
+//! | [`LoadState::Incompatible`] | major version differs from this reader's | skip, log once |
+//! | [`LoadState::Corrupt`] | bad magic, file shorter than the header says, bad region table | skip, count |
+//! | [`LoadState::Ready`] | everything checked | read |
+//!
+//! The file is mapped read-only, so every atomic access here is a `Relaxed` load (the only
+//! kind guaranteed to work on read-only memory), followed by `fence(Acquire)` where ordering
+//! matters. All bounds are checked once in `open`; after that, reads cannot leave the mapping
+//! as long as nobody truncates the file (writers never do).
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::conn::{read_slot, ConnectionSnapshot};
+use crate::histogram::HistogramSnapshot;
+use crate::layout::{
+    ConnSlot, EventSlot, Header, ProcessBlock, RailBlock, RegionDesc, ABI_MAJOR, ABI_VERSION,
+    HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, REGION_CONNECTIONS, REGION_COUNT, REGION_EVENTS,
+    REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES,
+};
+use crate::ring::{Ring, RingControl, RingCursor};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::types::{decode_name, RailInfo, SlowTransfer};
+
+/// Why a file was refused as corrupt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Corruption {
+    /// The first 8 bytes are not `MPIBPROB`.
+    BadMagic,
+    /// The file is shorter than its header says.
+    Truncated {
+        /// Length the header declares.
+        expected: u64,
+        /// Length on disk.
+        actual: u64,
+    },
+    /// A header field is out of range.
+    BadHeader(&'static str),
+    /// A region lies outside the file, is misaligned, or has the wrong stride or count.
+    BadRegion(&'static str),
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Corruption::BadMagic => f.write_str("bad magic (not an MPIB probes file)"),
+            Corruption::Truncated { expected, actual } => {
+                write!(
+                    f,
+                    "truncated: header says {expected} bytes, file has {actual}"
+                )
+            }
+            Corruption::BadHeader(what) => write!(f, "bad header: {what}"),
+            Corruption::BadRegion(name) => write!(f, "bad region table entry: {name}"),
+        }
+    }
+}
+
+/// The outcome of [`ProbesReader::open`].
+#[derive(Debug)]
+pub enum LoadState {
+    /// The writer has not finished initialising the file (Aeron `AWAIT_VERSION`).
+    AwaitVersion,
+    /// The file's major version is not this reader's: refused.
+    Incompatible {
+        /// The file's version word, `(major << 16) | minor`.
+        found: u32,
+        /// This reader's version word.
+        expected: u32,
+    },
+    /// The file cannot be read safely.
+    Corrupt(Corruption),
+    /// The file is ready to read.
+    Ready(ProbesReader),
+}
+
+/// A human-readable version word: `major.minor`.
+pub fn version_string(version: u32) -> String {
+    format!("{}.{}", version >> 16, version & 0xffff)
+}
+
+/// Header fields that never change once published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Version word, `(major << 16) | minor`.
+    pub abi_version: u32,
+    /// Writer process id.
+    pub pid: u32,
+    /// Writer start time, ns since the Unix epoch.
+    pub start_ns: u64,
+    /// Writer host name.
+    pub host: String,
+    /// Rails in use (index 0 = SOUT, 1 = SUP) with their device and port.
+    pub rails: Vec<RailInfo>,
+    /// Slow-transfer threshold, ns.
+    pub slow_threshold_ns: u64,
+    /// 1-in-N sampling (0 = off).
+    pub sample_one_in: u32,
+}
+
+/// One rail's counter values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // each field is the counter of the same name in docs/PROBES_LAYOUT.md
+pub struct RailCounterValues {
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub wrs_posted: u64,
+    pub send_cqes: u64,
+    pub recv_cqes: u64,
+    pub srq_depth: u64,
+    pub srq_low_water: u64,
+    pub srq_high_water: u64,
+    pub srq_refills: u64,
+    pub srq_low_water_hits: u64,
+    pub mask_mismatches: u64,
+    pub protocol_errors: u64,
+    pub cts_posted: u64,
+    pub cts_signaled: u64,
+    pub error_completions: u64,
+}
+
+/// One rail's post-to-completion latency histogram copy (ns, log2 buckets).
+pub type LatencySnapshot = HistogramSnapshot<LATENCY_BUCKETS>;
+
+/// One rail's copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RailSnapshot {
+    /// Counters and gauges.
+    pub counters: RailCounterValues,
+    /// Latency histogram.
+    pub latency: LatencySnapshot,
+}
+
+/// Completed transfers by active rail mask.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferCounts {
+    /// Mask 0 (should stay 0).
+    pub no_rail: u64,
+    /// SOUT only.
+    pub sout_only: u64,
+    /// SUP only.
+    pub sup_only: u64,
+    /// Both rails.
+    pub both: u64,
+}
+
+/// A copy of everything but the event ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Writer process id.
+    pub pid: u32,
+    /// Writer start time, ns since the Unix epoch.
+    pub start_ns: u64,
+    /// Last heartbeat, ns since the Unix epoch.
+    pub heartbeat_ns: u64,
+    /// Clean-shutdown time (0 while running), ns since the Unix epoch.
+    pub closed_ns: u64,
+    /// One entry per rail in use (index 0 = SOUT, 1 = SUP).
+    pub rails: Vec<RailSnapshot>,
+    /// Transfers by active rail mask.
+    pub transfers: TransferCounts,
+    /// Connection claims refused because the table was full.
+    pub claim_failures: u64,
+    /// Active and closed connections.
+    pub connections: Vec<ConnectionSnapshot>,
+    /// Event records written so far (including overwritten ones).
+    pub events_written: u64,
+}
+
+/// A reader's position in the event ring.
+pub type EventCursor = RingCursor;
+
+/// One event read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowTransferRecord {
+    /// Record index (0-based, over the writer's life).
+    pub index: u64,
+    /// The transfer.
+    pub transfer: SlowTransfer,
+}
+
+/// What one [`ProbesReader::drain_events`] call returned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainedEvents {
+    /// Intact records, oldest first.
+    pub records: Vec<SlowTransferRecord>,
+    /// Records lost to overwriting since the previous drain with the same cursor.
+    pub dropped: u64,
+}
+
+/// A probes file mapped read-only and checked.
+pub struct ProbesReader {
+    map: MmapRaw,
+    path: PathBuf,
+    regions: [RegionDesc; REGION_COUNT],
+    info: FileInfo,
+}
+
+// SAFETY: the mapping is read-only and only read through atomics and immutable fields.
+unsafe impl Send for ProbesReader {}
+// SAFETY: as for Send.
+unsafe impl Sync for ProbesReader {}
+
+impl ProbesReader {
+    /// Open and check the probes file at `path` (module docs for the states).
+    ///
+    /// # Errors
+    ///
+    /// Opening, stat-ing or mapping the file failed (for example it vanished).
+    pub fn open(path: &Path) -> io::Result<LoadState> {
+        let file = File::open(path)?;
+        let actual = file.metadata()?.len();
+        if actual < HEADER_LEN as u64 {
+            return Ok(LoadState::AwaitVersion);
+        }
+        let map = MmapOptions::new().map_raw_read_only(&file)?;
+        let base = map.as_ptr();
+        // SAFETY: the mapping is at least HEADER_LEN bytes and page-aligned; bytes 8..12 are
+        // the version word, an AtomicU32 (4-aligned), only ever loaded Relaxed.
+        let version_word = unsafe { &*base.add(8).cast::<AtomicU32>() };
+        let version = version_word.load(Ordering::Relaxed);
+        // SYNC: pairs with the Release store of the version in `ProbesFile::create`.
+        fence(Ordering::Acquire);
+        if version == 0 {
+            return Ok(LoadState::AwaitVersion);
+        }
+        // SAFETY: as above the mapping holds a whole, 128-aligned Header; the version is
+        // published, so its plain fields are initialised and never written again.
+        let header = unsafe { &*base.cast::<Header>() };
+        if header.magic != MAGIC {
+            return Ok(LoadState::Corrupt(Corruption::BadMagic));
+        }
+        if version >> 16 != u32::from(ABI_MAJOR) {
+            let (found, expected) = (version, ABI_VERSION);
+            return Ok(LoadState::Incompatible { found, expected });
+        }
+        if let Err(corruption) = check_header(header, actual) {
+            return Ok(LoadState::Corrupt(corruption));
+        }
+        let info = file_info(header, version);
+        let path = path.to_path_buf();
+        let regions = header.regions;
+        Ok(LoadState::Ready(ProbesReader {
+            map,
+            path,
+            regions,
+            info,
+        }))
+    }
+
+    /// The path this reader opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The immutable header fields.
+    pub fn info(&self) -> &FileInfo {
+        &self.info
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: checked in `open`: the mapping starts with a published Header.
+        unsafe { &*self.map.as_ptr().cast::<Header>() }
+    }
+
+    /// Record `i` of region `region` as a `T`.
+    ///
+    /// # Safety
+    ///
+    /// `T` must be the record type of `region` and `i < regions[region].count`.
+    unsafe fn record<T>(&self, region: usize, i: usize) -> &T {
+        let desc = self.regions[region];
+        let at = desc.offset as usize + i * desc.stride as usize;
+        // SAFETY: `open` checked that the region lies inside the mapping, is 128-aligned and
+        // has this record type's stride; the caller keeps `i` below the count.
+        unsafe { &*self.map.as_ptr().add(at).cast::<T>() }
+    }
+
+    /// Last heartbeat, ns since the Unix epoch.
+    pub fn heartbeat_ns(&self) -> u64 {
+        self.header().heartbeat_ns.load(Ordering::Relaxed)
+    }
+
+    /// Clean-shutdown time, ns since the Unix epoch, 0 while the writer runs.
+    pub fn closed_ns(&self) -> u64 {
+        self.header().closed_ns.load(Ordering::Relaxed)
+    }
+
+    /// Copy every counter, histogram, connection and the dynamic header fields.
+    pub fn snapshot(&self) -> Snapshot {
+        let header = self.header();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rails = (0..self.info.rails.len())
+            // SAFETY: REGION_RAILS holds RailBlocks; `open` checked rail_count <= count.
+            .map(|i| rail_snapshot(unsafe { self.record::<RailBlock>(REGION_RAILS, i) }))
+            .collect();
+        // SAFETY: REGION_PROCESS holds a ProcessBlock; `open` checked count >= 1.
+        let process = unsafe { self.record::<ProcessBlock>(REGION_PROCESS, 0) };
+        let [no_rail, sout_only, sup_only, both] = process.transfers_by_mask.each_ref().map(load);
+        let connections = (0..self.regions[REGION_CONNECTIONS].count)
+            .filter_map(|i| {
+                // SAFETY: REGION_CONNECTIONS holds ConnSlots and `i` is below its count.
+                let slot = unsafe { self.record::<ConnSlot>(REGION_CONNECTIONS, i as usize) };
+                read_slot(slot, i)
+            })
+            .collect();
+        Snapshot {
+            pid: self.info.pid,
+            start_ns: self.info.start_ns,
+            heartbeat_ns: load(&header.heartbeat_ns),
+            closed_ns: load(&header.closed_ns),
+            rails,
+            transfers: TransferCounts {
+                no_rail,
+                sout_only,
+                sup_only,
+                both,
+            },
+            claim_failures: load(&process.claim_failures),
+            connections,
+            events_written: self.ring().map_or(0, |r| r.written()),
+        }
+    }
+
+    fn ring(&self) -> Option<Ring<'_, { crate::layout::EVENT_WORDS }>> {
+        // SAFETY: REGION_RING holds a RingControl; `open` checked count >= 1.
+        let ctrl = unsafe { self.record::<RingControl>(REGION_RING, 0) };
+        let events = self.regions[REGION_EVENTS];
+        let base = self.map.as_ptr().wrapping_add(events.offset as usize);
+        // SAFETY: `open` checked that the events region holds `count` EventSlots of stride
+        // size_of::<EventSlot>() inside the mapping, 128-aligned.
+        let slots =
+            unsafe { std::slice::from_raw_parts(base.cast::<EventSlot>(), events.count as usize) };
+        Ring::new(ctrl, slots)
+    }
+
+    /// Return the intact event records after `cursor` and advance it; lost records (overwritten
+    /// before or while being copied) are counted in `dropped`, never returned torn.
+    pub fn drain_events(&self, cursor: &mut EventCursor) -> DrainedEvents {
+        let mut records = Vec::new();
+        let dropped = self.ring().map_or(0, |ring| {
+            ring.drain(cursor, |index, words| {
+                let transfer = SlowTransfer::decode(&words);
+                records.push(SlowTransferRecord { index, transfer });
+            })
+        });
+        DrainedEvents { records, dropped }
+    }
+}
+
+impl fmt::Debug for ProbesReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProbesReader")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+fn rail_snapshot(block: &RailBlock) -> RailSnapshot {
+    let c = &block.counters;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    RailSnapshot {
+        counters: RailCounterValues {
+            tx_bytes: load(&c.tx_bytes),
+            rx_bytes: load(&c.rx_bytes),
+            wrs_posted: load(&c.wrs_posted),
+            send_cqes: load(&c.send_cqes),
+            recv_cqes: load(&c.recv_cqes),
+            srq_depth: load(&c.srq_depth),
+            srq_low_water: load(&c.srq_low_water),
+            srq_high_water: load(&c.srq_high_water),
+            srq_refills: load(&c.srq_refills),
+            srq_low_water_hits: load(&c.srq_low_water_hits),
+            mask_mismatches: load(&c.mask_mismatches),
+            protocol_errors: load(&c.protocol_errors),
+            cts_posted: load(&c.cts_posted),
+            cts_signaled: load(&c.cts_signaled),
+            error_completions: load(&c.error_completions),
+        },
+        latency: block.latency.hist.read(),
+    }
+}
+
+fn file_info(header: &Header, version: u32) -> FileInfo {
+    let rails = header.rails[..header.rail_count as usize]
+        .iter()
+        .map(|r| RailInfo {
+            device: decode_name(&r.device),
+            port: r.port,
+        })
+        .collect();
+    FileInfo {
+        abi_version: version,
+        pid: header.writer_pid,
+        start_ns: header.start_ns,
+        host: decode_name(&header.host_name),
+        rails,
+        slow_threshold_ns: header.slow_threshold_ns,
+        sample_one_in: header.sample_one_in,
+    }
+}
+
+/// Check the header's lengths and region table against the file's `actual` length.
+fn check_header(header: &Header, actual: u64) -> Result<(), Corruption> {
+    if header.file_len > actual {
+        let expected = header.file_len;
+        return Err(Corruption::Truncated { expected, actual });
+    }
+    let header_len = u64::from(header.header_len);
+    if header_len < HEADER_LEN as u64 || header_len > header.file_len {
+        return Err(Corruption::BadHeader("header_len"));
+    }
+    if header.rail_count == 0 || header.rail_count as usize > MAX_RAILS {
+        return Err(Corruption::BadHeader("rail_count"));
+    }
+    if (header.region_count as usize) < REGION_COUNT {
+        return Err(Corruption::BadHeader("region_count"));
+    }
+    for (i, desc) in header.regions.iter().enumerate() {
+        check_region(i, desc, header_len, header.file_len)?;
+    }
+    let counts = header.regions.map(|d| d.count as usize);
+    let count_ok = counts[REGION_RAILS] >= MAX_RAILS
+        && counts[REGION_PROCESS] >= 1
+        && counts[REGION_RING] >= 1
+        && counts[REGION_EVENTS].is_power_of_two();
+    if !count_ok {
+        return Err(Corruption::BadHeader("region record counts"));
+    }
+    Ok(())
+}
+
+fn check_region(
+    i: usize,
+    d: &RegionDesc,
+    header_len: u64,
+    file_len: u64,
+) -> Result<(), Corruption> {
+    let (offset, len) = (u64::from(d.offset), u64::from(d.len));
+    let fits = offset >= header_len
+        && offset % 128 == 0
+        && offset + len <= file_len
+        && d.stride as usize == REGION_STRIDES[i]
+        && u64::from(d.count) * u64::from(d.stride) <= len;
+    if fits {
+        Ok(())
+    } else {
+        Err(Corruption::BadRegion(REGION_NAMES[i]))
+    }
+}

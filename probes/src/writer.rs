@@ -1,0 +1,295 @@
+//! The writer: creating, initialising, owning and removing one probes file per process.
+//!
+//! # Thread safety
+//!
+//! [`ProbesFile`] is `Send + Sync` and hands out handles that borrow it. The handles follow
+//! the single-writer rule of [`crate::counters`]: one thread per rail handle, per connection
+//! handle and for [`ProbesFile::record_slow_transfer`] / [`ProbesFile::transfers`]. The
+//! exceptions, safe from any thread: [`ProbesFile::heartbeat`] (a plain store: the last writer
+//! wins) and [`ProbesFile::claim_connection`] (a CAS per slot, not on the hot path).
+//!
+//! # Resource cleanup
+//!
+//! [`ProbesFile::remove`] (or dropping the `ProbesFile`) stamps `closed_ns` in the header and
+//! unlinks the file; the mapping itself lives until the `ProbesFile` is dropped, so handles
+//! stay valid after `remove`. A plugin that keeps the `ProbesFile` in a `static` (`OnceLock`)
+//! gets `'static` handles and calls `remove` from its finalize path. A crashed writer leaves
+//! its file behind; the collector reaps it (stale heartbeat and dead pid).
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::conn::{self, ConnectionProbe};
+use crate::counters::{RailProbe, TransferProbe};
+use crate::layout::{
+    FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC, MAX_RAILS, REGION_COUNT,
+    REGION_TABLE,
+};
+use crate::ring::Ring;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::types::{encode_name, now_ns, ConnectionInfo, SlowTransfer, WriterInfo};
+
+/// The target of every disabled handle: a zeroed, file-shaped block nobody reads. It lives in
+/// `.bss`, so it costs no file size and only the pages actually written.
+// SAFETY: all-zero bytes are a valid FileImage: it holds only atomics and byte arrays.
+pub(crate) static DUMMY: FileImage = unsafe { core::mem::zeroed() };
+
+/// The file name a writer with `pid` started at `start_ns` uses: `mpib-<pid>-<start_ns>.probes`.
+pub fn file_name(pid: u32, start_ns: u64) -> String {
+    format!("mpib-{pid}-{start_ns}.probes")
+}
+
+struct Owner {
+    /// Keeps the mapping alive for as long as `image` is used.
+    _map: MmapRaw,
+    path: PathBuf,
+    removed: AtomicBool,
+}
+
+/// The writer side of a probes file (or, [`disabled`](ProbesFile::disabled), of nothing).
+pub struct ProbesFile {
+    image: NonNull<FileImage>,
+    owner: Option<Owner>,
+}
+
+/// The name the plugin uses for its probes handle.
+pub type Probes = ProbesFile;
+
+// SAFETY: the image is shared memory accessed only through atomics, plus header fields that
+// are immutable after `create` returns; the mapping (or the static) outlives every borrow.
+unsafe impl Send for ProbesFile {}
+// SAFETY: as for Send: `&ProbesFile` only allows atomic access to the image.
+unsafe impl Sync for ProbesFile {}
+
+impl ProbesFile {
+    /// Create `dir/mpib-<pid>-<start_ns>.probes` (creating `dir` too), size it, map it,
+    /// initialise it and publish its version last.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `info.rails` does not hold 1 or 2 rails; otherwise any error from
+    /// creating the directory or the file (which must not exist yet), sizing or mapping it.
+    pub fn create(dir: &Path, info: &WriterInfo) -> io::Result<ProbesFile> {
+        if info.rails.is_empty() || info.rails.len() > MAX_RAILS {
+            let msg = format!("probes: 1 to {MAX_RAILS} rails, got {}", info.rails.len());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        fs::create_dir_all(dir)?;
+        let path = dir.join(file_name(info.pid, info.start_ns));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)?;
+        let mapped = file
+            .set_len(FILE_LEN as u64)
+            .and_then(|()| MmapOptions::new().len(FILE_LEN).map_raw(&file));
+        let map = match mapped {
+            Ok(map) => map,
+            Err(err) => {
+                let _ = fs::remove_file(&path);
+                return Err(err);
+            }
+        };
+        let Some(image) = NonNull::new(map.as_mut_ptr().cast::<FileImage>()) else {
+            let _ = fs::remove_file(&path);
+            return Err(io::Error::other("probes: mmap returned null"));
+        };
+        // SAFETY: the mapping is FILE_LEN = size_of::<FileImage>() bytes, page-aligned (so
+        // 128-aligned), readable and writable, and lives in `owner` as long as `image`.
+        unsafe { write_header(image.as_ptr().cast::<Header>(), &header_image(info)) };
+        // SAFETY: as above; the header is now initialised, everything else is zero (valid).
+        let header = unsafe { &image.as_ref().header };
+        // SYNC: pairs with the Relaxed load + fence(Acquire) of the version in the reader's
+        // `open`: a reader that sees the version sees the whole initialised header (Aeron's
+        // cnc_version, written last).
+        header.abi_version.store(ABI_VERSION, Ordering::Release);
+        let owner = Owner {
+            _map: map,
+            path,
+            removed: AtomicBool::new(false),
+        };
+        Ok(ProbesFile {
+            image,
+            owner: Some(owner),
+        })
+    }
+
+    /// A probes handle that writes nowhere anyone reads (`MPIB_PROBES=0`): every handle it
+    /// gives out works and costs the same as an enabled one, so call sites never branch.
+    pub fn disabled() -> ProbesFile {
+        ProbesFile {
+            image: NonNull::from(&DUMMY),
+            owner: None,
+        }
+    }
+
+    #[inline]
+    fn image(&self) -> &FileImage {
+        // SAFETY: `image` points to the owned mapping or to DUMMY, both valid FileImages for
+        // at least as long as `self`; all mutation goes through atomics.
+        unsafe { self.image.as_ref() }
+    }
+
+    /// Whether this writes a real file.
+    pub fn is_enabled(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// The file's path (`None` when disabled).
+    pub fn path(&self) -> Option<&Path> {
+        self.owner.as_ref().map(|o| o.path.as_path())
+    }
+
+    /// The handle of rail `rail` (0 = SOUT, 1 = SUP); a disabled handle for any other index.
+    #[inline]
+    pub fn rail(&self, rail: usize) -> RailProbe<'_> {
+        match self.image().rails.get(rail) {
+            Some(block) => RailProbe::new(block),
+            None => RailProbe::disabled(),
+        }
+    }
+
+    /// The handle of the transfer-by-rail-mask counters.
+    #[inline]
+    pub fn transfers(&self) -> TransferProbe<'_> {
+        TransferProbe::new(&self.image().process)
+    }
+
+    /// Refresh the heartbeat (ns since the Unix epoch). Any thread; a plain store.
+    #[inline]
+    pub fn heartbeat(&self, now_ns: u64) {
+        // SYNC: none: an independent value; readers load it Relaxed.
+        self.image()
+            .header
+            .heartbeat_ns
+            .store(now_ns, Ordering::Relaxed);
+    }
+
+    /// Claim a connection slot; `None` when disabled or when the table has no free slot (the
+    /// failure is counted). Any thread. Callers that want no branch later use
+    /// `.unwrap_or_else(ConnectionProbe::disabled)`.
+    pub fn claim_connection(&self, info: &ConnectionInfo) -> Option<ConnectionProbe<'_>> {
+        if !self.is_enabled() {
+            return None;
+        }
+        let image = self.image();
+        let claimed = conn::claim(&image.conns, info);
+        if claimed.is_none() {
+            // Several threads may claim: a locked add, off the hot path.
+            image.process.claim_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        claimed
+    }
+
+    /// Append a slow (or sampled) transfer to the event ring, overwriting the oldest record
+    /// when full. Never blocks. Single writer (module docs).
+    #[inline]
+    pub fn record_slow_transfer(&self, transfer: &SlowTransfer) {
+        let image = self.image();
+        if let Some(ring) = Ring::new(&image.ring, &image.events) {
+            ring.push(&transfer.encode());
+        }
+    }
+
+    /// Total event records written so far.
+    pub fn events_written(&self) -> u64 {
+        let image = self.image();
+        Ring::new(&image.ring, &image.events).map_or(0, |ring| ring.written())
+    }
+
+    /// Mark a clean shutdown (`closed_ns`) and unlink the file. Idempotent; handles stay
+    /// valid until the `ProbesFile` is dropped. A no-op when disabled.
+    ///
+    /// # Errors
+    ///
+    /// Any error from unlinking other than "not found".
+    pub fn remove(&self) -> io::Result<()> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        if owner.removed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // SYNC: none: read Relaxed by the collector, which only compares it with 0.
+        let header = &self.image().header;
+        header.closed_ns.store(now_ns().max(1), Ordering::Relaxed);
+        match fs::remove_file(&owner.path) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for ProbesFile {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
+
+impl std::fmt::Debug for ProbesFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbesFile")
+            .field("path", &self.path())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The header a writer with `info` publishes (version still 0).
+fn header_image(info: &WriterInfo) -> Header {
+    let rail = |i: usize| RailDesc {
+        device: encode_name(info.rails.get(i).map_or("", |r| r.device.as_str())),
+        port: info.rails.get(i).map_or(0, |r| r.port),
+        _reserved: [0; 60],
+    };
+    Header {
+        magic: MAGIC,
+        abi_version: AtomicU32::new(0),
+        header_len: HEADER_LEN as u32,
+        file_len: FILE_LEN as u64,
+        writer_pid: info.pid,
+        rail_count: info.rails.len().min(MAX_RAILS) as u32,
+        start_ns: info.start_ns,
+        heartbeat_ns: AtomicU64::new(info.start_ns),
+        closed_ns: AtomicU64::new(0),
+        slow_threshold_ns: info.slow_threshold_ns,
+        sample_one_in: info.sample_one_in,
+        region_count: REGION_COUNT as u32,
+        regions: REGION_TABLE,
+        _reserved: [0; 40],
+        host_name: encode_name(&info.host),
+        rails: [rail(0), rail(1)],
+    }
+}
+
+/// Copy `src` into the header at `dst`, every byte except the version word (bytes 8..12),
+/// which a reader may be polling and which `create` stores last, atomically.
+///
+/// # Safety
+///
+/// `dst` must be valid for writes of `HEADER_LEN` bytes and not otherwise accessed by this
+/// process during the call.
+unsafe fn write_header(dst: *mut Header, src: &Header) {
+    const VERSION_AT: usize = core::mem::offset_of!(Header, abi_version);
+    const AFTER_VERSION: usize = VERSION_AT + 4;
+    let src = (src as *const Header).cast::<u8>();
+    let dst = dst.cast::<u8>();
+    // SAFETY: both ranges lie inside one HEADER_LEN-byte header (caller contract for `dst`,
+    // a live value for `src`), a stack value and the mapping do not overlap, and Header has
+    // no implicit padding (its size and offsets are asserted in `layout`).
+    unsafe {
+        core::ptr::copy_nonoverlapping(src, dst, VERSION_AT);
+        core::ptr::copy_nonoverlapping(
+            src.add(AFTER_VERSION),
+            dst.add(AFTER_VERSION),
+            HEADER_LEN - AFTER_VERSION,
+        );
+    }
+}
