@@ -81,6 +81,41 @@ pub const PARAMS: &[Param] = &[
         doc: "Advanced mode: the agent's registration socket (assigns each connection a hint slot).",
     },
     Param {
+        name: "MPIB_IB_GID_INDEX",
+        default: "",
+        doc: "RoCE GID table index for both rails; unset: the IPv4-mapped RoCE v2 GID, chosen as NCCL does.",
+    },
+    Param {
+        name: "MPIB_IB_TIMEOUT",
+        default: "20",
+        doc: "QP local ACK timeout exponent (4.096 us x 2^N per try), 1-31.",
+    },
+    Param {
+        name: "MPIB_IB_RETRY_CNT",
+        default: "7",
+        doc: "QP transport retry count, 0-7.",
+    },
+    Param {
+        name: "MPIB_IB_TC",
+        default: "",
+        doc: "RoCE traffic class, 0-255; unset: the communicator's trafficClass, else 0.",
+    },
+    Param {
+        name: "MPIB_IB_SL",
+        default: "0",
+        doc: "InfiniBand service level, 0-15.",
+    },
+    Param {
+        name: "MPIB_IB_PCI_RELAXED_ORDERING",
+        default: "2",
+        doc: "Relaxed-ordering data MRs: 0 off, 1 on (fail if unsupported), 2 when libibverbs has ibv_reg_mr_iova2.",
+    },
+    Param {
+        name: "MPIB_FORCE_FLUSH",
+        default: "0",
+        doc: "1: report forceFlush and flush received GPU data with a 1-byte RDMA_READ per rail.",
+    },
+    Param {
         name: "MPIB_LOOPBACK_FAULTS",
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
@@ -156,6 +191,20 @@ pub struct Settings {
     pub hint_path: String,
     /// MPIB_AGENT_SOCKET.
     pub agent_socket: String,
+    /// MPIB_IB_GID_INDEX (None = automatic selection).
+    pub gid_index: Option<u8>,
+    /// MPIB_IB_TIMEOUT.
+    pub ib_timeout: u8,
+    /// MPIB_IB_RETRY_CNT.
+    pub ib_retry_count: u8,
+    /// MPIB_IB_TC (None = the communicator's traffic class, else 0).
+    pub ib_traffic_class: Option<u8>,
+    /// MPIB_IB_SL.
+    pub ib_service_level: u8,
+    /// MPIB_IB_PCI_RELAXED_ORDERING (0 off, 1 on, 2 auto).
+    pub relaxed_ordering: u8,
+    /// MPIB_FORCE_FLUSH.
+    pub force_flush: bool,
     /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
     pub loopback_faults: String,
 }
@@ -212,6 +261,13 @@ impl Settings {
             oob_address,
             hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| "/tmp/mpib/hints".into()),
             agent_socket: get("MPIB_AGENT_SOCKET").unwrap_or_else(|| "/tmp/mpib/agent.sock".into()),
+            gid_index: parse_optional(&get, "MPIB_IB_GID_INDEX", 255)?.map(|v| v as u8),
+            ib_timeout: parse_int(&get, "MPIB_IB_TIMEOUT", 20, 1, 31)? as u8,
+            ib_retry_count: parse_int(&get, "MPIB_IB_RETRY_CNT", 7, 0, 7)? as u8,
+            ib_traffic_class: parse_optional(&get, "MPIB_IB_TC", 255)?.map(|v| v as u8),
+            ib_service_level: parse_int(&get, "MPIB_IB_SL", 0, 0, 15)? as u8,
+            relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
+            force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
             loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
         })
     }
@@ -245,6 +301,17 @@ fn parse_int(
     }
 }
 
+fn parse_optional(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    max: u32,
+) -> Result<Option<u32>, ParamError> {
+    match get(name) {
+        None => Ok(None),
+        Some(_) => parse_int(get, name, 0, 0, max).map(Some),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +342,11 @@ mod tests {
                 "MPIB_ISLAND_PREFIX_LEN" => s.island_prefix_len.to_string(),
                 "MPIB_HINT_PATH" => s.hint_path.clone(),
                 "MPIB_AGENT_SOCKET" => s.agent_socket.clone(),
+                "MPIB_IB_TIMEOUT" => s.ib_timeout.to_string(),
+                "MPIB_IB_RETRY_CNT" => s.ib_retry_count.to_string(),
+                "MPIB_IB_SL" => s.ib_service_level.to_string(),
+                "MPIB_IB_PCI_RELAXED_ORDERING" => s.relaxed_ordering.to_string(),
+                "MPIB_FORCE_FLUSH" => u8::from(s.force_flush).to_string(),
                 _ => continue,
             };
             assert_eq!(text, param.default, "{}", param.name);

@@ -220,7 +220,7 @@ impl Acceptance {
             devices,
             &request.rails,
             &request.qp_nums,
-            &qp_settings(ctx.traffic_class),
+            &qp_settings(settings, ctx.traffic_class),
         )?;
         for (index, qp) in qps.qps.iter().enumerate() {
             reply.qp_nums[index] = qp.qp_num();

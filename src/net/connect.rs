@@ -222,7 +222,7 @@ impl Connector {
                 request.sout_qps, request.sup_qps, reply.sout_qps, reply.sup_qps
             )));
         }
-        let settings = qp_settings(self.traffic_class);
+        let settings = qp_settings(&self.ctx.settings, self.traffic_class);
         let devices = &self.ctx.plugin.devices;
         connect_queue_pairs(
             &mut prepared.qps,

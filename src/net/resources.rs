@@ -237,11 +237,15 @@ pub(crate) fn connect_queue_pairs(
     Ok(())
 }
 
-/// NCCL-default transport settings, with the communicator's traffic class when it has one.
-pub(crate) fn qp_settings(traffic_class: i32) -> QpSettings {
-    let mut settings = QpSettings::default();
-    if (0..=255).contains(&traffic_class) {
-        settings.traffic_class = traffic_class as u8;
+/// Transport settings from `MPIB_IB_*` (NCCL's defaults), with the traffic class from
+/// `MPIB_IB_TC`, else the communicator's, else 0.
+pub(crate) fn qp_settings(settings: &crate::params::Settings, traffic_class: i32) -> QpSettings {
+    let communicator = u8::try_from(traffic_class).ok();
+    QpSettings {
+        timeout: settings.ib_timeout,
+        retry_count: settings.ib_retry_count,
+        traffic_class: settings.ib_traffic_class.or(communicator).unwrap_or(0),
+        service_level: settings.ib_service_level,
+        ..QpSettings::default()
     }
-    settings
 }
