@@ -188,8 +188,9 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Finds `target/<profile>/libnccl_net_mpib.so` (from `CARGO_TARGET_DIR`, the running
-/// executable's target dir, or the workspace's `target/`), creates the NCCL name
-/// `libnccl-net-mpib.so` beside it as a symlink, and returns the path of that symlink.
+/// executable's target dir, or the workspace's `target/`; the newer of the uplifted file and the
+/// one in `deps/`), creates the NCCL name `libnccl-net-mpib.so` beside it as a symlink, and
+/// returns the path of that symlink.
 pub fn locate_built_plugin(profile: &str) -> Result<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(target) = std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
@@ -209,10 +210,7 @@ pub fn locate_built_plugin(profile: &str) -> Result<PathBuf> {
         }
     }
     dirs.push(workspace_root().join("target").join(profile));
-    let found = dirs
-        .iter()
-        .map(|d| d.join(BUILT_NAME))
-        .find(|p| p.is_file());
+    let found = dirs.iter().find_map(|d| newest_build(d));
     let Some(built) = found else {
         let tried: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
         return Err(Error::Load(format!(
@@ -227,6 +225,18 @@ pub fn locate_built_plugin(profile: &str) -> Result<PathBuf> {
         )));
     };
     nccl_named_link(&built)
+}
+
+/// The newer of `<dir>/libnccl_net_mpib.so` (uplifted by `cargo build`) and
+/// `<dir>/deps/libnccl_net_mpib.so` (all that `cargo test` refreshes: it builds the library as a
+/// dependency of the test targets and does not uplift it).
+fn newest_build(dir: &Path) -> Option<PathBuf> {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    [dir.join(BUILT_NAME), dir.join("deps").join(BUILT_NAME)]
+        .into_iter()
+        .filter_map(|p| modified(&p).map(|t| (t, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
 }
 
 /// Creates (or refreshes) `libnccl-net-mpib.so -> libnccl_net_mpib.so` beside `built`, atomically
