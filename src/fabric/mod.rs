@@ -119,6 +119,8 @@ pub enum SendOpcode {
         /// Immediate data, already in network byte order.
         imm: u32,
     },
+    /// RDMA_READ: copy the remote range into the local SGE (the 1-byte flush read).
+    Read,
 }
 
 /// One send-queue work request (one element of a chain).

@@ -81,6 +81,13 @@ impl DeviceState {
             .any(|m| m.rkey == rkey && m.access.remote_write && m.covers(addr, len))
     }
 
+    /// Whether `[addr, addr + len)` is inside a registration with `rkey` that allows remote reads.
+    pub(crate) fn remote_read_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
+        self.mrs
+            .iter()
+            .any(|m| m.rkey == rkey && m.access.remote_read && m.covers(addr, len))
+    }
+
     /// Queues an async event (dropped when `MAX_EVENTS` are already pending).
     pub(crate) fn push_event(&mut self, event: AsyncEvent) {
         if self.events.len() < MAX_EVENTS {

@@ -94,12 +94,31 @@ fn execute(world: &mut World, index: usize, head: &InFlight) -> Step {
         }
     }
     // A zero-byte write touches no memory, so (as on hardware) its rkey is not checked.
-    if len > 0 && !world.devices[remote.device].remote_write_ok(wr.remote_addr, len.into(), wr.rkey)
-    {
+    let remote_device = &world.devices[remote.device];
+    let allowed = match wr.opcode {
+        SendOpcode::Read => remote_device.remote_read_ok(wr.remote_addr, len.into(), wr.rkey),
+        _ => remote_device.remote_write_ok(wr.remote_addr, len.into(), wr.rkey),
+    };
+    if len > 0 && !allowed {
         return Step::Done(RemoteAccess);
     }
     let (remote_qpn, remote_cq, remote_srq) = (remote.qpn, remote.cq, remote.srq);
     let receive = match wr.opcode {
+        SendOpcode::Read => {
+            if let Some(sge) = wr.sge.filter(|s| s.length > 0) {
+                // SAFETY: the source lies in a live registration of the peer allowing remote
+                // reads and the destination in one of ours (checked above); `post_send`'s
+                // contract keeps both valid until this WR completes.
+                unsafe {
+                    std::ptr::copy(
+                        wr.remote_addr as *const u8,
+                        sge.addr as *mut u8,
+                        sge.length as usize,
+                    )
+                };
+            }
+            return Step::Done(CompletionStatus::Success);
+        }
         SendOpcode::Write => None,
         SendOpcode::WriteWithImm { imm } => {
             // The responder needs a receive before it accepts the message (RNR NAK otherwise),
@@ -170,7 +189,10 @@ fn finish(world: &mut World, index: usize, head: &InFlight, status: CompletionSt
     let completion = Completion {
         wr_id: head.wr.wr_id,
         status,
-        opcode: CompletionOpcode::RdmaWrite,
+        opcode: match head.wr.opcode {
+            SendOpcode::Read => CompletionOpcode::RdmaRead,
+            _ => CompletionOpcode::RdmaWrite,
+        },
         byte_len: 0,
         imm: 0,
         qp_num: qp.qpn,
