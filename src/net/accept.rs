@@ -25,6 +25,7 @@ use crate::proto::wire::{
 
 use super::agent::AgentRegistration;
 use super::comm::ConnectionInfo;
+use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
 use super::recv::{RecvComm, RecvData};
 use super::resources::{
@@ -241,6 +242,9 @@ impl Acceptance {
             (cts_qp, cts_rail),
             CtsSignalPolicy::new(settings.cts_signal_interval),
         );
+        if settings.force_flush {
+            data.flusher = Some(Flusher::create(devices, layout, &data.queues, settings)?);
+        }
         // Receives are posted before the peer can send anything (it waits for our reply), so an
         // IMM never finds an empty SRQ at start-up (torchcomms #3345 saw RNR from posting late).
         data.refill()?;

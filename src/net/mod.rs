@@ -18,6 +18,7 @@ mod agent;
 mod comm;
 mod connect;
 mod dma;
+mod flush;
 mod memory;
 mod oob;
 mod plugin;
@@ -268,10 +269,9 @@ pub fn irecv(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNu
 
 /// `iflush`: `Ok(None)` means nothing to wait for.
 pub fn iflush(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
-    // Flush is a no-op (seed 001 §9): forceFlush = 0 and only host memory is advertised, so the
-    // NIC's completion already orders the data for the consumer.
-    let _ = (comm, buffers);
-    Ok(None)
+    // Without MPIB_FORCE_FLUSH this is a no-op (seed 001 §9): forceFlush = 0, and on PCIe the
+    // completion already orders the data for the GPU.
+    comm.iflush(buffers)
 }
 
 /// `test`.

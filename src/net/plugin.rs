@@ -50,6 +50,7 @@ pub(crate) struct Opened {
     pub devices: Devices,
     name: CString,
     pci_path: Option<CString>,
+    force_flush: bool,
 }
 
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
@@ -157,7 +158,7 @@ pub(super) fn properties(dev: i32) -> Result<Properties> {
         guid: sout.guid,
         ptr_support: PTR_HOST,
         reg_is_global: 0,
-        force_flush: 0,
+        force_flush: i32::from(opened.force_flush),
         speed: speed.min(i32::MAX as u64) as i32,
         port: i32::from(sout.port),
         latency: 0.0,
@@ -231,5 +232,6 @@ fn open(settings: &Settings) -> Result<Opened> {
         devices: [sout, sup],
         name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
         pci_path: pci_path.and_then(|p| CString::new(p).ok()),
+        force_flush: settings.force_flush,
     })
 }

@@ -14,11 +14,13 @@ use crate::fabric::{
 use crate::proto::completion::MaskLearning;
 use crate::proto::cts::{ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
 use crate::proto::imm::Imm;
+use crate::proto::rail_mask::RailMask;
 use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::SrqCredits;
 use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 
 use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
+use super::flush::Flusher;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
 use super::RecvBuffer;
@@ -26,6 +28,8 @@ use super::RecvBuffer;
 /// Mutable data-path state; touched only by the comm's progress thread.
 pub(crate) struct RecvData {
     pub(crate) qps: QueuePairs,
+    /// Self-connected flush QPs (`MPIB_FORCE_FLUSH=1`); dropped before the CQs they use.
+    pub(crate) flusher: Option<Flusher>,
     pub(crate) queues: [Option<RailQueues>; 2],
     /// Local shadow of the CTS entries, the source of the CTS RDMA write.
     pub(crate) cts_shadow: RegisteredRegion<CtsEntry>,
@@ -59,6 +63,7 @@ impl RecvData {
     ) -> RecvData {
         RecvData {
             qps,
+            flusher: None,
             queues,
             cts_shadow,
             records,
@@ -219,6 +224,40 @@ impl RecvComm {
         })
     }
 
+    /// `iflush`: with flush QPs, read one byte of the last non-empty buffer on every rail;
+    /// `Ok(None)` when there is nothing to wait for.
+    pub(crate) fn iflush(&self, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
+        let data = self.data();
+        if let Some(failure) = &data.failure {
+            return Err(failure.clone());
+        }
+        let Some(last) = buffers.iter().rev().find(|b| b.capacity > 0) else {
+            return Ok(None);
+        };
+        let Some(flusher) = data.flusher.as_mut() else {
+            return Ok(None);
+        };
+        let memory = last
+            .memory
+            .ok_or_else(|| Error::invalid_argument("iflush: mhandle is NULL"))?;
+        memory.check_covers("iflush", last.addr, 1)?;
+        let owner = self as *const RecvComm as *const ();
+        let Some(index) = data.pool.allocate(Owner::Recv, owner, 0) else {
+            return Ok(None);
+        };
+        let pending = match flusher.post(last.addr, memory, index) {
+            Ok(pending) if !pending.is_empty() => pending,
+            other => {
+                data.pool.release(index);
+                return other.map(|_| None);
+            }
+        };
+        let request = data.pool.get_mut(index);
+        request.count = 0;
+        request.flush_pending = pending;
+        Ok(Some(data.pool.pointer(index)))
+    }
+
     /// `test` on a receive request: the sizes received when done.
     pub(crate) fn test(&self, index: u16) -> Result<Option<([u64; MAX_RECVS], usize)>> {
         let data = self.data();
@@ -271,7 +310,19 @@ impl RecvComm {
                 }
                 Ok(())
             }
-            CompletionOpcode::RdmaRead => Err(Error::internal("unexpected RDMA_READ completion")),
+            CompletionOpcode::RdmaRead => {
+                let wr = WrId::unpack(completion.wr_id)
+                    .map_err(|e| Error::internal(format!("flush completion with {e}")))?;
+                let flusher = data.flusher.as_mut().ok_or_else(|| {
+                    Error::internal("RDMA_READ completion on a comm without flush QPs")
+                })?;
+                flusher.on_completion(rail, wr.post_index);
+                let request = data.pool.get_mut(u16::from(wr.slot));
+                request.flush_pending =
+                    RailMask(request.flush_pending.bits() & !RailMask::of(rail).bits());
+                request.done = request.flush_pending.is_empty();
+                Ok(())
+            }
         }
     }
 

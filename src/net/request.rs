@@ -4,6 +4,7 @@
 
 use crate::proto::completion::MaskLearning;
 use crate::proto::cts::{FIFO_SLOTS, MAX_RECVS};
+use crate::proto::rail_mask::RailMask;
 
 /// Requests per comm.
 pub(crate) const POOL_SIZE: usize = FIFO_SLOTS;
@@ -43,6 +44,8 @@ pub struct Request {
     pub(crate) profiler_handles: [usize; MAX_RECVS],
     /// Post time (ns, monotonic), for latency.
     pub(crate) posted_ns: u64,
+    /// Flush: rails whose flush read has not completed yet.
+    pub(crate) flush_pending: RailMask,
 }
 
 impl Request {
@@ -60,6 +63,7 @@ impl Request {
             imm_size: None,
             profiler_handles: [0; MAX_RECVS],
             posted_ns: 0,
+            flush_pending: RailMask::NONE,
         }
     }
 

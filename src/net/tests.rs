@@ -80,7 +80,8 @@ pub(crate) fn connect_pair_with(
     })
 }
 
-const ENV_NAMES: [&str; 6] = [
+const ENV_NAMES: [&str; 7] = [
+    "MPIB_FORCE_FLUSH",
     "MPIB_MODE",
     "MPIB_OOB_ADDR",
     "MPIB_LOOPBACK_FAULTS",
@@ -251,5 +252,68 @@ fn advanced_mode_without_an_agent_goes_all_sout() {
     for size in [0, 4096, 1 << 20] {
         transfer(&pair, size);
     }
+    close(pair);
+}
+
+#[test]
+fn force_flush_reads_back_one_byte_per_rail() {
+    let _guard = env_lock();
+    let pair = connect_pair(&[("MPIB_FORCE_FLUSH", "1")]);
+    assert_eq!(properties(0).unwrap().force_flush, 1);
+    let mut sink = vec![0u8; 4096];
+    let rmh = register_memory(
+        CommRef::Recv(&pair.recv),
+        sink.as_mut_ptr() as u64,
+        sink.len(),
+        PTR_HOST,
+    )
+    .unwrap();
+    let buffer = RecvBuffer {
+        addr: sink.as_mut_ptr() as u64,
+        capacity: sink.len(),
+        tag: 1,
+        memory: Some(&rmh),
+        profiler_handle: std::ptr::null_mut(),
+    };
+    let empty = RecvBuffer {
+        capacity: 0,
+        ..buffer
+    };
+    assert!(
+        iflush(&pair.recv, &[empty]).unwrap().is_none(),
+        "nothing to flush for 0 bytes"
+    );
+    let request = iflush(&pair.recv, &[buffer])
+        .unwrap()
+        .expect("a flush request");
+    let outcome = wait(request);
+    assert_eq!(outcome.count, 0);
+    transfer(&pair, 4096); // the comm still works after a flush
+    deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
+    close(pair);
+}
+
+#[test]
+fn without_force_flush_iflush_has_nothing_to_wait_for() {
+    let _guard = env_lock();
+    let pair = connect_pair(&[]);
+    assert_eq!(properties(0).unwrap().force_flush, 0);
+    let mut sink = vec![0u8; 64];
+    let rmh = register_memory(
+        CommRef::Recv(&pair.recv),
+        sink.as_mut_ptr() as u64,
+        64,
+        PTR_HOST,
+    )
+    .unwrap();
+    let buffer = RecvBuffer {
+        addr: sink.as_mut_ptr() as u64,
+        capacity: 64,
+        tag: 1,
+        memory: Some(&rmh),
+        profiler_handle: std::ptr::null_mut(),
+    };
+    assert!(iflush(&pair.recv, &[buffer]).unwrap().is_none());
+    deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     close(pair);
 }
