@@ -116,6 +116,26 @@ pub const PARAMS: &[Param] = &[
         doc: "1: report forceFlush and flush received GPU data with a 1-byte RDMA_READ per rail.",
     },
     Param {
+        name: "MPIB_PROBES",
+        default: "1",
+        doc: "1: write per-rail telemetry to a shared-memory probes file; 0: no file (no-op handles).",
+    },
+    Param {
+        name: "MPIB_PROBES_DIR",
+        default: "/dev/shm/mpib",
+        doc: "Directory of the probes files (one per process, removed on clean shutdown).",
+    },
+    Param {
+        name: "MPIB_SLOW_US",
+        default: "1000",
+        doc: "A transfer slower than this (post to last completion, microseconds) is recorded as an event; 0 disables.",
+    },
+    Param {
+        name: "MPIB_PROBES_SAMPLE",
+        default: "0",
+        doc: "Also record 1 in N transfers as sampled events (0 = none).",
+    },
+    Param {
         name: "MPIB_LOOPBACK_FAULTS",
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
@@ -205,6 +225,14 @@ pub struct Settings {
     pub relaxed_ordering: u8,
     /// MPIB_FORCE_FLUSH.
     pub force_flush: bool,
+    /// MPIB_PROBES.
+    pub probes: bool,
+    /// MPIB_PROBES_DIR.
+    pub probes_dir: String,
+    /// MPIB_SLOW_US.
+    pub slow_us: u64,
+    /// MPIB_PROBES_SAMPLE.
+    pub probes_sample: u32,
     /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
     pub loopback_faults: String,
 }
@@ -268,6 +296,10 @@ impl Settings {
             ib_service_level: parse_int(&get, "MPIB_IB_SL", 0, 0, 15)? as u8,
             relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
             force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
+            probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
+            probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
+            slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
+            probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
             loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
         })
     }
@@ -347,6 +379,10 @@ mod tests {
                 "MPIB_IB_SL" => s.ib_service_level.to_string(),
                 "MPIB_IB_PCI_RELAXED_ORDERING" => s.relaxed_ordering.to_string(),
                 "MPIB_FORCE_FLUSH" => u8::from(s.force_flush).to_string(),
+                "MPIB_PROBES" => u8::from(s.probes).to_string(),
+                "MPIB_PROBES_DIR" => s.probes_dir.clone(),
+                "MPIB_SLOW_US" => s.slow_us.to_string(),
+                "MPIB_PROBES_SAMPLE" => s.probes_sample.to_string(),
                 _ => continue,
             };
             assert_eq!(text, param.default, "{}", param.name);

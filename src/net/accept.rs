@@ -31,6 +31,7 @@ use super::recv::{RecvComm, RecvData};
 use super::resources::{
     connect_queue_pairs, create_queues, endpoint, qp_settings, QueueSizing, RegisteredRegion,
 };
+use super::telemetry::ConnectionTelemetry;
 use super::{Context, HANDLE_SIZE};
 
 /// Receiver queue sizes: CTS writes only on the send side; SRQ receives plus periodic CTS
@@ -241,6 +242,7 @@ impl Acceptance {
             srq,
             (cts_qp, cts_rail),
             CtsSignalPolicy::new(settings.cts_signal_interval),
+            ConnectionTelemetry::unclaimed(&ctx.plugin.telemetry),
         );
         if settings.force_flush {
             data.flusher = Some(Flusher::create(devices, layout, &data.queues, settings)?);
@@ -251,7 +253,6 @@ impl Acceptance {
         let info = ConnectionInfo {
             devices: devices.clone(),
             peer: self.peer,
-            local: self.local,
             class,
             mode: settings.mode,
             layout,
@@ -309,6 +310,8 @@ impl Acceptance {
                 .rail_of(info.layout.cts_qp(info.mode, info.class))
                 .unwrap_or(Rail::ScaleOut)
         );
+        let mut data = data;
+        data.telemetry = ConnectionTelemetry::claim(&ctx.plugin.telemetry, &info, false);
         Ok(RecvComm::new(info, data))
     }
 }

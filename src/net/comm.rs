@@ -23,8 +23,6 @@ pub(crate) struct ConnectionInfo {
     pub devices: Devices,
     /// The peer's control address.
     pub peer: SocketAddrV4,
-    /// Our control address.
-    pub local: SocketAddrV4,
     /// Island classification both sides agreed on.
     pub class: PathClass,
     /// Vanilla or advanced.

@@ -28,6 +28,7 @@ use super::resources::{
     RegisteredRegion,
 };
 use super::send::{SendComm, SendData};
+use super::telemetry::ConnectionTelemetry;
 use super::{Context, HANDLE_SIZE};
 
 /// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
@@ -257,7 +258,6 @@ impl Connector {
         let info = ConnectionInfo {
             devices: self.ctx.plugin.devices.clone(),
             peer: self.remote,
-            local,
             class: prepared.class,
             mode: settings.mode,
             layout: prepared.layout,
@@ -271,6 +271,7 @@ impl Connector {
             prepared.layout.count(crate::fabric::Rail::ScaleUp),
             info.agent.as_ref().map(|a| a.hint_slot)
         );
+        let telemetry = ConnectionTelemetry::claim(&self.ctx.plugin.telemetry, &info, true);
         let data = SendData::new(
             prepared.qps,
             prepared.queues,
@@ -278,6 +279,7 @@ impl Connector {
             prepared.records,
             prepared.remote_records,
             hint,
+            telemetry,
         );
         Ok(SendComm::new(info, data))
     }

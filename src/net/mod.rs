@@ -26,6 +26,7 @@ mod recv;
 mod request;
 mod resources;
 mod send;
+mod telemetry;
 
 pub use plugin::{Context, InitParams, ProfilerCallback};
 

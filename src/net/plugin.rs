@@ -17,6 +17,7 @@ use crate::params::{FabricKind, Settings};
 
 use super::resources::Devices;
 use super::send::MAX_TRANSFER;
+use super::telemetry::Telemetry;
 use super::{Properties, MAX_RECVS, PTR_HOST};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
@@ -51,6 +52,8 @@ pub(crate) struct Opened {
     name: CString,
     pci_path: Option<CString>,
     force_flush: bool,
+    /// The process's probes file.
+    pub telemetry: Arc<Telemetry>,
 }
 
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
@@ -121,8 +124,11 @@ pub(super) fn finalize(ctx: Arc<Context>) -> Result<()> {
     }
     global.references -= 1;
     if global.references == 0 {
-        // Comms still open keep their rails alive through their own references.
-        global.opened = None;
+        // Comms still open keep their rails alive through their own references; the probes
+        // file goes now (clean shutdown), its mapping when the last comm closes.
+        if let Some(opened) = global.opened.take() {
+            opened.telemetry.remove();
+        }
         info!(
             log::INIT,
             "finalized; rails closed once their last comm closes"
@@ -229,9 +235,13 @@ fn open(settings: &Settings) -> Result<Opened> {
     );
     Ok(Opened {
         _fabric: fabric,
-        devices: [sout, sup],
+        devices: [Arc::clone(&sout), Arc::clone(&sup)],
         name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
         pci_path: pci_path.and_then(|p| CString::new(p).ok()),
         force_flush: settings.force_flush,
+        telemetry: Arc::new(Telemetry::open(
+            settings,
+            &[Arc::clone(&sout), Arc::clone(&sup)],
+        )),
     })
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::fabric::{
     Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
 };
-use crate::proto::completion::MaskLearning;
+use crate::proto::completion::{MaskError, MaskLearning};
 use crate::proto::cts::{ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
 use crate::proto::imm::Imm;
 use crate::proto::rail_mask::RailMask;
@@ -23,6 +23,7 @@ use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
 use super::flush::Flusher;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+use super::telemetry::ConnectionTelemetry;
 use super::RecvBuffer;
 
 /// Mutable data-path state; touched only by the comm's progress thread.
@@ -46,6 +47,7 @@ pub(crate) struct RecvData {
     pool: RequestPool,
     failure: Option<Error>,
     protocol_errors: u64,
+    pub(crate) telemetry: ConnectionTelemetry,
 }
 
 impl RecvData {
@@ -60,6 +62,7 @@ impl RecvData {
         srq: [SrqCredits; 2],
         cts: (usize, Rail),
         signal: CtsSignalPolicy,
+        telemetry: ConnectionTelemetry,
     ) -> RecvData {
         RecvData {
             qps,
@@ -78,10 +81,12 @@ impl RecvData {
             pool: RequestPool::new(),
             failure: None,
             protocol_errors: 0,
+            telemetry,
         }
     }
 
-    /// Posts generic receives on every rail whose SRQ is under its low-water mark.
+    /// Posts generic receives on every rail whose SRQ is under its low-water mark. The first
+    /// fill (at accept) is not counted as a low-water hit.
     pub(crate) fn refill(&mut self) -> Result<()> {
         for rail in Rail::ALL {
             let Some(srq) = self.queues[rail.index()]
@@ -90,11 +95,23 @@ impl RecvData {
             else {
                 continue;
             };
-            let needed = self.srq[rail.index()].refill_needed();
-            if needed > 0 {
-                srq.post_receives(needed, receive_wr_id(rail))?;
-                self.srq[rail.index()].on_posted(needed);
+            let credits = &mut self.srq[rail.index()];
+            let first_fill = credits.refills() == 0;
+            let needed = credits.refill_needed();
+            if needed == 0 {
+                continue;
             }
+            srq.post_receives(needed, receive_wr_id(rail))?;
+            credits.on_posted(needed);
+            let probe = self.telemetry.telemetry().rail(rail);
+            if first_fill {
+                let (low, high) = (credits.low_water(), credits.high_water());
+                probe.set_srq_watermarks(u64::from(low), u64::from(high));
+            } else {
+                probe.inc_srq_refills();
+                probe.inc_srq_low_water_hits();
+            }
+            probe.set_srq_depth(u64::from(credits.posted()));
         }
         Ok(())
     }
@@ -215,6 +232,11 @@ impl RecvComm {
             signaled: data.signal.is_signaled(slot as u8),
             inline: false,
         };
+        let probe = data.telemetry.telemetry().rail(rail);
+        probe.inc_cts_posted();
+        if wr.signaled {
+            probe.inc_cts_signaled();
+        }
         // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, and is not
         // rewritten until this slot comes round again 256 receives later, after its completion.
         unsafe { data.qps.qps[data.cts_qp].post_send(std::slice::from_ref(&wr)) }.map_err(|e| {
@@ -266,6 +288,7 @@ impl RecvComm {
         }
         self.poll(data)?;
         data.refill()?;
+        data.telemetry.telemetry().heartbeat(now_ns());
         let request = data.pool.get(index);
         if !request.done {
             return Ok(None);
@@ -296,6 +319,10 @@ impl RecvComm {
 
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
+            data.telemetry
+                .telemetry()
+                .rail(rail)
+                .inc_error_completions();
             let error = self.info.completion_error(rail, completion);
             data.failure = Some(error.clone());
             return Err(error);
@@ -328,33 +355,34 @@ impl RecvComm {
 
     /// One IMM: consume an SRQ credit, find the slot's request, learn and check the mask.
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
+        let probe = data.telemetry.telemetry().rail(rail);
+        probe.inc_recv_cqes();
         if data.srq[rail.index()].on_consumed().is_err() {
-            return self.protocol_error(
-                data,
-                rail,
-                format!("{rail} SRQ delivered more IMMs than receives posted"),
-            );
+            let what = format!("{rail} SRQ delivered more IMMs than receives posted");
+            return self.protocol_error(data, rail, None, what);
         }
+        probe.set_srq_depth(u64::from(data.srq[rail.index()].posted()));
         let imm = match Imm::from_wire(completion.imm) {
             Ok(imm) => imm,
-            Err(e) => return self.protocol_error(data, rail, e.to_string()),
+            Err(e) => return self.protocol_error(data, rail, None, e.to_string()),
         };
         let slot = imm.slot as usize;
         let Some(index) = data.slot_requests[slot] else {
-            return self.protocol_error(
-                data,
-                rail,
-                format!("IMM for slot {slot}, which has no receive posted"),
-            );
+            let what = format!("IMM for slot {slot}, which has no receive posted");
+            return self.protocol_error(data, rail, None, what);
         };
         let allowed = self.info.layout.rails();
         let request = data.pool.get_mut(index);
         let complete = match request.learning.arrive(rail, imm.mask, allowed) {
             Ok(complete) => complete,
-            Err(e) => return self.protocol_error(data, rail, format!("slot {slot}: {e}")),
+            Err(e) => return self.protocol_error(data, rail, Some(e), format!("slot {slot}: {e}")),
         };
         if let Some(bytes) = imm.size_bytes() {
+            // Fast path: the IMM's own write carried this rail's bytes.
             request.imm_size = Some(bytes);
+            probe.add_rx_bytes(u64::from(completion.byte_len));
+            data.telemetry
+                .add_rail_bytes(rail, u64::from(completion.byte_len));
         }
         if complete {
             self.finish(data, slot, index);
@@ -364,23 +392,44 @@ impl RecvComm {
 
     /// All active rails delivered: fix the sizes and release the slot.
     fn finish(&self, data: &mut RecvData, slot: usize, index: u16) {
-        let record = data.records.region().read(slot);
         let request = data.pool.get_mut(index);
         let count = request.count as usize;
         match (count, request.imm_size) {
             (1, Some(bytes)) => request.sizes[0] = bytes.min(request.sizes[0]),
             _ => {
+                // The leader rail's IMM has been seen, so its record write landed before it.
+                let record = data.records.region().read(slot);
                 for r in 0..count {
                     request.sizes[r] = u64::from(record.sizes[r]).min(request.sizes[r]);
                 }
+                let telemetry = data.telemetry.telemetry();
+                for rail in Rail::ALL {
+                    telemetry
+                        .rail(rail)
+                        .add_rx_bytes(record.rail_bytes[rail.index()]);
+                }
+                data.telemetry.add_split(record.rail_bytes);
             }
         }
+        let request = data.pool.get_mut(index);
         request.done = true;
         data.slot_requests[slot] = None;
     }
 
-    /// Counts a protocol violation and fails the comm with the full context.
-    fn protocol_error(&self, data: &mut RecvData, rail: Rail, what: String) -> Result<()> {
+    /// Counts a protocol violation (mask mismatches separately) and fails the comm with the full
+    /// context.
+    fn protocol_error(
+        &self,
+        data: &mut RecvData,
+        rail: Rail,
+        mask_error: Option<MaskError>,
+        what: String,
+    ) -> Result<()> {
+        let probe = data.telemetry.telemetry().rail(rail);
+        match mask_error {
+            Some(MaskError::Mismatch { .. }) => probe.inc_mask_mismatches(),
+            _ => probe.inc_protocol_errors(),
+        }
         data.protocol_errors += 1;
         let error = Error::internal(format!(
             "{}: protocol error on the {rail} rail (#{}): {what}",

@@ -140,6 +140,7 @@ impl RequestPool {
     }
 
     /// Requests currently handed out.
+    #[cfg(test)]
     pub(crate) fn in_use(&self) -> usize {
         POOL_SIZE - self.free_count
     }

@@ -26,6 +26,7 @@ use super::comm::{ConnectionInfo, POLL_BATCH, SEND_MAGIC};
 use super::memory::MemoryHandle;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+use super::telemetry::ConnectionTelemetry;
 
 /// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
 pub(crate) const MAX_TRANSFER: u64 = 1 << 30;
@@ -57,9 +58,23 @@ struct SendSlot {
     requests: [u16; MAX_RECVS],
     addrs: [u64; MAX_RECVS],
     lkeys: [[u32; 2]; MAX_RECVS],
+    /// Telemetry of the posted transfer: when, per-rail completion times, bytes, split, QPs.
+    post_ns: u64,
+    done_ns: [u64; 2],
+    rail_bytes: [u64; 2],
+    sup_bw: u32,
+    qp_nums: [u32; 2],
 }
 
 impl SendSlot {
+    /// The rails the posted transfer used (those that have a completion time).
+    fn completed_rails(&self) -> RailMask {
+        Rail::ALL
+            .into_iter()
+            .filter(|rail| self.done_ns[rail.index()] != 0)
+            .fold(RailMask::NONE, RailMask::with)
+    }
+
     const IDLE: SendSlot = SendSlot {
         phase: Phase::Idle,
         seq: 0,
@@ -78,6 +93,11 @@ impl SendSlot {
         requests: [0; MAX_RECVS],
         addrs: [0; MAX_RECVS],
         lkeys: [[0; 2]; MAX_RECVS],
+        post_ns: 0,
+        done_ns: [0; 2],
+        rail_bytes: [0; 2],
+        sup_bw: 0,
+        qp_nums: [0; 2],
     };
 }
 
@@ -92,6 +112,9 @@ pub(crate) struct SendData {
     pub(crate) remote_records: u64,
     pub(crate) remote_records_rkeys: [u32; 2],
     pub(crate) hint: HintReader,
+    telemetry: ConnectionTelemetry,
+    /// Slots posted so far (drives 1-in-N event sampling).
+    transfers: u64,
     fifo_head: u64,
     post_head: u64,
     slots: Box<[SendSlot]>,
@@ -108,6 +131,7 @@ impl SendData {
         records: RegisteredRegion<CompletionRecord>,
         remote_records: (u64, [u32; 2]),
         hint: HintReader,
+        telemetry: ConnectionTelemetry,
     ) -> SendData {
         SendData {
             qps,
@@ -117,6 +141,8 @@ impl SendData {
             remote_records: remote_records.0,
             remote_records_rkeys: remote_records.1,
             hint,
+            telemetry,
+            transfers: 0,
             fifo_head: 0,
             post_head: 0,
             slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
@@ -312,8 +338,17 @@ impl SendComm {
         }) {
             return Ok(false);
         }
+        let mut rail_bytes = [0u64; 2];
+        for split in &splits[..nreqs] {
+            for rail in Rail::ALL {
+                rail_bytes[rail.index()] += split.length(rail);
+            }
+        }
         if exact.is_none() {
-            let mut record = CompletionRecord::default();
+            let mut record = CompletionRecord {
+                rail_bytes,
+                ..CompletionRecord::default()
+            };
             for (r, split) in splits[..nreqs].iter().enumerate() {
                 record.sizes[r] = split.size as u32;
             }
@@ -344,9 +379,25 @@ impl SendComm {
                 return Err(error);
             }
         }
+        let telemetry = data.telemetry.telemetry();
+        for rail in mask.rails() {
+            let probe = telemetry.rail(rail);
+            probe.add_tx_bytes(rail_bytes[rail.index()]);
+            probe.add_wrs_posted(lengths[rail.index()] as u64);
+        }
+        telemetry.transfers().record(mask.bits());
+        data.telemetry.add_split(rail_bytes);
+        data.transfers += 1;
         let state = &mut data.slots[slot];
         state.pending = mask;
         state.phase = Phase::InFlight;
+        state.post_ns = now_ns();
+        state.done_ns = [0; 2];
+        state.rail_bytes = rail_bytes;
+        state.sup_bw = sup_bw;
+        for rail in mask.rails() {
+            state.qp_nums[rail.index()] = data.qps.qps[qp_indices[rail.index()]].qp_num();
+        }
         Ok(true)
     }
 
@@ -452,6 +503,7 @@ impl SendComm {
         }
         self.post_ready(data)?;
         self.poll(data)?;
+        data.telemetry.telemetry().heartbeat(now_ns());
         let request = data.pool.get(index);
         if !request.done {
             return Ok(None);
@@ -483,6 +535,10 @@ impl SendComm {
 
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
+            data.telemetry
+                .telemetry()
+                .rail(rail)
+                .inc_error_completions();
             let error = self.info.completion_error(rail, completion);
             data.failure = Some(error.clone());
             return Err(error);
@@ -505,6 +561,11 @@ impl SendComm {
                 wr.slot
             )));
         }
+        let now = now_ns();
+        let probe = data.telemetry.telemetry().rail(rail);
+        probe.inc_send_cqes();
+        probe.record_latency_ns(now.saturating_sub(state.post_ns));
+        state.done_ns[rail.index()] = now;
         state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
         if state.pending.is_empty() {
             state.phase = Phase::Idle;
@@ -512,8 +573,50 @@ impl SendComm {
             for index in &requests[..nreqs] {
                 data.pool.get_mut(*index).done = true;
             }
+            self.record_event(data, wr.slot as usize);
         }
         Ok(())
+    }
+
+    /// Records the slot's transfer as a slow (or sampled) event when the policy wants it.
+    fn record_event(&self, data: &SendData, slot: usize) {
+        let state = &data.slots[slot];
+        let last_done = state.done_ns[0].max(state.done_ns[1]);
+        let telemetry = data.telemetry.telemetry();
+        let Some(kind) =
+            telemetry.event_kind(last_done.saturating_sub(state.post_ns), data.transfers)
+        else {
+            return;
+        };
+        let mask = state.completed_rails();
+        let epoch = |ns: u64, rail: Rail| {
+            if mask.contains(rail) {
+                telemetry.epoch_ns(ns)
+            } else {
+                0
+            }
+        };
+        let size = state.rail_bytes[0] + state.rail_bytes[1];
+        telemetry.record(&mpib_probes::SlowTransfer {
+            kind,
+            direction: mpib_probes::Direction::Send,
+            rail_mask: mask.bits(),
+            conn_index: data.telemetry.index(),
+            size,
+            post_ns: [
+                epoch(state.post_ns, Rail::ScaleOut),
+                epoch(state.post_ns, Rail::ScaleUp),
+            ],
+            done_ns: [
+                epoch(state.done_ns[0], Rail::ScaleOut),
+                epoch(state.done_ns[1], Rail::ScaleUp),
+            ],
+            rail_bytes: state.rail_bytes,
+            sup_bw: state.sup_bw,
+            slot: slot as u32,
+            qp_num: state.qp_nums,
+            peer: self.info.peer,
+        });
     }
 }
 

@@ -80,7 +80,10 @@ pub(crate) fn connect_pair_with(
     })
 }
 
-const ENV_NAMES: [&str; 7] = [
+const ENV_NAMES: [&str; 10] = [
+    "MPIB_PROBES_DIR",
+    "MPIB_PROBES_SAMPLE",
+    "MPIB_SLOW_US",
     "MPIB_FORCE_FLUSH",
     "MPIB_MODE",
     "MPIB_OOB_ADDR",
@@ -316,4 +319,80 @@ fn without_force_flush_iflush_has_nothing_to_wait_for() {
     assert!(iflush(&pair.recv, &[buffer]).unwrap().is_none());
     deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     close(pair);
+}
+
+fn probes_snapshot(dir: &std::path::Path) -> (mpib_probes::ProbesReader, mpib_probes::Snapshot) {
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "probes"))
+        .expect("the plugin wrote a probes file");
+    match mpib_probes::ProbesReader::open(&path).unwrap() {
+        mpib_probes::LoadState::Ready(reader) => {
+            let snapshot = reader.snapshot();
+            (reader, snapshot)
+        }
+        _ => panic!("probes file not ready"),
+    }
+}
+
+#[test]
+fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
+    let _guard = env_lock();
+    let dir = std::env::temp_dir().join(format!("mpib-probes-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pair = connect_pair(&[
+        ("MPIB_PROBES_DIR", dir.to_str().unwrap()),
+        ("MPIB_PROBES_SAMPLE", "1"),
+        ("MPIB_OOB_ADDR", "127.0.0.1"),
+    ]);
+    // Vanilla intra-island: everything rides SUP; a 0-byte transfer forces SOUT with no bytes.
+    let sizes = [4096usize, 1000, 0, 65536];
+    for size in sizes {
+        transfer(&pair, size);
+    }
+    let (reader, snapshot) = probes_snapshot(&dir);
+    let total: u64 = sizes.iter().map(|s| *s as u64).sum();
+    let (sout, sup) = (&snapshot.rails[0].counters, &snapshot.rails[1].counters);
+    assert_eq!((sout.tx_bytes, sup.tx_bytes), (0, total));
+    assert_eq!(
+        (sout.rx_bytes, sup.rx_bytes),
+        (0, total),
+        "receiver counts the same split"
+    );
+    assert_eq!(
+        (snapshot.transfers.sup_only, snapshot.transfers.sout_only),
+        (3, 1)
+    );
+    assert_eq!(sup.send_cqes, 3);
+    assert_eq!(sup.recv_cqes, 3);
+    assert_eq!((sup.srq_low_water, sup.srq_high_water), (64, 512));
+    assert!(sup.cts_posted >= 4, "CTS ride SUP in vanilla intra-island");
+    assert_eq!(snapshot.rails[1].latency.count(), 3);
+    let active: Vec<_> = snapshot
+        .connections
+        .iter()
+        .filter(|c| c.rail_bytes.iter().sum::<u64>() > 0)
+        .collect();
+    assert_eq!(
+        active.len(),
+        2,
+        "one send and one receive connection with bytes"
+    );
+    let mut cursor = mpib_probes::EventCursor::default();
+    let drained = reader.drain_events(&mut cursor);
+    assert_eq!(
+        drained.records.len(),
+        sizes.len(),
+        "1-in-1 sampling records every transfer"
+    );
+    let first = &drained.records[0].transfer;
+    assert_eq!((first.size, first.rail_bytes), (4096, [0, 4096]));
+    assert!(first.done_ns[1] >= first.post_ns[1] && first.post_ns[1] > 0);
+    close(pair);
+    assert!(
+        std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none()),
+        "the probes file is removed on clean shutdown"
+    );
 }

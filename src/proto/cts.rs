@@ -25,7 +25,7 @@ pub const MAX_RECVS: usize = 8;
 /// Bytes of one FIFO entry.
 pub const CTS_ENTRY_SIZE: usize = 64;
 /// Bytes of one completion record.
-pub const COMPLETION_RECORD_SIZE: usize = 32;
+pub const COMPLETION_RECORD_SIZE: usize = 48;
 
 /// One receive buffer advertised to the sender.
 #[repr(C)]
@@ -200,17 +200,22 @@ pub fn match_tag(entries: &[CtsEntry], taken: u8, tag: u32) -> Option<usize> {
 }
 
 /// Per-slot completion record written by the sender's leader rail with the signalling
-/// WRITE_WITH_IMM: exact size of each grouped buffer (seed 000 §2.2, "Size Delivery").
+/// WRITE_WITH_IMM: exact size of each grouped buffer (seed 000 §2.2, "Size Delivery"), plus the
+/// bytes each rail carried, so the receiver's per-rail byte counters are exact even though plain
+/// RDMA_WRITEs raise no receive completion.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompletionRecord {
     /// Bytes sent into each receive of the slot, by entry index.
     pub sizes: [u32; MAX_RECVS],
+    /// Bytes the slot moved on each rail (SOUT, SUP).
+    pub rail_bytes: [u64; 2],
 }
 
 const _: () = {
     assert!(core::mem::size_of::<CompletionRecord>() == COMPLETION_RECORD_SIZE);
-    assert!(core::mem::align_of::<CompletionRecord>() == 4);
+    assert!(core::mem::align_of::<CompletionRecord>() == 8);
+    assert!(core::mem::offset_of!(CompletionRecord, rail_bytes) == 32);
 };
 
 impl CompletionRecord {
@@ -219,22 +224,30 @@ impl CompletionRecord {
         (slot * COMPLETION_RECORD_SIZE) as u64
     }
 
-    /// The record's 32 bytes, little-endian.
+    /// The record's 48 bytes, little-endian.
     pub fn to_le_bytes(&self) -> [u8; COMPLETION_RECORD_SIZE] {
         let mut bytes = [0u8; COMPLETION_RECORD_SIZE];
-        for (chunk, size) in bytes.chunks_exact_mut(4).zip(self.sizes) {
+        for (chunk, size) in bytes[..32].chunks_exact_mut(4).zip(self.sizes) {
             chunk.copy_from_slice(&size.to_le_bytes());
+        }
+        for (chunk, count) in bytes[32..].chunks_exact_mut(8).zip(self.rail_bytes) {
+            chunk.copy_from_slice(&count.to_le_bytes());
         }
         bytes
     }
 
-    /// The record held in 32 little-endian bytes.
+    /// The record held in 48 little-endian bytes.
     pub fn from_le_bytes(bytes: &[u8; COMPLETION_RECORD_SIZE]) -> CompletionRecord {
-        let mut sizes = [0u32; MAX_RECVS];
-        for (size, chunk) in sizes.iter_mut().zip(bytes.chunks_exact(4)) {
+        let mut record = CompletionRecord::default();
+        for (size, chunk) in record.sizes.iter_mut().zip(bytes[..32].chunks_exact(4)) {
             *size = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
         }
-        CompletionRecord { sizes }
+        for (count, chunk) in record.rail_bytes.iter_mut().zip(bytes[32..].chunks_exact(8)) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            *count = u64::from_le_bytes(word);
+        }
+        record
     }
 }
 
@@ -265,7 +278,7 @@ mod tests {
         assert!(!entry(0).is_ready(256));
         assert_eq!(fifo_offset(1, 2), (8 + 2) * 64);
         assert_eq!(fifo_offset(255, 7) as usize + CTS_ENTRY_SIZE, FIFO_BYTES);
-        assert_eq!(CompletionRecord::offset(3), 96);
+        assert_eq!(CompletionRecord::offset(3), 144);
     }
 
     #[test]
@@ -374,8 +387,8 @@ mod tests {
         }
 
         #[test]
-        fn record_bytes_roundtrip(sizes in any::<[u32; 8]>()) {
-            let record = CompletionRecord { sizes };
+        fn record_bytes_roundtrip(sizes in any::<[u32; 8]>(), rail_bytes in any::<[u64; 2]>()) {
+            let record = CompletionRecord { sizes, rail_bytes };
             prop_assert_eq!(CompletionRecord::from_le_bytes(&record.to_le_bytes()), record);
         }
 

@@ -1,0 +1,223 @@
+//! The plugin's side of the probes: one shared-memory file per process (`mpib-probes`), written
+//! by plain loads and stores from the data path, read by the `mpib-collector` sidecar.
+//!
+//! `MPIB_PROBES=0` gives a disabled file whose handles write into a static dummy, so the data path
+//! never branches on it. Failing to create the file is not fatal: it is logged and the plugin runs
+//! with probes disabled (telemetry must never take training down).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use mpib_probes::{
+    ConnectionInfo as ProbeConnection, ConnectionProbe, Direction, EventKind, Mode as ProbeMode,
+    PathClass as ProbeClass, ProbesFile, RailInfo, RailProbe, SlowTransfer, TransferProbe,
+    WriterInfo,
+};
+
+use crate::fabric::Rail;
+use crate::log;
+use crate::params::{Mode, Settings};
+use crate::proto::island::PathClass;
+
+use super::comm::ConnectionInfo;
+use super::request::now_ns;
+use super::resources::Devices;
+
+/// The process's probes file and the policy for slow-transfer events.
+pub(crate) struct Telemetry {
+    file: ProbesFile,
+    slow_threshold_ns: u64,
+    sample_one_in: u32,
+    /// Unix-epoch ns minus monotonic ns, so event times need no clock syscall.
+    epoch_offset_ns: u64,
+}
+
+impl Telemetry {
+    /// Creates the probes file for the opened rails (or a disabled one).
+    pub(crate) fn open(settings: &Settings, devices: &Devices) -> Telemetry {
+        let epoch_offset_ns = mpib_probes::now_ns().saturating_sub(now_ns());
+        let slow_threshold_ns = settings.slow_us.saturating_mul(1000);
+        let disabled = |file| Telemetry {
+            file,
+            slow_threshold_ns,
+            sample_one_in: 0,
+            epoch_offset_ns,
+        };
+        if !settings.probes {
+            return disabled(ProbesFile::disabled());
+        }
+        let rails = devices
+            .iter()
+            .map(|d| RailInfo {
+                device: d.info().name.clone(),
+                port: u32::from(d.info().port),
+            })
+            .collect();
+        let mut info = WriterInfo::for_this_process(rails);
+        info.slow_threshold_ns = slow_threshold_ns;
+        info.sample_one_in = settings.probes_sample;
+        match ProbesFile::create(Path::new(&settings.probes_dir), &info) {
+            Ok(file) => {
+                info!(
+                    log::INIT,
+                    "probes: {}",
+                    file.path()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                );
+                Telemetry {
+                    file,
+                    slow_threshold_ns,
+                    sample_one_in: settings.probes_sample,
+                    epoch_offset_ns,
+                }
+            }
+            Err(e) => {
+                warn!(
+                    log::INIT,
+                    "probes disabled: cannot create a file in MPIB_PROBES_DIR={}: {e}",
+                    settings.probes_dir
+                );
+                disabled(ProbesFile::disabled())
+            }
+        }
+    }
+
+    /// Counters of `rail`.
+    #[inline]
+    pub(crate) fn rail(&self, rail: Rail) -> RailProbe<'_> {
+        self.file.rail(rail.index())
+    }
+
+    /// Transfers-by-mask counters.
+    #[inline]
+    pub(crate) fn transfers(&self) -> TransferProbe<'_> {
+        self.file.transfers()
+    }
+
+    /// Unix-epoch ns of a monotonic timestamp from [`now_ns`].
+    #[inline]
+    pub(crate) fn epoch_ns(&self, monotonic_ns: u64) -> u64 {
+        monotonic_ns + self.epoch_offset_ns
+    }
+
+    /// Refreshes the writer heartbeat.
+    #[inline]
+    pub(crate) fn heartbeat(&self, monotonic_ns: u64) {
+        self.file.heartbeat(self.epoch_ns(monotonic_ns));
+    }
+
+    /// Whether a transfer that took `duration_ns` is recorded, and why; `sequence` drives 1-in-N
+    /// sampling.
+    #[inline]
+    pub(crate) fn event_kind(&self, duration_ns: u64, sequence: u64) -> Option<EventKind> {
+        if self.slow_threshold_ns > 0 && duration_ns >= self.slow_threshold_ns {
+            Some(EventKind::SLOW)
+        } else if self.sample_one_in > 0 && sequence % u64::from(self.sample_one_in) == 0 {
+            Some(EventKind::SAMPLED)
+        } else {
+            None
+        }
+    }
+
+    /// Appends a slow-transfer event.
+    #[inline]
+    pub(crate) fn record(&self, transfer: &SlowTransfer) {
+        self.file.record_slow_transfer(transfer);
+    }
+
+    /// Removes the file (clean shutdown); dropping the last reference does it too.
+    pub(crate) fn remove(&self) {
+        if let Err(e) = self.file.remove() {
+            warn!(log::INIT, "probes: cannot remove the file: {e}");
+        }
+    }
+}
+
+/// A connection's slot in the probes file, kept alive with the file it points into.
+pub(crate) struct ConnectionTelemetry {
+    /// Declared first: dropped (slot marked closed) before `telemetry` may unmap the file.
+    probe: ConnectionProbe<'static>,
+    telemetry: Arc<Telemetry>,
+}
+
+impl ConnectionTelemetry {
+    /// Claims a slot for `info` (a disabled probe when the table is full or probes are off).
+    pub(crate) fn claim(
+        telemetry: &Arc<Telemetry>,
+        info: &ConnectionInfo,
+        send: bool,
+    ) -> ConnectionTelemetry {
+        let claim = ProbeConnection {
+            peer: info.peer,
+            direction: if send {
+                Direction::Send
+            } else {
+                Direction::Recv
+            },
+            path_class: match info.class {
+                PathClass::IntraIsland => ProbeClass::IntraIsland,
+                PathClass::InterIsland => ProbeClass::InterIsland,
+            },
+            mode: match info.mode {
+                Mode::Vanilla => ProbeMode::Vanilla,
+                Mode::Advanced => ProbeMode::Advanced,
+            },
+            hint_slot: info.agent.as_ref().map_or(u32::MAX, |a| a.hint_slot),
+        };
+        let claimed = telemetry.file.claim_connection(&claim);
+        // SAFETY: the probe borrows the mapping owned by `telemetry.file`; the Arc stored beside
+        // it keeps that file (and its mapping, which never moves) alive for as long as the
+        // probe, which is declared first and so dropped first.
+        let probe = match claimed {
+            Some(probe) => unsafe { extend_lifetime(probe) },
+            None => ConnectionProbe::disabled(),
+        };
+        ConnectionTelemetry {
+            probe,
+            telemetry: Arc::clone(telemetry),
+        }
+    }
+
+    /// A connection that has not claimed a slot (yet): counts only into the rail counters.
+    pub(crate) fn unclaimed(telemetry: &Arc<Telemetry>) -> ConnectionTelemetry {
+        ConnectionTelemetry {
+            probe: ConnectionProbe::disabled(),
+            telemetry: Arc::clone(telemetry),
+        }
+    }
+
+    /// Bytes this connection moved on `rail`.
+    #[inline]
+    pub(crate) fn add_rail_bytes(&self, rail: Rail, bytes: u64) {
+        self.probe.add_rail_bytes(rail.index(), bytes);
+    }
+
+    /// The process's telemetry.
+    #[inline]
+    pub(crate) fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// Index of the slot (for events).
+    #[inline]
+    pub(crate) fn index(&self) -> u32 {
+        self.probe.index()
+    }
+
+    /// Bytes this connection moved per rail.
+    #[inline]
+    pub(crate) fn add_split(&self, bytes: [u64; 2]) {
+        self.probe.add_split(bytes);
+    }
+}
+
+/// Widens a probe's lifetime.
+///
+/// # Safety
+/// The caller keeps the `ProbesFile` the probe borrows alive (and unmoved) for as long as the
+/// returned probe exists.
+unsafe fn extend_lifetime(probe: ConnectionProbe<'_>) -> ConnectionProbe<'static> {
+    // SAFETY: same type up to the lifetime; liveness is the caller's contract.
+    unsafe { std::mem::transmute::<ConnectionProbe<'_>, ConnectionProbe<'static>>(probe) }
+}
