@@ -257,6 +257,7 @@ impl Acceptance {
             mode: settings.mode,
             layout,
             agent: None,
+            profiler: ctx.profiler,
         };
         self.built = Some((info, data));
         Ok(reply)

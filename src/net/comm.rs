@@ -31,6 +31,8 @@ pub(crate) struct ConnectionInfo {
     pub layout: QpLayout,
     /// Agent registration (advanced mode), deregistered on drop.
     pub agent: Option<AgentRegistration>,
+    /// NCCL's profiler callback (v10+), if the communicator gave one.
+    pub profiler: Option<super::ProfilerCallback>,
 }
 
 impl ConnectionInfo {

@@ -262,6 +262,7 @@ impl Connector {
             mode: settings.mode,
             layout: prepared.layout,
             agent,
+            profiler: self.ctx.profiler,
         };
         info!(
             log::NET | log::INIT,

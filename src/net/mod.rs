@@ -22,6 +22,7 @@ mod flush;
 mod memory;
 mod oob;
 mod plugin;
+mod profiler;
 mod recv;
 mod request;
 mod resources;

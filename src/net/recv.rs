@@ -21,6 +21,7 @@ use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 
 use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
 use super::flush::Flusher;
+use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
 use super::telemetry::ConnectionTelemetry;
@@ -198,6 +199,18 @@ impl RecvComm {
         if let Err(error) = self.post_cts(data, slot, buffers.len()) {
             data.pool.release(index);
             return Err(error);
+        }
+        if self.info.profiler.is_some() {
+            let event = profiler::QpEvent {
+                rail: data.cts_rail,
+                wr_id: u64::from(data.qps.credits[data.cts_qp].posted_index()),
+                opcode: profiler::OPCODE_RDMA_WRITE,
+                qp_num: data.qps.qps[data.cts_qp].qp_num(),
+                length: (buffers.len() * std::mem::size_of::<CtsEntry>()) as u64,
+            };
+            let request = data.pool.get_mut(index);
+            request.profiler_events[0] =
+                profiler::start(self.info.profiler, request.profiler_handles[0], &event);
         }
         data.slot_requests[slot] = Some(index);
         data.fifo_head += 1;
@@ -413,6 +426,10 @@ impl RecvComm {
         }
         let request = data.pool.get_mut(index);
         request.done = true;
+        profiler::stop(
+            self.info.profiler,
+            std::mem::take(&mut request.profiler_events[0]),
+        );
         data.slot_requests[slot] = None;
     }
 

@@ -46,6 +46,8 @@ pub struct Request {
     pub(crate) posted_ns: u64,
     /// Flush: rails whose flush read has not completed yet.
     pub(crate) flush_pending: RailMask,
+    /// NCCL profiler event handles per rail (0 = none).
+    pub(crate) profiler_events: [usize; 2],
 }
 
 impl Request {
@@ -64,6 +66,7 @@ impl Request {
             profiler_handles: [0; MAX_RECVS],
             posted_ns: 0,
             flush_pending: RailMask::NONE,
+            profiler_events: [0; 2],
         }
     }
 

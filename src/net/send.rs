@@ -24,6 +24,7 @@ use crate::proto::wr_id::{WrId, WrKind};
 use super::agent::HintReader;
 use super::comm::{ConnectionInfo, POLL_BATCH, SEND_MAGIC};
 use super::memory::MemoryHandle;
+use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
 use super::telemetry::ConnectionTelemetry;
@@ -388,6 +389,7 @@ impl SendComm {
         telemetry.transfers().record(mask.bits());
         data.telemetry.add_split(rail_bytes);
         data.transfers += 1;
+        self.start_profiler_events(data, slot, mask, &qp_indices, &lengths, &rail_bytes);
         let state = &mut data.slots[slot];
         state.pending = mask;
         state.phase = Phase::InFlight;
@@ -567,6 +569,15 @@ impl SendComm {
         probe.record_latency_ns(now.saturating_sub(state.post_ns));
         state.done_ns[rail.index()] = now;
         state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
+        if self.info.profiler.is_some() {
+            for index in &state.requests[..state.nreqs as usize] {
+                let request = data.pool.get_mut(*index);
+                profiler::stop(
+                    self.info.profiler,
+                    std::mem::take(&mut request.profiler_events[rail.index()]),
+                );
+            }
+        }
         if state.pending.is_empty() {
             state.phase = Phase::Idle;
             let (requests, nreqs) = (state.requests, state.nreqs as usize);
@@ -576,6 +587,41 @@ impl SendComm {
             self.record_event(data, wr.slot as usize);
         }
         Ok(())
+    }
+
+    /// One profiler QP event per request and active rail, under each request's NCCL step.
+    fn start_profiler_events(
+        &self,
+        data: &mut SendData,
+        slot: usize,
+        mask: RailMask,
+        qp_indices: &[usize; 2],
+        lengths: &[usize; 2],
+        rail_bytes: &[u64; 2],
+    ) {
+        if self.info.profiler.is_none() {
+            return;
+        }
+        let state = &data.slots[slot];
+        for index in &state.requests[..state.nreqs as usize] {
+            let request = data.pool.get_mut(*index);
+            for rail in mask.rails() {
+                let qp = qp_indices[rail.index()];
+                let event = profiler::QpEvent {
+                    rail,
+                    wr_id: u64::from(data.qps.credits[qp].posted_index()),
+                    opcode: if lengths[rail.index()] > 1 {
+                        profiler::OPCODE_RDMA_WRITE
+                    } else {
+                        profiler::OPCODE_RDMA_WRITE_WITH_IMM
+                    },
+                    qp_num: data.qps.qps[qp].qp_num(),
+                    length: rail_bytes[rail.index()],
+                };
+                request.profiler_events[rail.index()] =
+                    profiler::start(self.info.profiler, request.profiler_handles[0], &event);
+            }
+        }
     }
 
     /// Records the slot's transfer as a slow (or sampled) event when the policy wants it.
