@@ -29,7 +29,8 @@ use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
 use super::recv::{RecvComm, RecvData};
 use super::resources::{
-    connect_queue_pairs, create_queues, endpoint, qp_settings, QueueSizing, RegisteredRegion,
+    connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueueSizing,
+    RegisteredRegion,
 };
 use super::telemetry::ConnectionTelemetry;
 use super::{Context, HANDLE_SIZE};
@@ -243,6 +244,7 @@ impl Acceptance {
             (cts_qp, cts_rail),
             CtsSignalPolicy::new(settings.cts_signal_interval),
             ConnectionTelemetry::unclaimed(&ctx.plugin.telemetry),
+            &ctx.plugin.health,
         );
         if settings.force_flush {
             data.flusher = Some(Flusher::create(devices, layout, &data.queues, settings)?);
@@ -258,6 +260,8 @@ impl Acceptance {
             layout,
             agent: None,
             profiler: ctx.profiler,
+            health: ctx.plugin.health.clone(),
+            qp_nums: qp_nums_by_rail(&data.qps, layout),
         };
         self.built = Some((info, data));
         Ok(reply)

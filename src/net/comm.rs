@@ -2,6 +2,7 @@
 //! completion-error reporting.
 
 use std::net::SocketAddrV4;
+use std::sync::Arc;
 
 use crate::error::Error;
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail};
@@ -10,6 +11,7 @@ use crate::proto::island::PathClass;
 use crate::proto::qp_layout::QpLayout;
 
 use super::agent::AgentRegistration;
+use super::health::{DeviceHealth, HealthWatch};
 use super::resources::Devices;
 
 /// First word of a `SendComm`.
@@ -33,6 +35,10 @@ pub(crate) struct ConnectionInfo {
     pub agent: Option<AgentRegistration>,
     /// NCCL's profiler callback (v10+), if the communicator gave one.
     pub profiler: Option<super::ProfilerCallback>,
+    /// Published async events of the two rail devices.
+    pub health: [Arc<DeviceHealth>; 2],
+    /// This connection's QP numbers per rail (to match QP-level async events).
+    pub qp_nums: [Vec<u32>; 2],
 }
 
 impl ConnectionInfo {
@@ -43,6 +49,18 @@ impl ConnectionInfo {
             Mode::Advanced => "advanced",
         };
         format!("peer {} ({}, {mode})", self.peer, self.class.label())
+    }
+
+    /// Fails on a fatal async event of a rail this comm uses (checked every 10 ms).
+    pub(crate) fn check_health(&self, watch: &mut HealthWatch, now_ns: u64) -> Result<(), Error> {
+        match watch.check(now_ns, &self.devices, &self.health, &self.qp_nums) {
+            None => Ok(()),
+            Some((rail, event)) => Err(Error::system(format!(
+                "{}: the {rail} rail ({}) reported {event:?}; the connection cannot continue",
+                self.describe_peer(),
+                self.devices[rail.index()].info().name
+            ))),
+        }
     }
 
     /// The error a failed completion becomes: `ncclRemoteError` with everything an operator needs

@@ -24,8 +24,8 @@ use super::agent::{AgentRegistration, HintReader};
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
 use super::resources::{
-    connect_queue_pairs, create_queues, endpoint, qp_settings, QueuePairs, QueueSizing, RailQueues,
-    RegisteredRegion,
+    connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueuePairs,
+    QueueSizing, RailQueues, RegisteredRegion,
 };
 use super::send::{SendComm, SendData};
 use super::telemetry::ConnectionTelemetry;
@@ -263,6 +263,8 @@ impl Connector {
             layout: prepared.layout,
             agent,
             profiler: self.ctx.profiler,
+            health: self.ctx.plugin.health.clone(),
+            qp_nums: qp_nums_by_rail(&prepared.qps, prepared.layout),
         };
         info!(
             log::NET | log::INIT,
@@ -281,6 +283,7 @@ impl Connector {
             prepared.remote_records,
             hint,
             telemetry,
+            self.ctx.plugin.health.clone(),
         );
         Ok(SendComm::new(info, data))
     }

@@ -19,6 +19,7 @@ mod comm;
 mod connect;
 mod dma;
 mod flush;
+mod health;
 mod memory;
 mod oob;
 mod plugin;

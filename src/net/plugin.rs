@@ -15,6 +15,7 @@ use crate::fabric::{Fabric, Rail, RailDevice};
 use crate::log;
 use crate::params::{FabricKind, Settings};
 
+use super::health::DeviceHealth;
 use super::resources::Devices;
 use super::send::MAX_TRANSFER;
 use super::telemetry::Telemetry;
@@ -54,6 +55,8 @@ pub(crate) struct Opened {
     force_flush: bool,
     /// The process's probes file.
     pub telemetry: Arc<Telemetry>,
+    /// Published async events per rail device.
+    pub health: [Arc<DeviceHealth>; 2],
 }
 
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
@@ -239,6 +242,7 @@ fn open(settings: &Settings) -> Result<Opened> {
         name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
         pci_path: pci_path.and_then(|p| CString::new(p).ok()),
         force_flush: settings.force_flush,
+        health: Default::default(),
         telemetry: Arc::new(Telemetry::open(
             settings,
             &[Arc::clone(&sout), Arc::clone(&sup)],

@@ -21,6 +21,7 @@ use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 
 use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
 use super::flush::Flusher;
+use super::health::{DeviceHealth, HealthWatch};
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
@@ -49,6 +50,7 @@ pub(crate) struct RecvData {
     failure: Option<Error>,
     protocol_errors: u64,
     pub(crate) telemetry: ConnectionTelemetry,
+    pub(crate) watch: HealthWatch,
 }
 
 impl RecvData {
@@ -64,6 +66,7 @@ impl RecvData {
         cts: (usize, Rail),
         signal: CtsSignalPolicy,
         telemetry: ConnectionTelemetry,
+        health: &[std::sync::Arc<DeviceHealth>; 2],
     ) -> RecvData {
         RecvData {
             qps,
@@ -82,6 +85,7 @@ impl RecvData {
             pool: RequestPool::new(),
             failure: None,
             protocol_errors: 0,
+            watch: HealthWatch::new(health),
             telemetry,
         }
     }
@@ -301,7 +305,12 @@ impl RecvComm {
         }
         self.poll(data)?;
         data.refill()?;
-        data.telemetry.telemetry().heartbeat(now_ns());
+        let now = now_ns();
+        if let Err(error) = self.info.check_health(&mut data.watch, now) {
+            data.failure = Some(error.clone());
+            return Err(error);
+        }
+        data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
             return Ok(None);

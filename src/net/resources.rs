@@ -249,3 +249,14 @@ pub(crate) fn qp_settings(settings: &crate::params::Settings, traffic_class: i32
         ..QpSettings::default()
     }
 }
+
+/// The QP numbers of `qps` per rail, for matching QP-level async events.
+pub(crate) fn qp_nums_by_rail(qps: &QueuePairs, layout: QpLayout) -> [Vec<u32>; 2] {
+    let mut nums: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    for (index, qp) in qps.qps.iter().enumerate() {
+        if let Some(rail) = layout.rail_of(index) {
+            nums[rail.index()].push(qp.qp_num());
+        }
+    }
+    nums
+}

@@ -23,6 +23,7 @@ use crate::proto::wr_id::{WrId, WrKind};
 
 use super::agent::HintReader;
 use super::comm::{ConnectionInfo, POLL_BATCH, SEND_MAGIC};
+use super::health::{DeviceHealth, HealthWatch};
 use super::memory::MemoryHandle;
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
@@ -114,6 +115,7 @@ pub(crate) struct SendData {
     pub(crate) remote_records_rkeys: [u32; 2],
     pub(crate) hint: HintReader,
     telemetry: ConnectionTelemetry,
+    watch: HealthWatch,
     /// Slots posted so far (drives 1-in-N event sampling).
     transfers: u64,
     fifo_head: u64,
@@ -133,6 +135,7 @@ impl SendData {
         remote_records: (u64, [u32; 2]),
         hint: HintReader,
         telemetry: ConnectionTelemetry,
+        health: [std::sync::Arc<DeviceHealth>; 2],
     ) -> SendData {
         SendData {
             qps,
@@ -143,6 +146,7 @@ impl SendData {
             remote_records_rkeys: remote_records.1,
             hint,
             telemetry,
+            watch: HealthWatch::new(&health),
             transfers: 0,
             fifo_head: 0,
             post_head: 0,
@@ -505,7 +509,12 @@ impl SendComm {
         }
         self.post_ready(data)?;
         self.poll(data)?;
-        data.telemetry.telemetry().heartbeat(now_ns());
+        let now = now_ns();
+        if let Err(error) = self.info.check_health(&mut data.watch, now) {
+            data.failure = Some(error.clone());
+            return Err(error);
+        }
+        data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
             return Ok(None);

@@ -396,3 +396,69 @@ fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
         "the probes file is removed on clean shutdown"
     );
 }
+
+#[test]
+fn a_port_down_event_fails_the_comm_with_a_system_error() {
+    let _guard = env_lock();
+    // Vanilla intra-island: data rides SUP; the 3rd WR on SUP raises IBV_EVENT_PORT_ERR there.
+    let pair = connect_pair(&[("MPIB_LOOPBACK_FAULTS", "portdown=sup:3")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let error = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the port-down event was never acted on"
+        );
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| transfer(&pair, 4096)));
+        if outcome.is_err() {
+            // `transfer` unwraps: the failure surfaced as an Err from test/isend/irecv.
+            break pair_failure(&pair);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(error.kind, crate::error::ErrorKind::System, "{error}");
+    assert!(
+        error.message.contains("PortDown") && error.message.contains("sup rail"),
+        "{error}"
+    );
+    close(pair);
+}
+
+/// The sticky failure of a pair, whichever side saw it first.
+fn pair_failure(pair: &Pair) -> crate::error::Error {
+    let mut sink = [0u8; 8];
+    let rmh = register_memory(
+        CommRef::Recv(&pair.recv),
+        sink.as_mut_ptr() as u64,
+        8,
+        PTR_HOST,
+    )
+    .unwrap();
+    let buffer = RecvBuffer {
+        addr: sink.as_mut_ptr() as u64,
+        capacity: 8,
+        tag: 1,
+        memory: Some(&rmh),
+        profiler_handle: std::ptr::null_mut(),
+    };
+    let source = [0u8; 8];
+    let smh = register_memory(
+        CommRef::Send(&pair.send),
+        source.as_ptr() as u64,
+        8,
+        PTR_HOST,
+    )
+    .unwrap();
+    let send = isend(
+        &pair.send,
+        source.as_ptr() as u64,
+        8,
+        1,
+        &smh,
+        std::ptr::null_mut(),
+    );
+    let recv = irecv(&pair.recv, &[buffer]);
+    deregister_memory(CommRef::Send(&pair.send), smh).unwrap();
+    deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
+    recv.err().or(send.err()).expect("one side has failed")
+}

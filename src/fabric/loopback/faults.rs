@@ -21,6 +21,9 @@ pub(crate) struct Faults {
     pub(crate) fail: [Option<u64>; 2],
     /// `starve=RAIL:N`: how many receives each SRQ of the rail accepts over its lifetime.
     pub(crate) starve: [Option<u64>; 2],
+    /// `portdown=RAIL:N`: posting the N-th WR on the rail raises IBV_EVENT_PORT_ERR on its
+    /// device (traffic itself continues: it tests that async events are read and acted on).
+    pub(crate) port_down: [Option<u64>; 2],
 }
 
 impl Faults {
@@ -53,6 +56,8 @@ impl Faults {
             "fail" if count == 0 => return Err("fail counts WRs from 1"),
             "fail" => self.fail[slot] = Some(count),
             "starve" => self.starve[slot] = Some(count),
+            "portdown" if count == 0 => return Err("portdown counts WRs from 1"),
+            "portdown" => self.port_down[slot] = Some(count),
             _ => return Err("unknown knob"),
         }
         Ok(())
@@ -83,8 +88,8 @@ fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
         errno: libc::EINVAL,
         detail: format!(
             "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
-             of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N` with RAIL `sout` or \
-             `sup`"
+             of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N` with \
+             RAIL `sout` or `sup`"
         ),
     }
 }
@@ -101,7 +106,9 @@ mod tests {
 
     #[test]
     fn all_knobs_parse() {
-        let f = Faults::parse("reorder, delay=sup:3,fail=sout:2,starve=sup:0").unwrap();
+        let f =
+            Faults::parse("reorder, delay=sup:3,fail=sout:2,starve=sup:0,portdown=sout:4").unwrap();
+        assert_eq!(f.port_down, [Some(4), None]);
         assert!(f.reorder);
         assert_eq!(f.delay, [0, 3]);
         assert_eq!(f.fail, [Some(2), None]);

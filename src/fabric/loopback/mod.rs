@@ -107,6 +107,7 @@ impl World {
                 delay: [0, 0],
                 fail: [None, None],
                 starve: [None, None],
+                port_down: [None, None],
             },
             posted: [0, 0],
             pass: 0,

@@ -235,6 +235,10 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
     let rail = world.qps[index].rail.index();
     world.posted[rail] = world.posted[rail].saturating_add(1);
     let inject_fail = world.faults.fail[rail] == Some(world.posted[rail]);
+    if world.faults.port_down[rail] == Some(world.posted[rail]) {
+        let device = world.qps[index].device;
+        world.devices[device].push_event(crate::fabric::AsyncEvent::PortDown);
+    }
     // A WR posted during pass P may run in pass P + 1; `delay` pushes that back N passes.
     let ready_pass = world
         .pass
