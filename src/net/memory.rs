@@ -132,15 +132,17 @@ pub(crate) fn register_dmabuf(
     }))
 }
 
-/// Deregisters both rails, reporting the first failure.
-pub(crate) fn deregister(mut handle: Box<MemoryHandle>) -> Result<()> {
+/// Deregisters both rails, reporting the first failure. Takes the `Box` NCCL's handle was.
+#[allow(clippy::boxed_local)]
+pub(crate) fn deregister(handle: Box<MemoryHandle>) -> Result<()> {
+    let mut handle = *handle;
     if !handle.is_valid() {
         return Err(Error::invalid_argument(
             "deregMr: mhandle is not a live MPIB registration",
         ));
     }
     handle.magic = 0;
-    let MemoryHandle { registrations, .. } = *handle;
+    let MemoryHandle { registrations, .. } = handle;
     let [sout, sup] = registrations;
     let first = sout.release();
     let second = sup.release();

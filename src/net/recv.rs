@@ -323,10 +323,7 @@ impl RecvComm {
     fn poll(&self, data: &mut RecvData) -> Result<()> {
         let mut completions = [Completion::EMPTY; POLL_BATCH];
         for rail in Rail::ALL {
-            loop {
-                let Some(queues) = data.queues[rail.index()].as_mut() else {
-                    break;
-                };
+            while let Some(queues) = data.queues[rail.index()].as_mut() {
                 let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
                 for completion in &completions[..count] {
                     self.complete(data, rail, completion)?;

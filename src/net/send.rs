@@ -9,13 +9,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 
 use crate::error::{Error, Result};
-use crate::fabric::{
-    Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
-};
+use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail, WorkRequest};
+use crate::proto::chain::{self, MatchedBuffer, RecordTarget, Signal, EMPTY_WR, MAX_CHAIN};
 use crate::proto::cts::{
     match_tag, ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS,
 };
-use crate::proto::imm::{Imm, SIZE_Q_SENTINEL};
+use crate::proto::imm::Imm;
 use crate::proto::policy::sup_bandwidth;
 use crate::proto::rail_mask::RailMask;
 use crate::proto::split::{slot_mask, RailSplit};
@@ -32,8 +31,22 @@ use super::telemetry::ConnectionTelemetry;
 
 /// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
 pub(crate) const MAX_TRANSFER: u64 = 1 << 30;
-/// WRs in one chain at most: 8 data writes + the signalling write.
-const MAX_CHAIN: usize = MAX_RECVS + 1;
+/// An unused buffer entry, for stack arrays.
+const EMPTY_BUFFER: MatchedBuffer = MatchedBuffer {
+    entry: EMPTY_ENTRY,
+    addr: 0,
+    lkeys: [0; 2],
+    split: RailSplit { size: 0, sup: 0 },
+};
+const EMPTY_ENTRY: CtsEntry = CtsEntry {
+    addr: 0,
+    size: 0,
+    rkeys: [0; 2],
+    nreqs: 0,
+    tag: 0,
+    idx: 0,
+    padding: [0; 24],
+};
 
 /// Where a CTS slot is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +140,7 @@ pub(crate) struct SendData {
 
 impl SendData {
     /// State for a freshly connected comm.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qps: QueuePairs,
         queues: [Option<RailQueues>; 2],
@@ -304,9 +318,19 @@ impl SendComm {
         let info = &self.info;
         let hint = &mut data.hint;
         let sup_bw = sup_bandwidth(info.mode, info.class, || hint.read());
+        let mut buffers = [EMPTY_BUFFER; MAX_RECVS];
+        for (r, buffer) in buffers.iter_mut().enumerate().take(nreqs) {
+            *buffer = MatchedBuffer {
+                entry: state.entries[r],
+                addr: state.addrs[r],
+                lkeys: state.lkeys[r],
+                split: RailSplit::new(sup_bw, data.pool.get(state.requests[r]).sizes[0]),
+            };
+        }
+        let buffers = &buffers[..nreqs];
         let mut splits = [RailSplit::default(); MAX_RECVS];
-        for r in 0..nreqs {
-            splits[r] = RailSplit::new(sup_bw, data.pool.get(state.requests[r]).sizes[0]);
+        for (split, buffer) in splits.iter_mut().zip(buffers) {
+            *split = buffer.split;
         }
         let mask = slot_mask(&splits[..nreqs]);
         if !mask.is_subset_of(info.layout.rails()) {
@@ -317,10 +341,9 @@ impl SendComm {
                 info.layout.rails().bits()
             )));
         }
-        let exact = if nreqs == 1 {
-            Imm::exact_size_q(splits[0].size)
-        } else {
-            None
+        let signal = match (nreqs, Imm::exact_size_q(splits[0].size)) {
+            (1, Some(size_q)) => Signal::ExactSize(size_q),
+            _ => Signal::Record(self.record_target(data, slot)),
         };
         let mut chains = [[EMPTY_WR; MAX_CHAIN]; 2];
         let mut lengths = [0usize; 2];
@@ -330,60 +353,102 @@ impl SendComm {
                 Error::internal(format!("no {rail} QP for fifo sequence {}", state.seq))
             })?;
             qp_indices[rail.index()] = qp;
-            let chain = &mut chains[rail.index()];
-            lengths[rail.index()] = match exact {
-                Some(size_q) => {
-                    self.build_fast_chain(&state, &splits[0], rail, mask, size_q, chain)
-                }
-                None => self.build_chain(data, &state, &splits[..nreqs], rail, mask, chain),
-            };
+            lengths[rail.index()] = chain::build(
+                slot as u8,
+                mask,
+                buffers,
+                signal,
+                rail,
+                &mut chains[rail.index()],
+            );
         }
-        if mask.rails().any(|rail| {
+        let short = |rail: Rail| {
             data.qps.credits[qp_indices[rail.index()]].available() < lengths[rail.index()] as u32
-        }) {
+        };
+        if mask.rails().any(short) {
             return Ok(false);
         }
         let mut rail_bytes = [0u64; 2];
-        for split in &splits[..nreqs] {
-            for rail in Rail::ALL {
-                rail_bytes[rail.index()] += split.length(rail);
-            }
+        for rail in Rail::ALL {
+            rail_bytes[rail.index()] = splits[..nreqs].iter().map(|s| s.length(rail)).sum();
         }
-        if exact.is_none() {
+        if let Signal::Record(_) = signal {
             let mut record = CompletionRecord {
                 rail_bytes,
                 ..CompletionRecord::default()
             };
-            for (r, split) in splits[..nreqs].iter().enumerate() {
-                record.sizes[r] = split.size as u32;
+            for (size, split) in record.sizes.iter_mut().zip(&splits[..nreqs]) {
+                *size = split.size as u32;
             }
             data.records.region().write(slot, record);
         }
         for rail in mask.rails() {
-            let qp = qp_indices[rail.index()];
-            let length = lengths[rail.index()];
-            let chain = &mut chains[rail.index()][..length];
-            let post_index = data.qps.credits[qp]
-                .reserve(length as u32)
-                .unwrap_or_default();
-            chain[length - 1].wr_id = WrId {
-                kind: WrKind::Data,
-                rail,
-                qp_index: qp as u8,
-                slot: slot as u8,
-                post_index,
-            }
-            .pack();
-            // SAFETY: every SGE lies in a registration NCCL keeps alive until `test` reports this
-            // slot's requests done (checked by `check_covers`), or in `records`, owned by this comm;
-            // remote ranges come from the receiver's CTS and handshake.
-            let posted = unsafe { data.qps.qps[qp].post_send(chain) };
-            if let Err(e) = posted {
-                let error = Error::from(e).context(info.describe_peer());
-                data.failure = Some(error.clone());
-                return Err(error);
-            }
+            let (qp, length) = (qp_indices[rail.index()], lengths[rail.index()]);
+            self.post_chain(data, rail, qp, slot, &mut chains[rail.index()][..length])?;
         }
+        self.count_posted(data, slot, mask, &qp_indices, &lengths, rail_bytes, sup_bw);
+        Ok(true)
+    }
+
+    /// Where this slot's completion record goes (general path).
+    fn record_target(&self, data: &SendData, slot: usize) -> RecordTarget {
+        let length = std::mem::size_of::<CompletionRecord>() as u32;
+        RecordTarget {
+            local_addr: data.records.region().addr_of(slot),
+            lkeys: [
+                data.records.keys(Rail::ScaleOut).lkey,
+                data.records.keys(Rail::ScaleUp).lkey,
+            ],
+            remote_addr: data.remote_records + (slot as u64) * u64::from(length),
+            rkeys: data.remote_records_rkeys,
+            length,
+        }
+    }
+
+    /// Posts one rail's chain with its signalled WR identified; a failure fails the comm.
+    fn post_chain(
+        &self,
+        data: &mut SendData,
+        rail: Rail,
+        qp: usize,
+        slot: usize,
+        chain: &mut [WorkRequest],
+    ) -> Result<()> {
+        let length = chain.len();
+        let post_index = data.qps.credits[qp]
+            .reserve(length as u32)
+            .unwrap_or_default();
+        chain[length - 1].wr_id = WrId {
+            kind: WrKind::Data,
+            rail,
+            qp_index: qp as u8,
+            slot: slot as u8,
+            post_index,
+        }
+        .pack();
+        // SAFETY: every SGE lies in a registration NCCL keeps alive until `test` reports this
+        // slot's requests done (checked by `check_covers`), or in `records`, owned by this comm;
+        // remote ranges come from the receiver's CTS and handshake.
+        let posted = unsafe { data.qps.qps[qp].post_send(chain) };
+        posted.map_err(|e| {
+            let error = Error::from(e).context(self.info.describe_peer());
+            data.failure = Some(error.clone());
+            error
+        })
+    }
+
+    /// Telemetry and slot state for a posted slot.
+    #[allow(clippy::too_many_arguments)]
+    fn count_posted(
+        &self,
+        data: &mut SendData,
+        slot: usize,
+        mask: RailMask,
+        qp_indices: &[usize; 2],
+        lengths: &[usize; 2],
+        rail_bytes: [u64; 2],
+        sup_bw: u32,
+    ) {
         let telemetry = data.telemetry.telemetry();
         for rail in mask.rails() {
             let probe = telemetry.rail(rail);
@@ -393,7 +458,7 @@ impl SendComm {
         telemetry.transfers().record(mask.bits());
         data.telemetry.add_split(rail_bytes);
         data.transfers += 1;
-        self.start_profiler_events(data, slot, mask, &qp_indices, &lengths, &rail_bytes);
+        self.start_profiler_events(data, slot, mask, qp_indices, lengths, &rail_bytes);
         let state = &mut data.slots[slot];
         state.pending = mask;
         state.phase = Phase::InFlight;
@@ -404,101 +469,6 @@ impl SendComm {
         for rail in mask.rails() {
             state.qp_nums[rail.index()] = data.qps.qps[qp_indices[rail.index()]].qp_num();
         }
-        Ok(true)
-    }
-
-    /// `nreqs == 1` with an exactly encodable size: data and signal merged into one
-    /// RDMA_WRITE_WITH_IMM per active rail, no completion record (seed 000 Phase 5).
-    fn build_fast_chain(
-        &self,
-        state: &SendSlot,
-        split: &RailSplit,
-        rail: Rail,
-        mask: RailMask,
-        size_q: u32,
-        chain: &mut [WorkRequest; MAX_CHAIN],
-    ) -> usize {
-        let entry = &state.entries[0];
-        let length = split.length(rail);
-        let offset = split.offset(rail);
-        let sge = (length > 0).then(|| Sge {
-            addr: state.addrs[0] + offset,
-            length: length as u32,
-            lkey: state.lkeys[0][rail.index()],
-        });
-        let imm = Imm {
-            slot: slot_of(state.seq) as u8,
-            mask,
-            size_q,
-        };
-        chain[0] = WorkRequest {
-            wr_id: 0,
-            opcode: SendOpcode::WriteWithImm { imm: imm.to_wire() },
-            sge,
-            remote_addr: entry.addr + offset,
-            rkey: entry.rkeys[rail.index()],
-            signaled: true,
-            inline: false,
-        };
-        1
-    }
-
-    /// The general chain: one RDMA_WRITE per non-empty buffer portion on this rail, then one
-    /// signalling RDMA_WRITE_WITH_IMM; the leader rail's also writes the completion record.
-    fn build_chain(
-        &self,
-        data: &SendData,
-        state: &SendSlot,
-        splits: &[RailSplit],
-        rail: Rail,
-        mask: RailMask,
-        chain: &mut [WorkRequest; MAX_CHAIN],
-    ) -> usize {
-        let mut length = 0;
-        for (r, split) in splits.iter().enumerate() {
-            let bytes = split.length(rail);
-            if bytes == 0 {
-                continue; // a zero-byte portion moves nothing; the signal WR still counts the rail
-            }
-            let offset = split.offset(rail);
-            chain[length] = WorkRequest {
-                wr_id: 0,
-                opcode: SendOpcode::Write,
-                sge: Some(Sge {
-                    addr: state.addrs[r] + offset,
-                    length: bytes as u32,
-                    lkey: state.lkeys[r][rail.index()],
-                }),
-                remote_addr: state.entries[r].addr + offset,
-                rkey: state.entries[r].rkeys[rail.index()],
-                signaled: false,
-                inline: false,
-            };
-            length += 1;
-        }
-        let slot = slot_of(state.seq);
-        let leader = mask.leader() == Some(rail);
-        let record_bytes = std::mem::size_of::<CompletionRecord>() as u32;
-        let sge = leader.then(|| Sge {
-            addr: data.records.region().addr_of(slot),
-            length: record_bytes,
-            lkey: data.records.keys(rail).lkey,
-        });
-        let imm = Imm {
-            slot: slot as u8,
-            mask,
-            size_q: SIZE_Q_SENTINEL,
-        };
-        chain[length] = WorkRequest {
-            wr_id: 0,
-            opcode: SendOpcode::WriteWithImm { imm: imm.to_wire() },
-            sge,
-            remote_addr: data.remote_records + (slot as u64) * u64::from(record_bytes),
-            rkey: data.remote_records_rkeys[rail.index()],
-            signaled: true,
-            inline: false,
-        };
-        length + 1
     }
 
     /// `test` on a send request.
@@ -528,10 +498,7 @@ impl SendComm {
     fn poll(&self, data: &mut SendData) -> Result<()> {
         let mut completions = [Completion::EMPTY; POLL_BATCH];
         for rail in Rail::ALL {
-            loop {
-                let Some(queues) = data.queues[rail.index()].as_mut() else {
-                    break;
-                };
+            while let Some(queues) = data.queues[rail.index()].as_mut() {
                 let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
                 for completion in &completions[..count] {
                     self.complete(data, rail, completion)?;
@@ -674,13 +641,3 @@ impl SendComm {
         });
     }
 }
-
-const EMPTY_WR: WorkRequest = WorkRequest {
-    wr_id: 0,
-    opcode: SendOpcode::Write,
-    sge: None,
-    remote_addr: 0,
-    rkey: 0,
-    signaled: false,
-    inline: false,
-};

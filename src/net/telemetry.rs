@@ -170,6 +170,7 @@ impl ConnectionTelemetry {
         // it keeps that file (and its mapping, which never moves) alive for as long as the
         // probe, which is declared first and so dropped first.
         let probe = match claimed {
+            // SAFETY: see above; `telemetry` (an Arc of the file's owner) is stored beside it.
             Some(probe) => unsafe { extend_lifetime(probe) },
             None => ConnectionProbe::disabled(),
         };

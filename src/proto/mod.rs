@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_wire;
+pub mod chain;
 pub mod completion;
 pub mod credits;
 pub mod cts;
