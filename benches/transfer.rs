@@ -9,104 +9,29 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use nccl_net_mpib::ffi::ncclNetPlugin_v12;
-use nccl_net_mpib::ffi::types::{NetCommConfig, NetV12};
+use nccl_net_mpib::ffi::types::NetV12;
 
-struct Endpoints {
-    ctx: *mut c_void,
-    send: *mut c_void,
-    recv: *mut c_void,
-    smh: *mut c_void,
-    rmh: *mut c_void,
-}
+#[path = "../tests/common/table.rs"]
+mod table;
 
-fn check(code: i32, what: &str) {
-    assert_eq!(code, 0, "{what} returned ncclResult {code}");
-}
+use table::{check, TablePair};
 
-/// init + listen/connect/accept + regMr, with the environment `probes` selects.
-unsafe fn open(net: &NetV12, probes: bool, source: &mut [u8], sink: &mut [u8]) -> Endpoints {
+/// Connects a pair with the environment `probes` selects (each `init` snapshots it).
+unsafe fn open(net: &NetV12, probes: bool, source: &mut [u8], sink: &mut [u8]) -> TablePair {
     std::env::set_var("MPIB_FABRIC", "loopback");
     std::env::set_var("MPIB_PROBES", if probes { "1" } else { "0" });
     std::env::set_var(
         "MPIB_PROBES_DIR",
         std::env::temp_dir().join("mpib-bench-probes"),
     );
-    let mut config = NetCommConfig { traffic_class: -1 };
-    let mut e = Endpoints {
-        ctx: null_mut(),
-        send: null_mut(),
-        recv: null_mut(),
-        smh: null_mut(),
-        rmh: null_mut(),
-    };
-    // SAFETY: NCCL ABI calls with valid pointers.
-    unsafe {
-        check(
-            net.init.unwrap()(&mut e.ctx, 1, &mut config, None, None),
-            "init",
-        );
-        let mut handle = [0u8; 128];
-        let mut listen: *mut c_void = null_mut();
-        check(
-            net.listen.unwrap()(e.ctx, 0, handle.as_mut_ptr().cast(), &mut listen),
-            "listen",
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while e.send.is_null() || e.recv.is_null() {
-            assert!(Instant::now() < deadline, "connect/accept did not finish");
-            if e.send.is_null() {
-                check(
-                    net.connect.unwrap()(
-                        e.ctx,
-                        0,
-                        handle.as_mut_ptr().cast(),
-                        &mut e.send,
-                        null_mut(),
-                    ),
-                    "connect",
-                );
-            }
-            if e.recv.is_null() {
-                check(
-                    net.accept.unwrap()(listen, &mut e.recv, null_mut()),
-                    "accept",
-                );
-            }
-        }
-        check(net.close_listen.unwrap()(listen), "closeListen");
-        check(
-            net.reg_mr.unwrap()(
-                e.send,
-                source.as_mut_ptr().cast(),
-                source.len(),
-                1,
-                &mut e.smh,
-            ),
-            "regMr",
-        );
-        check(
-            net.reg_mr.unwrap()(e.recv, sink.as_mut_ptr().cast(), sink.len(), 1, &mut e.rmh),
-            "regMr",
-        );
-    }
-    e
-}
-
-unsafe fn close(net: &NetV12, e: Endpoints) {
-    // SAFETY: NCCL ABI calls on live objects.
-    unsafe {
-        check(net.dereg_mr.unwrap()(e.send, e.smh), "deregMr");
-        check(net.dereg_mr.unwrap()(e.recv, e.rmh), "deregMr");
-        check(net.close_send.unwrap()(e.send), "closeSend");
-        check(net.close_recv.unwrap()(e.recv), "closeRecv");
-        check(net.finalize.unwrap()(e.ctx), "finalize");
-    }
+    // SAFETY: forwarded contract.
+    unsafe { table::connect(net, None, source, sink) }
 }
 
 /// Moves `count` transfers of `size` bytes, keeping `window` in flight; returns the elapsed time.
 unsafe fn run(
     net: &NetV12,
-    e: &Endpoints,
+    e: &TablePair,
     sink: *mut u8,
     source: *mut u8,
     size: usize,
@@ -123,7 +48,7 @@ unsafe fn run(
             while posted < count && posted - completed < WINDOW {
                 let slot = posted % WINDOW;
                 let mut data = [sink.cast::<c_void>()];
-                let (mut sizes, mut tags, mut handles) = ([size], [5i32], [e.rmh]);
+                let (mut sizes, mut tags, mut handles) = ([size], [5i32], [e.recv_memory]);
                 while recvs[slot].is_null() {
                     check(
                         net.irecv.unwrap()(
@@ -146,7 +71,7 @@ unsafe fn run(
                             source.cast(),
                             size,
                             5,
-                            e.smh,
+                            e.send_memory,
                             null_mut(),
                             &mut sends[slot],
                         ),
@@ -228,7 +153,7 @@ fn main() {
                         size,
                         transfers,
                     );
-                    close(net, e);
+                    table::close(net, e);
                     elapsed
                 };
                 let rate = transfers as f64 / elapsed.as_secs_f64();

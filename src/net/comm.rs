@@ -92,6 +92,3 @@ impl ConnectionInfo {
         ))
     }
 }
-
-/// Polls this many completions per call (caller-owned array, no allocation).
-pub(crate) const POLL_BATCH: usize = 16;

@@ -19,12 +19,14 @@ use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::SrqCredits;
 use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 
-use super::comm::{ConnectionInfo, POLL_BATCH, RECV_MAGIC};
+use super::comm::{ConnectionInfo, RECV_MAGIC};
 use super::flush::Flusher;
 use super::health::{DeviceHealth, HealthWatch};
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
-use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+use super::resources::{
+    drain_completions, QueuePairs, RailCompletions, RailQueues, RegisteredRegion,
+};
 use super::telemetry::ConnectionTelemetry;
 use super::RecvBuffer;
 
@@ -320,29 +322,20 @@ impl RecvComm {
         Ok(Some(outcome))
     }
 
+    /// Drains both rails' CQs.
     fn poll(&self, data: &mut RecvData) -> Result<()> {
-        let mut completions = [Completion::EMPTY; POLL_BATCH];
-        for rail in Rail::ALL {
-            while let Some(queues) = data.queues[rail.index()].as_mut() {
-                let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
-                for completion in &completions[..count] {
-                    self.complete(data, rail, completion)?;
-                }
-                if count < POLL_BATCH {
-                    break;
-                }
-            }
-        }
-        Ok(())
+        drain_completions(data, |data, rail, completion| {
+            self.complete(data, rail, completion)
+        })
     }
 
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
+            let error = self.info.completion_error(rail, completion);
             data.telemetry
                 .telemetry()
                 .rail(rail)
                 .inc_error_completions();
-            let error = self.info.completion_error(rail, completion);
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -461,5 +454,11 @@ impl RecvComm {
         ));
         data.failure = Some(error.clone());
         Err(error)
+    }
+}
+
+impl RailCompletions for RecvData {
+    fn rail_queues(&mut self, rail: Rail) -> Option<&mut RailQueues> {
+        self.queues[rail.index()].as_mut()
     }
 }

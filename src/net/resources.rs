@@ -260,3 +260,31 @@ pub(crate) fn qp_nums_by_rail(qps: &QueuePairs, layout: QpLayout) -> [Vec<u32>; 
     }
     nums
 }
+
+/// Data-path state that owns per-rail completion queues.
+pub(crate) trait RailCompletions {
+    /// The queues of `rail`, when the connection uses it.
+    fn rail_queues(&mut self, rail: Rail) -> Option<&mut RailQueues>;
+}
+
+/// Drains every rail's CQ into `complete`, batch by batch, through a caller-owned array (no
+/// allocation), until a poll returns less than a full batch.
+pub(crate) fn drain_completions<D: RailCompletions>(
+    data: &mut D,
+    mut complete: impl FnMut(&mut D, Rail, &crate::fabric::Completion) -> Result<()>,
+) -> Result<()> {
+    const BATCH: usize = 16;
+    let mut completions = [crate::fabric::Completion::EMPTY; BATCH];
+    for rail in Rail::ALL {
+        while let Some(queues) = data.rail_queues(rail) {
+            let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
+            for completion in &completions[..count] {
+                complete(data, rail, completion)?;
+            }
+            if count < BATCH {
+                break;
+            }
+        }
+    }
+    Ok(())
+}

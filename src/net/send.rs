@@ -21,12 +21,14 @@ use crate::proto::split::{slot_mask, RailSplit};
 use crate::proto::wr_id::{WrId, WrKind};
 
 use super::agent::HintReader;
-use super::comm::{ConnectionInfo, POLL_BATCH, SEND_MAGIC};
+use super::comm::{ConnectionInfo, SEND_MAGIC};
 use super::health::{DeviceHealth, HealthWatch};
 use super::memory::MemoryHandle;
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
-use super::resources::{QueuePairs, RailQueues, RegisteredRegion};
+use super::resources::{
+    drain_completions, QueuePairs, RailCompletions, RailQueues, RegisteredRegion,
+};
 use super::telemetry::ConnectionTelemetry;
 
 /// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
@@ -496,28 +498,18 @@ impl SendComm {
 
     /// Drains both rails' CQs.
     fn poll(&self, data: &mut SendData) -> Result<()> {
-        let mut completions = [Completion::EMPTY; POLL_BATCH];
-        for rail in Rail::ALL {
-            while let Some(queues) = data.queues[rail.index()].as_mut() {
-                let count = queues.cq.poll(&mut completions).map_err(Error::from)?;
-                for completion in &completions[..count] {
-                    self.complete(data, rail, completion)?;
-                }
-                if count < POLL_BATCH {
-                    break;
-                }
-            }
-        }
-        Ok(())
+        drain_completions(data, |data, rail, completion| {
+            self.complete(data, rail, completion)
+        })
     }
 
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
+            let error = self.info.completion_error(rail, completion);
             data.telemetry
                 .telemetry()
                 .rail(rail)
                 .inc_error_completions();
-            let error = self.info.completion_error(rail, completion);
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -639,5 +631,11 @@ impl SendComm {
             qp_num: state.qp_nums,
             peer: self.info.peer,
         });
+    }
+}
+
+impl RailCompletions for SendData {
+    fn rail_queues(&mut self, rail: Rail) -> Option<&mut RailQueues> {
+        self.queues[rail.index()].as_mut()
     }
 }
