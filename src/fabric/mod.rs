@@ -14,6 +14,7 @@
 //! caller-provided slices so that no implementation needs to allocate per call.
 
 pub mod loopback;
+pub mod verbs;
 
 use std::fmt;
 use std::sync::Arc;

@@ -18,7 +18,9 @@ pub(crate) const WC_WITH_IMM: u32 = 1 << 1;
 const WIDTHS: [u32; 5] = [1, 4, 8, 12, 2];
 /// Mbps per lane per `ibv_port_attr.active_speed` bit (`ncclIbSpeed`): SDR, DDR, QDR, FDR10,
 /// FDR, EDR, HDR, NDR, XDR; the last entry also answers for an unknown speed.
-const LANE_MBPS: [u32; 9] = [2_500, 5_000, 10_000, 10_000, 14_000, 25_000, 50_000, 100_000, 200_000];
+const LANE_MBPS: [u32; 9] = [
+    2_500, 5_000, 10_000, 10_000, 14_000, 25_000, 50_000, 100_000, 200_000,
+];
 
 /// NCCL's `firstBitSet(val, max)`: index of the lowest set bit, capped at `max`.
 fn first_bit_set(value: u32, max: usize) -> usize {
@@ -146,7 +148,12 @@ pub(crate) enum EventAction {
 
 /// Classifies an `ibv_event_type` value. `event_port` is the port a port event is about,
 /// `port` the port this device uses, `qp_num` the QP of a QP event.
-pub(crate) fn classify_event(event_type: u32, event_port: u32, port: u8, qp_num: u32) -> EventAction {
+pub(crate) fn classify_event(
+    event_type: u32,
+    event_port: u32,
+    port: u8,
+    qp_num: u32,
+) -> EventAction {
     let ours = event_port == u32::from(port);
     match event_type {
         0 => EventAction::Report(AsyncEvent::CqError),

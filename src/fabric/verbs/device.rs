@@ -107,7 +107,12 @@ impl DeviceInner {
     }
 
     /// An error about this device.
-    pub(crate) fn error(&self, verb: &'static str, errno: i32, detail: impl Into<String>) -> FabricError {
+    pub(crate) fn error(
+        &self,
+        verb: &'static str,
+        errno: i32,
+        detail: impl Into<String>,
+    ) -> FabricError {
         fabric_error(verb, &self.label, None, errno, detail)
     }
 }
@@ -116,7 +121,12 @@ impl Drop for DeviceInner {
     fn drop(&mut self) {
         let leftover: Vec<MrEntry> = self.mrs().drain().map(|(_, e)| e).collect();
         if !leftover.is_empty() {
-            warn!(log::NET, "teardown: {} registrations still open on {}; deregistering them", leftover.len(), self.label);
+            warn!(
+                log::NET,
+                "teardown: {} registrations still open on {}; deregistering them",
+                leftover.len(),
+                self.label
+            );
         }
         for entry in leftover {
             // SAFETY: the entry came from a successful registration on this PD and was never
@@ -153,22 +163,41 @@ impl VerbsDevice {
     ///
     /// # Safety
     /// `device` must come from a device list that is still alive.
-    pub(crate) unsafe fn open(device: *mut ibv_device, name: &str, options: OpenOptions) -> FabricResult<VerbsDevice> {
+    pub(crate) unsafe fn open(
+        device: *mut ibv_device,
+        name: &str,
+        options: OpenOptions,
+    ) -> FabricResult<VerbsDevice> {
         let label = format!("{name}:{} ({})", options.port, options.rail);
         sys::clear_errno();
         // SAFETY: the caller guarantees `device` is live.
         let ctx = unsafe { ibv_open_device(device) };
         if ctx.is_null() {
-            return Err(fabric_error("ibv_open_device", &label, None, sys::errno(), "cannot open the device"));
+            return Err(fabric_error(
+                "ibv_open_device",
+                &label,
+                None,
+                sys::errno(),
+                "cannot open the device",
+            ));
         }
-        let context = Context { ctx, label: label.clone() };
+        let context = Context {
+            ctx,
+            label: label.clone(),
+        };
         let info = query_info(&context, name, options)?;
         let relaxed_ordering = relaxed_policy(options.relaxed_ordering, &label)?;
         set_nonblocking(&context)?;
         // SAFETY: `ctx` is live.
         let pd = unsafe { ibv_alloc_pd(ctx) };
         if pd.is_null() {
-            return Err(fabric_error("ibv_alloc_pd", &label, None, sys::errno(), "cannot allocate a protection domain"));
+            return Err(fabric_error(
+                "ibv_alloc_pd",
+                &label,
+                None,
+                sys::errno(),
+                "cannot allocate a protection domain",
+            ));
         }
         let inner = Arc::new(DeviceInner {
             pd: ProtectionDomain { pd, context },
@@ -190,7 +219,12 @@ impl VerbsDevice {
             relaxed_ordering,
             dmabuf
         );
-        Ok(VerbsDevice { inner, info, relaxed_ordering, dmabuf })
+        Ok(VerbsDevice {
+            inner,
+            info,
+            relaxed_ordering,
+            dmabuf,
+        })
     }
 
     /// Whether the device can register DMA-BUF memory (NCCL's probe: `ibv_reg_dmabuf_mr` with
@@ -242,7 +276,13 @@ fn set_nonblocking(context: &Context) -> FabricResult<()> {
         }
     };
     if rc < 0 {
-        return Err(fabric_error("fcntl(async_fd, O_NONBLOCK)", &context.label, None, sys::errno(), "cannot make the async event fd non-blocking"));
+        return Err(fabric_error(
+            "fcntl(async_fd, O_NONBLOCK)",
+            &context.label,
+            None,
+            sys::errno(),
+            "cannot make the async event fd non-blocking",
+        ));
     }
     Ok(())
 }
@@ -255,11 +295,26 @@ fn query_info(context: &Context, name: &str, options: OpenOptions) -> FabricResu
     // SAFETY: `ctx` is live and `device_attr` a valid out-parameter.
     let rc = unsafe { ibv_query_device(context.ctx, &mut device_attr) };
     if rc != 0 {
-        return Err(fabric_error("ibv_query_device", label, None, rc, "cannot query the device"));
+        return Err(fabric_error(
+            "ibv_query_device",
+            label,
+            None,
+            sys::rc_errno(rc),
+            "cannot query the device",
+        ));
     }
     if options.port == 0 || options.port > device_attr.phys_port_cnt {
-        let detail = format!("the device has {} port(s), not port {}", device_attr.phys_port_cnt, options.port);
-        return Err(fabric_error("ibv_query_port", label, None, libc::EINVAL, detail));
+        let detail = format!(
+            "the device has {} port(s), not port {}",
+            device_attr.phys_port_cnt, options.port
+        );
+        return Err(fabric_error(
+            "ibv_query_port",
+            label,
+            None,
+            libc::EINVAL,
+            detail,
+        ));
     }
     let port_attr = query_port(context, options.port)?;
     if port_attr.state != PORT_ACTIVE {
@@ -269,7 +324,13 @@ fn query_info(context: &Context, name: &str, options: OpenOptions) -> FabricResu
             attrs::port_state_name(port_attr.state),
             port_attr.state
         );
-        return Err(fabric_error("ibv_query_port", label, None, libc::ENETDOWN, detail));
+        return Err(fabric_error(
+            "ibv_query_port",
+            label,
+            None,
+            libc::ENETDOWN,
+            detail,
+        ));
     }
     let link_layer = attrs::link_layer(port_attr.link_layer).ok_or_else(|| {
         let detail = format!("unknown link layer {}", port_attr.link_layer);
@@ -299,8 +360,14 @@ fn query_port(context: &Context, port: u8) -> FabricResult<ibv_port_attr> {
     // SAFETY: `ctx` is live; `attr` is a full-size out-parameter.
     let rc = unsafe { ___ibv_query_port(context.ctx, port, &mut attr) };
     if rc != 0 {
-        let errno = if rc > 0 { rc } else { sys::errno() };
-        return Err(fabric_error("ibv_query_port", &context.label, None, errno, format!("cannot query port {port}")));
+        let errno = sys::rc_errno(rc);
+        return Err(fabric_error(
+            "ibv_query_port",
+            &context.label,
+            None,
+            errno,
+            format!("cannot query port {port}"),
+        ));
     }
     Ok(attr)
 }
@@ -334,7 +401,8 @@ fn choose_gid(
         (None, LinkLayer::InfiniBand) => 0,
         (None, LinkLayer::Ethernet) => {
             // SAFETY: `ctx` is a live context of device `name`.
-            let (entries, own) = unsafe { gid::read_table(context.ctx, name, options.port, table_len) };
+            let (entries, own) =
+                unsafe { gid::read_table(context.ctx, name, options.port, table_len) };
             let index = gid::select(&entries, own.as_deref()).ok_or_else(|| {
                 let detail = format!("no usable RoCE GID on port {} ({} populated entries, none configured and not link-local)", options.port, entries.len());
                 fabric_error("ibv_query_gid", label, None, libc::EADDRNOTAVAIL, detail)
@@ -343,12 +411,29 @@ fn choose_gid(
         }
     };
     // SAFETY: `ctx` is live.
-    let gid = unsafe { gid::query_gid(context.ctx, options.port, u32::from(index)) }.ok_or_else(|| {
-        fabric_error("ibv_query_gid", label, None, sys::errno(), format!("cannot read GID index {index}"))
-    })?;
+    let gid = unsafe { gid::query_gid(context.ctx, options.port, u32::from(index)) }.ok_or_else(
+        || {
+            fabric_error(
+                "ibv_query_gid",
+                label,
+                None,
+                sys::errno(),
+                format!("cannot read GID index {index}"),
+            )
+        },
+    )?;
     if link_layer == LinkLayer::Ethernet && !gid::is_valid(&gid) {
-        let detail = format!("GID index {index} is {} (not configured, or link-local)", gid::format_gid(&gid));
-        return Err(fabric_error("ibv_query_gid", label, None, libc::EADDRNOTAVAIL, detail));
+        let detail = format!(
+            "GID index {index} is {} (not configured, or link-local)",
+            gid::format_gid(&gid)
+        );
+        return Err(fabric_error(
+            "ibv_query_gid",
+            label,
+            None,
+            libc::EADDRNOTAVAIL,
+            detail,
+        ));
     }
     Ok((index, gid))
 }
@@ -357,7 +442,9 @@ fn choose_gid(
 /// (Soft-RoCE, some virtual functions).
 pub(crate) fn pci_path(name: &str) -> Option<String> {
     let link = format!("/sys/class/infiniband/{name}/device");
-    std::fs::canonicalize(link).ok().map(|p| p.to_string_lossy().into_owned())
+    std::fs::canonicalize(link)
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 impl RailDevice for VerbsDevice {
@@ -370,7 +457,14 @@ impl RailDevice for VerbsDevice {
         self.inner.register(addr, len, flags, relaxed)
     }
 
-    fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: i32, access: Access) -> FabricResult<MemoryKeys> {
+    fn register_dmabuf(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> FabricResult<MemoryKeys> {
         let (flags, _relaxed_in_flags) = self.access_flags(access);
         self.inner.register_dmabuf(offset, len, iova, fd, flags)
     }
@@ -380,11 +474,17 @@ impl RailDevice for VerbsDevice {
     }
 
     fn create_cq(&self, settings: CqSettings) -> FabricResult<Box<dyn CompletionQueue>> {
-        Ok(Box::new(super::queues::VerbsCq::create(&self.inner, settings.depth)?))
+        Ok(Box::new(super::queues::VerbsCq::create(
+            &self.inner,
+            settings.depth,
+        )?))
     }
 
     fn create_srq(&self, depth: u32) -> FabricResult<Box<dyn SharedReceiveQueue>> {
-        Ok(Box::new(super::queues::VerbsSrq::create(&self.inner, depth)?))
+        Ok(Box::new(super::queues::VerbsSrq::create(
+            &self.inner,
+            depth,
+        )?))
     }
 
     fn create_qp(

@@ -106,13 +106,17 @@ fn read_attr(device: &str, port: u8, attr: &str, index: u32) -> Option<String> {
 ///
 /// # Safety
 /// `context` must be a live device context.
-pub(crate) unsafe fn query_gid(context: *mut ibv_context, port: u8, index: u32) -> Option<[u8; 16]> {
+pub(crate) unsafe fn query_gid(
+    context: *mut ibv_context,
+    port: u8,
+    index: u32,
+) -> Option<[u8; 16]> {
     let mut gid = ibv_gid { raw: [0; 16] };
     let index = c_int::try_from(index).ok()?;
     // SAFETY: the caller guarantees `context`; `gid` is a valid out-parameter.
     let rc = unsafe { ibv_query_gid(context, port, index, &mut gid) };
     // SAFETY: every bit pattern is a valid `[u8; 16]`, the union's raw view.
-    (rc == 0).then(|| unsafe { gid.raw })
+    (rc == 0).then_some(unsafe { gid.raw })
 }
 
 /// The populated entries of a port's GID table (empty ones are skipped), with their types and

@@ -70,15 +70,29 @@ pub(crate) fn probe_dmabuf(device: &DeviceInner) -> bool {
 impl DeviceInner {
     /// Registers `[addr, addr + len)` with `flags`; through `ibv_reg_mr_iova2` (iova = addr)
     /// when `relaxed`, else `ibv_reg_mr`.
-    pub(crate) fn register(&self, addr: u64, len: usize, flags: u32, relaxed: bool) -> FabricResult<MemoryKeys> {
-        let verb = if relaxed { "ibv_reg_mr_iova2" } else { "ibv_reg_mr" };
+    pub(crate) fn register(
+        &self,
+        addr: u64,
+        len: usize,
+        flags: u32,
+        relaxed: bool,
+    ) -> FabricResult<MemoryKeys> {
+        let verb = if relaxed {
+            "ibv_reg_mr_iova2"
+        } else {
+            "ibv_reg_mr"
+        };
         if len == 0 || addr == 0 || addr.checked_add(len as u64).is_none() {
             return Err(self.error(verb, libc::EINVAL, format!("bad range {addr:#x}+{len}")));
         }
         sys::clear_errno();
         let mr = if relaxed {
             let Some(reg) = sys::optional().reg_mr_iova2 else {
-                return Err(self.error(verb, libc::EOPNOTSUPP, "libibverbs lacks ibv_reg_mr_iova2"));
+                return Err(self.error(
+                    verb,
+                    libc::EOPNOTSUPP,
+                    "libibverbs lacks ibv_reg_mr_iova2",
+                ));
             };
             // SAFETY: the PD is live; the caller's range is passed on for the kernel to pin
             // (it fails with EFAULT rather than touching unmapped memory).
@@ -88,12 +102,21 @@ impl DeviceInner {
             // SAFETY: as above.
             unsafe { ibv_reg_mr(self.pd(), addr as *mut _, len, flags) }
         };
-        self.adopt(mr, verb, || format!("range {addr:#x}+{len}, access {flags:#x}"))
+        self.adopt(mr, verb, || {
+            format!("range {addr:#x}+{len}, access {flags:#x}")
+        })
     }
 
     /// Registers a DMA-BUF range through `ibv_reg_dmabuf_mr`, found at run time. The fd is only
     /// borrowed for the call.
-    pub(crate) fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: c_int, flags: u32) -> FabricResult<MemoryKeys> {
+    pub(crate) fn register_dmabuf(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: c_int,
+        flags: u32,
+    ) -> FabricResult<MemoryKeys> {
         let verb = "ibv_reg_dmabuf_mr";
         let Some(reg) = sys::optional().reg_dmabuf_mr else {
             return Err(self.error(
@@ -103,26 +126,48 @@ impl DeviceInner {
             ));
         };
         if len == 0 || fd < 0 {
-            return Err(self.error(verb, libc::EINVAL, format!("bad DMA-BUF fd {fd} or length {len}")));
+            return Err(self.error(
+                verb,
+                libc::EINVAL,
+                format!("bad DMA-BUF fd {fd} or length {len}"),
+            ));
         }
         sys::clear_errno();
         let access = c_int::try_from(flags).unwrap_or(0);
         // SAFETY: the PD is live; the kernel validates the fd, offset and length.
         let mr = unsafe { reg(self.pd(), offset, len, iova, fd, access) };
-        self.adopt(mr, verb, || format!("fd {fd} offset {offset:#x} len {len} iova {iova:#x}, access {flags:#x}"))
+        self.adopt(mr, verb, || {
+            format!("fd {fd} offset {offset:#x} len {len} iova {iova:#x}, access {flags:#x}")
+        })
     }
 
     /// Records a fresh registration in the table, or turns a NULL one into an error.
-    fn adopt(&self, mr: *mut ibv_mr, verb: &'static str, what: impl FnOnce() -> String) -> FabricResult<MemoryKeys> {
+    fn adopt(
+        &self,
+        mr: *mut ibv_mr,
+        verb: &'static str,
+        what: impl FnOnce() -> String,
+    ) -> FabricResult<MemoryKeys> {
         if mr.is_null() {
             return Err(self.error(verb, sys::errno(), what()));
         }
         // SAFETY: a non-null result of a registration verb is a valid `ibv_mr`.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        let previous = self.mrs().insert(lkey, MrEntry { mr: mr as usize, rkey });
+        let previous = self.mrs().insert(
+            lkey,
+            MrEntry {
+                mr: mr as usize,
+                rkey,
+            },
+        );
         if let Some(stale) = previous {
             // Only possible if the driver reused a key we still hold: keep the table honest.
-            warn!(log::NET, "{}: lkey {lkey:#x} reused by the driver; dropping the stale entry {:#x}", self.label, stale.mr);
+            warn!(
+                log::NET,
+                "{}: lkey {lkey:#x} reused by the driver; dropping the stale entry {:#x}",
+                self.label,
+                stale.mr
+            );
         }
         Ok(MemoryKeys { lkey, rkey })
     }
@@ -138,7 +183,10 @@ impl DeviceInner {
             }
         };
         let Some(entry) = entry else {
-            let detail = format!("no registration with lkey {:#x} rkey {:#x}", keys.lkey, keys.rkey);
+            let detail = format!(
+                "no registration with lkey {:#x} rkey {:#x}",
+                keys.lkey, keys.rkey
+            );
             return Err(self.error(verb, libc::EINVAL, detail));
         };
         // SAFETY: the entry came from a successful registration on this PD and was just
@@ -147,7 +195,7 @@ impl DeviceInner {
         if rc != 0 {
             // Still registered: put it back so that device teardown tries again.
             self.mrs().insert(keys.lkey, entry);
-            return Err(self.error(verb, rc, format!("lkey {:#x}", keys.lkey)));
+            return Err(self.error(verb, sys::rc_errno(rc), format!("lkey {:#x}", keys.lkey)));
         }
         Ok(())
     }

@@ -59,7 +59,7 @@ static TEARDOWN_FAILURES: AtomicU64 = AtomicU64::new(0);
 /// Records a failed teardown verb: WARN log and the counter.
 pub(crate) fn teardown_failed(verb: &str, device: &str, rc: i32) {
     TEARDOWN_FAILURES.fetch_add(1, Ordering::Relaxed);
-    let errno = if rc > 0 { rc } else { sys::errno() };
+    let errno = sys::rc_errno(rc);
     warn!(
         log::NET,
         "teardown: {verb} failed on device {device}: errno {errno} ({})",
@@ -133,25 +133,24 @@ impl VerbsFabric {
         sys::symbol_support()
     }
 
-    /// Number of teardown verbs (destroy, dealloc, dereg, close) that failed so far.
-    pub fn teardown_failures() -> u64 {
-        TEARDOWN_FAILURES.load(Ordering::Relaxed)
-    }
-}
-
-impl Fabric for VerbsFabric {
-    fn name(&self) -> &'static str {
-        "verbs"
-    }
-
-    fn device_names(&self) -> Vec<String> {
-        DeviceList::get().map(|l| l.names()).unwrap_or_default()
-    }
-
-    fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
+    /// Opens `spec` (`name` or `name:port`, port 1 by default) as `rail`, returning the
+    /// concrete device: [`Fabric::open`] without the type erasure, so that the engine can ask
+    /// [`VerbsDevice::dmabuf_supported`] for `ptrSupport`.
+    ///
+    /// # Errors
+    /// An unknown name (the detail lists the devices that exist), a port that is not ACTIVE,
+    /// no usable GID, or a failed verb.
+    pub fn open_device(&self, spec: &str, rail: Rail) -> FabricResult<Arc<VerbsDevice>> {
         let (name, port) = parse_spec(spec)?;
-        let list = DeviceList::get()
-            .map_err(|errno| fabric_error("ibv_get_device_list", spec, None, errno, "no RDMA subsystem (available devices: none)"))?;
+        let list = DeviceList::get().map_err(|errno| {
+            fabric_error(
+                "ibv_get_device_list",
+                spec,
+                None,
+                errno,
+                "no RDMA subsystem (available devices: none)",
+            )
+        })?;
         let Some(device) = list.find(name) else {
             let names = list.names();
             let available = if names.is_empty() {
@@ -177,6 +176,26 @@ impl Fabric for VerbsFabric {
         let opened = unsafe { VerbsDevice::open(device, name, options) }?;
         drop(list);
         Ok(Arc::new(opened))
+    }
+
+    /// Number of teardown verbs (destroy, dealloc, dereg, close) that failed so far.
+    pub fn teardown_failures() -> u64 {
+        TEARDOWN_FAILURES.load(Ordering::Relaxed)
+    }
+}
+
+impl Fabric for VerbsFabric {
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn device_names(&self) -> Vec<String> {
+        DeviceList::get().map(|l| l.names()).unwrap_or_default()
+    }
+
+    fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
+        let device: Arc<dyn RailDevice> = self.open_device(spec, rail)?;
+        Ok(device)
     }
 }
 
@@ -233,7 +252,9 @@ impl DeviceList {
             return String::new();
         }
         // SAFETY: non-null, NUL-terminated, alive as long as the list.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     fn names(&self) -> Vec<String> {

@@ -13,7 +13,9 @@
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
-use rdma_sys::{ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_wc};
+use rdma_sys::{
+    ibv_context, ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_wc,
+};
 
 /// `ibv_reg_mr_iova2(pd, addr, length, iova, access)`.
 pub(crate) type RegMrIova2 =
@@ -66,8 +68,17 @@ pub(crate) fn symbol_support() -> SymbolSupport {
 fn lookup_all() -> OptionalVerbs {
     // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to an already-loaded object (the
     // libibverbs this image links), taking a reference that is dropped by dlclose below.
-    let handle = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    let scope = if handle.is_null() { libc::RTLD_DEFAULT } else { handle };
+    let handle = unsafe {
+        libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    };
+    let scope = if handle.is_null() {
+        libc::RTLD_DEFAULT
+    } else {
+        handle
+    };
     let find = |name: &CStr, version: Option<&CStr>| -> *mut c_void {
         // SAFETY: `scope` is a live handle (or RTLD_DEFAULT); the strings are NUL-terminated.
         unsafe {
@@ -84,7 +95,8 @@ fn lookup_all() -> OptionalVerbs {
     // that name and version, whose C prototype the target type spells out.
     let verbs = unsafe {
         OptionalVerbs {
-            reg_mr_iova2: (!iova2.is_null()).then(|| std::mem::transmute::<*mut c_void, RegMrIova2>(iova2)),
+            reg_mr_iova2: (!iova2.is_null())
+                .then(|| std::mem::transmute::<*mut c_void, RegMrIova2>(iova2)),
             reg_dmabuf_mr: (!dmabuf.is_null())
                 .then(|| std::mem::transmute::<*mut c_void, RegDmabufMr>(dmabuf)),
             query_port_speed: (!speed.is_null())
@@ -157,4 +169,14 @@ pub(crate) fn errno() -> i32 {
 pub(crate) fn clear_errno() {
     // SAFETY: __errno_location returns the calling thread's errno slot, always writable.
     unsafe { *libc::__errno_location() = 0 };
+}
+
+/// The errno of a failed verb's return code: verbs return a positive errno, some providers a
+/// negated one, and a few -1 with errno set.
+pub(crate) fn rc_errno(rc: c_int) -> i32 {
+    match rc {
+        -1 => errno(),
+        rc if rc < 0 => rc.saturating_neg(),
+        rc => rc,
+    }
 }
