@@ -442,10 +442,23 @@ pub struct CqSettings {
     pub depth: u32,
 }
 
+/// Which GPU memory a device can register (decides `NCCL_PTR_CUDA` / `NCCL_PTR_DMABUF`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuSupport {
+    /// GPUDirect through a peer-memory module (nv_peermem): `ibv_reg_mr` on CUDA addresses.
+    pub peer_memory: bool,
+    /// DMA-BUF registration (`ibv_reg_dmabuf_mr`).
+    pub dmabuf: bool,
+}
+
 /// One opened NIC (device + port + protection domain).
 pub trait RailDevice: Send + Sync {
     /// Static facts about the device.
     fn info(&self) -> &DeviceInfo;
+    /// GPU memory the device can register (none unless the backend says otherwise).
+    fn gpu_support(&self) -> GpuSupport {
+        GpuSupport::default()
+    }
     /// Registers `[addr, addr + len)`.
     fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys>;
     /// Registers a DMA-BUF range (`fd` is only borrowed for the duration of the call).

@@ -58,17 +58,48 @@ impl MemoryHandle {
     }
 }
 
-fn check_type(ptr_type: i32) -> Result<()> {
-    match ptr_type {
-        PTR_HOST => Ok(()),
-        PTR_CUDA | PTR_DMABUF => Err(Error::invalid_usage(format!(
-            "regMr: pointer type {ptr_type} (CUDA/DMA-BUF) is not advertised by this build's \
-             fabric; only NCCL_PTR_HOST memory can be registered"
-        ))),
-        other => Err(Error::invalid_argument(format!(
-            "regMr: unknown pointer type {other}"
-        ))),
+/// Data registrations ask for relaxed PCIe ordering; the backend grants it per
+/// `MPIB_IB_PCI_RELAXED_ORDERING` (net_ib's default: when `ibv_reg_mr_iova2` exists).
+const DATA_ACCESS: Access = Access {
+    relaxed_ordering: true,
+    ..Access::DATA
+};
+
+/// What both rails can register, as `NCCL_PTR_*` bits (host memory always).
+pub(crate) fn pointer_support(devices: &Devices) -> i32 {
+    let [sout, sup] = [devices[0].gpu_support(), devices[1].gpu_support()];
+    let mut bits = PTR_HOST;
+    if sout.peer_memory && sup.peer_memory {
+        bits |= PTR_CUDA;
     }
+    if sout.dmabuf && sup.dmabuf {
+        bits |= PTR_DMABUF;
+    }
+    bits
+}
+
+fn check_type(devices: &Devices, ptr_type: i32, dmabuf: bool) -> Result<()> {
+    let supported = pointer_support(devices);
+    let wanted = match (ptr_type, dmabuf) {
+        (PTR_HOST, false) => PTR_HOST,
+        (PTR_CUDA, false) => PTR_CUDA,
+        (PTR_CUDA | PTR_DMABUF, true) => PTR_DMABUF,
+        (other, _) => {
+            return Err(Error::invalid_argument(format!(
+                "regMr: unknown pointer type {other}"
+            )))
+        }
+    };
+    if supported & wanted == 0 {
+        return Err(Error::invalid_usage(format!(
+            "regMr: pointer type {ptr_type}{} is not supported by both rails ({} and {}): \
+             advertised ptrSupport is {supported:#x}",
+            if dmabuf { " through DMA-BUF" } else { "" },
+            devices[0].info().name,
+            devices[1].info().name,
+        )));
+    }
+    Ok(())
 }
 
 /// Registers host memory on both rails.
@@ -78,11 +109,11 @@ pub(crate) fn register(
     size: usize,
     ptr_type: i32,
 ) -> Result<Box<MemoryHandle>> {
-    check_type(ptr_type)?;
+    check_type(devices, ptr_type, false)?;
     if addr == 0 && size > 0 {
         return Err(Error::invalid_argument("regMr: data is NULL"));
     }
-    let register = |rail: Rail| Registration::new(&devices[rail.index()], addr, size, Access::DATA);
+    let register = |rail: Rail| Registration::new(&devices[rail.index()], addr, size, DATA_ACCESS);
     let registrations = [register(Rail::ScaleOut)?, register(Rail::ScaleUp)?];
     Ok(Box::new(MemoryHandle {
         magic: MEMORY_MAGIC,
@@ -102,11 +133,7 @@ pub(crate) fn register_dmabuf(
     offset: u64,
     fd: i32,
 ) -> Result<Box<MemoryHandle>> {
-    if ptr_type != PTR_CUDA && ptr_type != PTR_DMABUF {
-        return Err(Error::invalid_argument(format!(
-            "regMrDmaBuf: unexpected pointer type {ptr_type}"
-        )));
-    }
+    check_type(devices, ptr_type, true)?;
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an arbitrary int is safe; failure is reported.
     let duplicate = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if duplicate < 0 {
@@ -119,7 +146,7 @@ pub(crate) fn register_dmabuf(
     let owned = unsafe { OwnedFd::from_raw_fd(duplicate) };
     let register = |rail: Rail| -> Result<Registration> {
         let device = &devices[rail.index()];
-        let keys = device.register_dmabuf(offset, size, addr, duplicate, Access::DATA)?;
+        let keys = device.register_dmabuf(offset, size, addr, duplicate, DATA_ACCESS)?;
         Ok(Registration::from_keys(device, keys))
     };
     let registrations = [register(Rail::ScaleOut)?, register(Rail::ScaleUp)?];

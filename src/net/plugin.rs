@@ -20,7 +20,7 @@ use super::health::DeviceHealth;
 use super::resources::Devices;
 use super::send::MAX_TRANSFER;
 use super::telemetry::Telemetry;
-use super::{Properties, MAX_RECVS, PTR_HOST};
+use super::{Properties, MAX_RECVS};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
 /// int64_t pluginId, void* extData)`.
@@ -166,7 +166,7 @@ pub(super) fn properties(dev: i32) -> Result<Properties> {
             .as_ref()
             .map_or(std::ptr::null(), |p| p.as_ptr()),
         guid: sout.guid,
-        ptr_support: PTR_HOST,
+        ptr_support: super::memory::pointer_support(&opened.devices),
         reg_is_global: 0,
         force_flush: i32::from(opened.force_flush),
         speed: speed.min(i32::MAX as u64) as i32,
@@ -217,7 +217,7 @@ fn open(settings: &Settings) -> Result<Opened> {
     let sup = open_rail(&settings.hca_sup, "MPIB_HCA_SUP", Rail::ScaleUp)?;
     let name = format!("{}+{}", sout.info().name, sup.info().name);
     let pci_path = sout.info().pci_path.clone();
-    if pci_path.is_none() {
+    if pci_path.is_none() && settings.fabric == FabricKind::Verbs {
         warn!(
             log::INIT,
             "{} ({}) has no PCI path (Soft-RoCE or a virtual function?): NCCL will place the fused device without PCI topology",

@@ -462,3 +462,40 @@ fn pair_failure(pair: &Pair) -> crate::error::Error {
     deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     recv.err().or(send.err()).expect("one side has failed")
 }
+
+#[test]
+fn gpu_memory_is_refused_when_the_rails_cannot_register_it() {
+    let _guard = env_lock();
+    let pair = connect_pair(&[]);
+    assert_eq!(
+        properties(0).unwrap().ptr_support,
+        PTR_HOST,
+        "loopback rails: host memory only"
+    );
+    let buffer = [0u8; 64];
+    let error = register_memory(
+        CommRef::Send(&pair.send),
+        buffer.as_ptr() as u64,
+        64,
+        PTR_CUDA,
+    )
+    .err()
+    .expect("CUDA memory is refused");
+    assert_eq!(error.kind, crate::error::ErrorKind::InvalidUsage, "{error}");
+    assert!(
+        error.message.contains("loop0") && error.message.contains("ptrSupport"),
+        "{error}"
+    );
+    let error = register_dmabuf(
+        CommRef::Recv(&pair.recv),
+        buffer.as_ptr() as u64,
+        64,
+        PTR_CUDA,
+        0,
+        0,
+    )
+    .err()
+    .expect("DMA-BUF is refused");
+    assert!(error.message.contains("DMA-BUF"), "{error}");
+    close(pair);
+}

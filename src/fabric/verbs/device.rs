@@ -452,6 +452,13 @@ impl RailDevice for VerbsDevice {
         &self.info
     }
 
+    fn gpu_support(&self) -> crate::fabric::GpuSupport {
+        crate::fabric::GpuSupport {
+            peer_memory: super::gdr_supported(),
+            dmabuf: self.dmabuf,
+        }
+    }
+
     fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys> {
         let (flags, relaxed) = self.access_flags(access);
         self.inner.register(addr, len, flags, relaxed)
