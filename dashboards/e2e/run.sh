@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# The live check of dashboards/ (issue 4, "Done when"): during a loopback run through the real
+# plugin, Prometheus scraping mpib-collector returns non-empty results for every dashboard
+# query, and every metric name the dashboard uses is in the collector's scrape.
+#
+#   1. cargo build --release: the plugin, mpib-demo (driver) and mpib-collector;
+#   2. mpib-collector on 127.0.0.1 (free port), reading probes files from a temp directory;
+#   3. Prometheus (Debian's binary) on 127.0.0.1 with a temp TSDB, scraping the collector
+#      every 1 s and loading dashboards/alerts.yml;
+#   4. mpib-demo over the loopback fabric, advanced mode with its test agent, writing its
+#      probes into that directory (MPIB_PROBES_DIR), for about E2E_SECONDS;
+#   5. while it runs: dashboards/e2e/check_panels.py runs every panel target and template
+#      variable of dashboards/mpib.json against Prometheus' HTTP API, checks the metric names
+#      against the collector's /metrics, the recording rule, and that no error alert fires.
+#
+# Everything listens on 127.0.0.1 only; every process started here is killed on exit (by pid).
+# Environment: MPIB_E2E_ITERATIONS (mpib-demo --iterations, default 120: about 30 s here),
+# MPIB_E2E_CHECK_AFTER (seconds of workload before checking, default 20),
+# MPIB_E2E_KEEP=1 (keep the temp directory with the logs and the TSDB).
+# Exit status: 0 when every check passed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/lib/setup.sh
+ensure_rust
+
+iterations="${MPIB_E2E_ITERATIONS:-120}"
+check_after="${MPIB_E2E_CHECK_AFTER:-20}"
+for tool in prometheus promtool python3 curl; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "error: $tool not found. Prometheus and promtool come from Debian's \`prometheus\` package" >&2
+        echo "       (apt-get install -y prometheus; scripts/test installs it)." >&2
+        exit 1
+    fi
+done
+
+t0=$(date +%s)
+work="$(mktemp -d "${TMPDIR:-/tmp}/mpib-e2e.XXXXXX")"
+mkdir -p "$work/probes" "$work/tmp" "$work/prom"
+started=()
+cleanup() {
+    local rc=$?
+    for pid in "${started[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${started[@]}"; do
+        # Give each one 5 s to exit on SIGTERM, then SIGKILL it.
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ "$rc" -ne 0 ]; then
+        for log in "$work"/*.log; do
+            [ -f "$log" ] || continue
+            echo "---- $(basename "$log") (last 30 lines)"
+            tail -n 30 "$log"
+        done
+    fi
+    if [ "${MPIB_E2E_KEEP:-0}" = 1 ]; then
+        echo "kept $work"
+    else
+        rm -rf "$work"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.2 s.
+wait_for() {
+    local seconds="$1" what="$2"
+    shift 2
+    local deadline=$((SECONDS + seconds))
+    until "$@" >/dev/null 2>&1; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "error: timed out after ${seconds}s waiting for $what" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+echo "==> cargo build --release (plugin, mpib-demo, mpib-collector)"
+cargo build --release --locked -p mpib -p mpib-driver -p mpib-collector 2>&1 | tail -n 2
+t_built=$(date +%s)
+
+collector_port="$(free_port)"
+prom_port="$(free_port)"
+metrics_url="http://127.0.0.1:$collector_port/metrics"
+prom_url="http://127.0.0.1:$prom_port"
+
+echo "==> mpib-collector on $metrics_url (probes in $work/probes)"
+# The demo's test agent writes its hint file under $work/tmp (its TMPDIR), in a directory
+# named after its pid; $work/hints is linked to it once the demo starts.
+RUST_LOG="${RUST_LOG:-info}" target/release/mpib-collector \
+    --probes-dir "$work/probes" --listen "127.0.0.1:$collector_port" \
+    --hint-path "$work/hints" --sysfs-root "$work/sys" --interval-ms 500 \
+    >"$work/collector.log" 2>&1 &
+started+=("$!")
+wait_for 30 "the collector's /metrics" curl -fsS "$metrics_url"
+
+echo "==> prometheus on $prom_url (scrape every 1 s, rules dashboards/alerts.yml)"
+cat >"$work/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $PWD/dashboards/alerts.yml
+scrape_configs:
+  - job_name: mpib-collector
+    static_configs:
+      - targets: ["127.0.0.1:$collector_port"]
+EOF
+promtool check config "$work/prometheus.yml" >/dev/null
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom" \
+    --web.listen-address="127.0.0.1:$prom_port" --storage.tsdb.retention.time=1h \
+    --log.level=warn >"$work/prometheus.log" 2>&1 &
+started+=("$!")
+wait_for 60 "prometheus to be ready" curl -fsS "$prom_url/-/ready"
+window_start=$(date +%s)
+
+echo "==> mpib-demo --iterations $iterations (loopback, advanced mode, probes on)"
+# Not under timeout(1): the agent's directory is named after the demo's own pid. The wait
+# below is bounded instead.
+MPIB_FABRIC=loopback MPIB_PROBES_DIR="$work/probes" TMPDIR="$work/tmp" \
+    target/release/mpib-demo --iterations "$iterations" >"$work/demo.log" 2>&1 &
+demo=$!
+started+=("$demo")
+ln -s "$work/tmp/mpib-agent-$demo-0/hints" "$work/hints"
+t_demo=$(date +%s)
+
+# Wait until the workload has run for check_after seconds (or ended), with live series.
+wait_for 60 "the plugin's probes in the collector's scrape" \
+    sh -c "curl -fsS '$metrics_url' | grep -q '^mpib_rail_tx_bytes_total{'"
+# There is no RDMA NIC here: give the collector a sysfs tree (--sysfs-root) for the loopback
+# rails' device/port, with idle counters, so that the NIC-counter panel has its series. On a
+# real host the collector reads /sys.
+curl -fsS "$metrics_url" | python3 -c '
+import re, sys, os
+root = sys.argv[1]
+for dev, port in sorted({m.groups() for m in re.finditer(
+        r"^mpib_rail_tx_bytes_total\{(?=[^}]*device=\"([^\"]+)\")(?=[^}]*port=\"([0-9]+)\")", sys.stdin.read(), re.M)}):
+    base = os.path.join(root, "class/infiniband", dev, "ports", port)
+    for sub, names in (("counters", ["port_xmit_data", "port_rcv_data", "link_downed", "symbol_error", "port_rcv_errors"]),
+                       ("hw_counters", ["out_of_buffer", "out_of_sequence", "rnr_nak_retry_err", "local_ack_timeout_err"])):
+        os.makedirs(os.path.join(base, sub), exist_ok=True)
+        for name in names:
+            with open(os.path.join(base, sub, name), "w") as f:
+                f.write("0\n")
+    print(f"    fake sysfs counters for {dev}/{port}")
+' "$work/sys"
+while kill -0 "$demo" 2>/dev/null && [ $(($(date +%s) - t_demo)) -lt "$check_after" ]; do
+    sleep 1
+done
+if kill -0 "$demo" 2>/dev/null; then
+    echo "==> checking while mpib-demo runs ($(($(date +%s) - t_demo)) s in)"
+else
+    echo "==> mpib-demo ended before $check_after s; checking its last live samples"
+fi
+set +e
+python3 dashboards/e2e/check_panels.py dashboards/mpib.json \
+    --prometheus "$prom_url" --metrics "$metrics_url" --start "$window_start" \
+    --rate-interval 1m --rules dashboards/alerts.yml \
+    --no-fire MpibMaskMismatch,MpibErrorCompletions,MpibProtocolErrors,MpibWriterStale
+check=$?
+set -e
+t_checked=$(date +%s)
+
+demo_deadline=$((SECONDS + 300))
+while kill -0 "$demo" 2>/dev/null && [ "$SECONDS" -lt "$demo_deadline" ]; do
+    sleep 0.5
+done
+if kill -0 "$demo" 2>/dev/null; then
+    echo "error: mpib-demo still running after 300 s; killing it" >&2
+    exit 1
+fi
+set +e
+wait "$demo"
+demo_rc=$?
+set -e
+t_end=$(date +%s)
+tail -n 1 "$work/demo.log"
+if [ "$demo_rc" -ne 0 ]; then
+    echo "error: mpib-demo exited with $demo_rc" >&2
+    exit 1
+fi
+if [ -n "$(ls -A "$work/probes")" ]; then
+    echo "error: probes files left behind after a clean shutdown: $(ls "$work/probes")" >&2
+    exit 1
+fi
+echo "timings: build $((t_built - t0)) s, workload $((t_end - t_demo)) s" \
+    "(checks at +$((t_checked - t_demo)) s), total $((t_end - t0)) s"
+exit "$check"
