@@ -9,12 +9,17 @@
 //! * [`proxy`]: [`Pair`], a connected rank pair and a bounded, NCCL-like data loop over a
 //!   [`Plan`].
 //! * [`agent`]: a test agent for advanced mode (hint SHM + registration socket).
+//! * [`cases`]: the conformance case list the loopback and the verbs rig both run.
+//! * [`xfer`]: one side of a pair (receiver or sender), for cross-process runs (`mpib-xfer`) and
+//!   their in-process twin on the loopback.
+//! * [`rails`]: which rail carried the bytes, from the plugin's probes file.
 //! * [`child`]: run one test in a fresh process (per-process plugin state, real unload).
 //! * [`env`]: environment changes serialised with every `init`.
 //! * [`testing`]: helpers shared by the integration tests.
 
 pub mod abi;
 pub mod agent;
+pub mod cases;
 pub mod child;
 pub mod env;
 pub mod error;
@@ -23,7 +28,9 @@ pub mod pattern;
 pub mod plan;
 pub mod plugin;
 pub mod proxy;
+pub mod rails;
 pub mod testing;
+pub mod xfer;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -64,31 +64,9 @@ pub fn exchange_sizes(
     Ok(())
 }
 
-/// Grouped receives with `n = 1..=8` buffers: distinct tags, distinct sizes, sends posted in a
-/// different order than the tags (reversed, then rotated).
-pub fn grouped_plans() -> Vec<Plan> {
-    let mut plans = Vec::new();
-    for n in 1..=8usize {
-        let sizes: Vec<usize> = (0..n)
-            .map(|i| 1000 * (i + 1) + 37 * i + if i % 3 == 0 { 0 } else { 128 })
-            .collect();
-        let tags: Vec<i32> = (0..n).map(|i| 100 + 7 * i as i32).collect();
-        let reversed: Vec<usize> = (0..n).rev().collect();
-        let rotated: Vec<usize> = (0..n).map(|i| (i + n / 2 + 1) % n).collect();
-        plans.push(Plan::grouped(&sizes, &tags, &reversed));
-        if n > 2 {
-            plans.push(Plan::grouped(&sizes, &tags, &rotated));
-            // NCCL posts capacities larger than the messages, and some subs can be empty.
-            let sparse: Vec<usize> = sizes
-                .iter()
-                .enumerate()
-                .map(|(i, s)| if i % 3 == 1 { 0 } else { *s })
-                .collect();
-            plans.push(Plan::grouped(&sparse, &tags, &rotated).with_capacities(|s| s + 8192));
-        }
-    }
-    plans
-}
+/// Grouped receives with `n = 1..=8` buffers (the shared conformance list, see
+/// [`crate::cases::grouped_plans`]).
+pub use crate::cases::grouped_plans;
 
 /// A receive capacity like NCCL's: at least a 512 KiB buffer slot, else the next power of two.
 pub fn slot_capacity(size: usize) -> usize {
@@ -123,22 +101,9 @@ pub fn exchange_grouped(pair: &mut Pair<'_, '_>, case: &str) -> Result<()> {
     Ok(())
 }
 
-/// 32 grouped receives of 8 buffers each (NCCL's request budget × `maxRecvs`), i.e. up to 256
-/// sends in flight; irecv and isend are posted alternately until the plugin says "try later".
-pub fn many_outstanding_plan() -> Plan {
-    let sizes: Vec<usize> = (0..8).map(|i| 4096 + 128 * i + i).collect();
-    let tags: Vec<i32> = (0..8).collect();
-    let order: Vec<usize> = vec![3, 1, 7, 5, 0, 2, 6, 4];
-    Plan::streams(
-        32,
-        &sizes,
-        &tags,
-        &order,
-        crate::abi::NCCL_NET_MAX_REQUESTS,
-        crate::abi::PLUGIN_REQUEST_SLOTS,
-    )
-    .labelled("256 sends in flight (32 x grouped n=8)")
-}
+/// 32 grouped receives of 8 buffers each, up to 256 sends in flight (the shared conformance
+/// list, see [`crate::cases::many_outstanding_plan`]).
+pub use crate::cases::many_outstanding_plan;
 
 /// Parses `MPIB_DRIVER_VERSION` (set by the parent of a child test).
 pub fn version_arg() -> Version {

@@ -1,0 +1,272 @@
+//! `mpib-xfer`: one side of a rank pair in its own process, driving the built plugin through one
+//! exported table (`ncclNetPlugin_v12`, `_v8`, …). Two of them, started at the same time with
+//! each host's environment, move the shared conformance cases (`mpib_driver::cases`) across real
+//! rails (the Soft-RoCE rig: `scripts/rig/suite.sh`).
+//!
+//! ```text
+//! mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|…] [--cases NAME[,NAME…]]
+//!           [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check]
+//!           [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]
+//! ```
+//!
+//! The receiver `init`s, `listen`s, writes the 128-byte handle to PATH (atomic rename) and polls
+//! `accept`; the sender waits for PATH and polls `connect`. Both walk the same cases in the same
+//! order; the receiver checks every byte, the sender the sizes `test` reports, both the bytes per
+//! rail (probes file). With `MPIB_MODE=1` the sender serves the test agent at `MPIB_AGENT_SOCKET`
+//! and `MPIB_HINT_PATH` (the receiver points at the same paths) and sets each `split-N` case's
+//! SUP share. Exit status 0 when every case passed, 1 on the first failure (the message names the
+//! version, case, size and iteration), 2 on bad arguments.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use mpib_driver::cases::{self, Scale};
+use mpib_driver::plugin::current_profile;
+use mpib_driver::rails::PathClass;
+use mpib_driver::xfer::{self, Checks, Listener, SideOptions};
+use mpib_driver::{locate_built_plugin, Agent, Plugin, Version};
+
+const USAGE: &str = "usage: mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|...] \
+[--cases NAME[,NAME...]] [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] \
+[--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Recv,
+    Send,
+}
+
+struct Args {
+    role: Role,
+    version: Version,
+    handle_file: PathBuf,
+    cases: String,
+    scale: Scale,
+    expect_class: Option<PathClass>,
+    rail_check: bool,
+    plugin: Option<PathBuf>,
+    connect_timeout: Duration,
+    data_timeout: Duration,
+    handle_timeout: Duration,
+}
+
+fn seconds(flag: &str, text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{flag} {text:?}: expected a positive number of seconds"))
+}
+
+fn parse_args() -> Result<Args, String> {
+    let (mut role, mut handle_file) = (None, None);
+    let mut args = Args {
+        role: Role::Recv,
+        version: Version::V12,
+        handle_file: PathBuf::new(),
+        cases: cases::VANILLA.join(","),
+        scale: Scale::Rig,
+        expect_class: None,
+        rail_check: true,
+        plugin: None,
+        connect_timeout: Duration::from_secs(60),
+        data_timeout: Duration::from_secs(120),
+        handle_timeout: Duration::from_secs(120),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--role" => {
+                role = Some(match value("--role")?.as_str() {
+                    "recv" => Role::Recv,
+                    "send" => Role::Send,
+                    other => return Err(format!("--role {other:?}: expected recv or send")),
+                })
+            }
+            "--version" => {
+                let text = value("--version")?;
+                args.version = xfer::parse_version(&text).map_err(|e| e.to_string())?;
+            }
+            "--handle-file" => handle_file = Some(PathBuf::from(value("--handle-file")?)),
+            "--cases" => args.cases = value("--cases")?,
+            "--scale" => {
+                args.scale = Scale::parse(&value("--scale")?).map_err(|e| e.to_string())?
+            }
+            "--expect-class" => {
+                let text = value("--expect-class")?;
+                args.expect_class = Some(PathClass::parse(&text).map_err(|e| e.to_string())?);
+            }
+            "--no-rail-check" => args.rail_check = false,
+            "--plugin" => args.plugin = Some(PathBuf::from(value("--plugin")?)),
+            "--connect-timeout" => {
+                args.connect_timeout = seconds("--connect-timeout", &value("--connect-timeout")?)?
+            }
+            "--data-timeout" => {
+                args.data_timeout = seconds("--data-timeout", &value("--data-timeout")?)?
+            }
+            "--handle-timeout" => {
+                args.handle_timeout = seconds("--handle-timeout", &value("--handle-timeout")?)?
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    args.role = role.ok_or_else(|| format!("--role is required\n{USAGE}"))?;
+    args.handle_file = handle_file.ok_or_else(|| format!("--handle-file is required\n{USAGE}"))?;
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let who = format!(
+        "mpib-xfer[{} {}]",
+        if args.role == Role::Recv {
+            "recv"
+        } else {
+            "send"
+        },
+        args.version
+    );
+    let start = Instant::now();
+    match run(&args, &who) {
+        Ok(count) => {
+            println!(
+                "{who}: PASS all {count} case(s) in {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            println!(
+                "{who}: FAILED after {:.1} s: {message}",
+                start.elapsed().as_secs_f64()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// The test agent, when this is the sender of an advanced-mode pair.
+fn start_agent(who: &str) -> Result<Option<Agent>, String> {
+    if env_or("MPIB_MODE", "0").trim() != "1" {
+        return Ok(None);
+    }
+    let hints = PathBuf::from(env_or("MPIB_HINT_PATH", "/tmp/mpib/hints"));
+    let socket = PathBuf::from(env_or("MPIB_AGENT_SOCKET", "/tmp/mpib/agent.sock"));
+    for path in [&hints, &socket] {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        }
+    }
+    let agent = Agent::start(&hints, &socket).map_err(|e| format!("test agent: {e}"))?;
+    println!(
+        "{who}: MPIB_MODE=1: serving the test agent at {} (hints {})",
+        socket.display(),
+        hints.display()
+    );
+    Ok(Some(agent))
+}
+
+fn run(args: &Args, who: &str) -> Result<usize, String> {
+    let cases = cases::parse_list(&args.cases, args.scale).map_err(|e| e.to_string())?;
+    // The agent (a thread) starts before the plugin is loaded; it never reads the environment.
+    let agent = match args.role {
+        Role::Send => start_agent(who)?,
+        Role::Recv => None,
+    };
+    let path = match &args.plugin {
+        Some(path) => path.clone(),
+        None => locate_built_plugin(&current_profile()).map_err(|e| e.to_string())?,
+    };
+    let plugin = Plugin::load(&path).map_err(|e| e.to_string())?;
+    let net = plugin.net(args.version).map_err(|e| e.to_string())?;
+    let options = SideOptions {
+        connect_deadline: args.connect_timeout,
+        data_deadline: args.data_timeout,
+        ..SideOptions::default()
+    };
+    let checks = Checks {
+        class: args.expect_class,
+        rails: args.rail_check,
+    };
+    let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
+    let describe = |net: &mpib_driver::Net<'_>| {
+        let props = net
+            .get_properties(0)
+            .map(|p| format!("device \"{}\" {} Mbps", p.name, p.speed))
+            .unwrap_or_else(|e| format!("getProperties failed: {e}"));
+        println!(
+            "{who}: {} ({props}), MPIB_FABRIC={} MPIB_HCA_SOUT={} MPIB_HCA_SUP={} \
+             MPIB_OOB_ADDR={} MPIB_ISLAND_PREFIX_LEN={} MPIB_MODE={}; cases {}",
+            path.display(),
+            env_or("MPIB_FABRIC", "(default)"),
+            env_or("MPIB_HCA_SOUT", "(unset)"),
+            env_or("MPIB_HCA_SUP", "(unset)"),
+            env_or("MPIB_OOB_ADDR", "(unset)"),
+            env_or("MPIB_ISLAND_PREFIX_LEN", "(default)"),
+            env_or("MPIB_MODE", "0"),
+            names.join(",")
+        );
+    };
+    let log = |r: &xfer::CaseResult| println!("{who}: ok {}", r.summary());
+    match args.role {
+        Role::Recv => {
+            // A handle left by an earlier run must not reach this run's sender.
+            let _ = std::fs::remove_file(&args.handle_file);
+            let listener =
+                Listener::new(&net, &options).map_err(|e| format!("init/listen: {e}"))?;
+            describe(&net);
+            listener
+                .publish(&args.handle_file)
+                .map_err(|e| e.to_string())?;
+            let mut receiver = listener.accept().map_err(|e| e.to_string())?;
+            println!("{who}: connected");
+            xfer::walk(&mut receiver, &cases, None, checks, log).map_err(|e| e.to_string())?;
+            receiver.close().map_err(|e| format!("close: {e}"))?;
+        }
+        Role::Send => {
+            let handle = xfer::wait_for_handle(&args.handle_file, args.handle_timeout)
+                .map_err(|e| e.to_string())?;
+            let mut sender = xfer::Sender::connect(&net, &options, &handle)
+                .map_err(|e| format!("init/connect: {e}"))?;
+            describe(&net);
+            println!("{who}: connected");
+            if let Some(agent) = &agent {
+                let registrations = agent
+                    .wait_for_registrations(1, Duration::from_secs(20))
+                    .map_err(|e| format!("the plugin did not register with the agent: {e}"))?;
+                println!(
+                    "{who}: agent registrations: {:?}",
+                    registrations
+                        .iter()
+                        .map(|r| format!("slot {} {} -> {}", r.slot, r.sout_src, r.sout_dst))
+                        .collect::<Vec<_>>()
+                );
+            }
+            xfer::walk(&mut sender, &cases, agent.as_ref(), checks, log)
+                .map_err(|e| e.to_string())?;
+            sender.close().map_err(|e| format!("close: {e}"))?;
+        }
+    }
+    drop(net);
+    drop(agent);
+    Ok(cases.len())
+}

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# scripts/rig/suite.sh: the cross-process verbs suite on two real Soft-RoCE rails.
+#
+# Builds on the host (`cargo build --release -p mpib -p mpib-driver`, plus the verbs device test
+# binaries in the debug profile), then boots the rxe rig ONCE (scripts/rxe-vm/run.sh) and runs
+# inside it, for the ncclNetPlugin_v12 and _v8 tables, a receiver process with host B's rails
+# (rxe_b0 + rxe_b1, 10.100.0.2) and a sender process with host A's (rxe_a0 + rxe_a1, 10.100.0.1)
+# in parallel (target/release/mpib-xfer), walking the shared conformance cases
+# (driver/src/cases.rs, scaled to the rig) byte-exact:
+#   vanilla intra-island   sizes, larger receives, grouped n=1..8, 256 in flight, pipeline: all SUP
+#   vanilla inter-island   the same with MPIB_ISLAND_PREFIX_LEN=32: no SUP QPs, all SOUT
+#   advanced sup_bw=N      N = 0, 256, 512, 1024 through the test agent: both rails, split checked
+#   grouped receives       grouped n=1..8 and 256 in flight at sup_bw 512 (both rails)
+# plus the verbs device tests (tests/verbs_device.rs, `fabric::verbs` lib tests marked ignored)
+# and the main job, `mpib-demo --fabric verbs`. Each side checks the bytes per rail from its probes
+# file against the split rule, so SRQ receives and WRITE_WITH_IMM really happen on both rails.
+#
+# Prints `PASS name: ...` / `FAIL name: why` per case and `rig: N passed, M failed ...`; exits
+# non-zero if anything failed, including a rig that cannot boot (no qemu, no packages): it never
+# passes silently. Logs of the last run: target/rig/last/.
+#
+# Settings: RXE_VM_TIMEOUT (900 s for the whole boot), RIG_PAIR_TIMEOUT (240 s per process pair),
+# RIG_ONLY (a regular expression: run only the cases whose name matches), and those of
+# scripts/rxe-vm/run.sh (RXE_VM_CPUS, ...).
+set -uo pipefail
+
+here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+root=$(cd "$here/../.." && pwd)
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ================================================================================ in the VM
+if [ "${1-}" = --guest ]; then
+  W=$RIG_WORK
+  bin=target/release
+  results=$W/results
+  : > "$results"
+  only=${RIG_ONLY:-}
+  pair_timeout=${RIG_PAIR_TIMEOUT:-240}
+  # Every case gets exactly its own MPIB_* settings, whatever the caller had exported.
+  for v in $(compgen -e); do
+    case $v in MPIB_*) unset "$v" ;; esac
+  done
+  # retry_cnt 6: rxe treats 7 as "retry forever", so a broken wire would hang instead of failing.
+  # Probes on, in the guest's RAM: every process checks its bytes per rail.
+  export MPIB_FABRIC=verbs MPIB_IB_RETRY_CNT=6 MPIB_PROBES=1 MPIB_PROBES_DIR=/tmp/rig/probes
+  mkdir -p /tmp/rig/probes
+  A=(MPIB_HCA_SOUT=rxe_a0 MPIB_HCA_SUP=rxe_a1 MPIB_OOB_ADDR=10.100.0.1)
+  B=(MPIB_HCA_SOUT=rxe_b0 MPIB_HCA_SUP=rxe_b1 MPIB_OOB_ADDR=10.100.0.2)
+
+  record() { # record PASS|FAIL NAME DETAIL
+    echo "$1 $2${3:+: $3}"
+    echo "$1 $2${3:+: $3}" >> "$results"
+  }
+  wanted() { [ -z "$only" ] || [[ $1 =~ $only ]]; }
+  slug() { echo "$1" | tr -c 'a-zA-Z0-9=_.-' '_' | sed 's/_*$//'; }
+  show_tail() { # show_tail LABEL FILE
+    echo "  --- $1 (last 15 lines of $2)"
+    tail -n 15 "$2" 2>/dev/null | sed 's/^/  | /'
+  }
+  # The bytes per rail that a side's `ok` lines report, summed: "SOUT x B, SUP y B".
+  rails_of() {
+    awk '/: ok / && /rails SOUT/ {
+           for (i = 1; i <= NF; i++) { if ($i == "SOUT") s += $(i + 1); if ($i == "SUP") u += $(i + 1) }
+           n++ }
+         END { if (n) printf "%d case(s), rails SOUT %d B / SUP %d B", n, s, u; else printf "no case" }' "$1"
+  }
+
+  # pair NAME VERSION CASES "EXTRA K=V..." [mpib-xfer ARGS...]: receiver (host B) and sender
+  # (host A) in parallel; if one fails, the other gets 10 s to finish before it is stopped.
+  pair() {
+    local name=$1 version=$2 cases=$3 extra=$4
+    shift 4
+    wanted "$name" || return 0
+    local s d tmp t rp sp first rc1 other rc2 killer='' rr sr why
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    t=$(now)
+    # shellcheck disable=SC2086  # $extra is a list of K=V words
+    env "${B[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" MPIB_HINT_PATH="$tmp/hints" \
+      timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role recv --version "$version" \
+      --handle-file "$tmp/handle" --cases "$cases" --plugin "$bin/libnccl-net-mpib.so" "$@" \
+      > "$d/recv.log" 2>&1 &
+    rp=$!
+    # shellcheck disable=SC2086
+    env "${A[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" MPIB_HINT_PATH="$tmp/hints" \
+      timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role send --version "$version" \
+      --handle-file "$tmp/handle" --cases "$cases" --plugin "$bin/libnccl-net-mpib.so" "$@" \
+      > "$d/send.log" 2>&1 &
+    sp=$!
+    wait -n -p first "$rp" "$sp"
+    rc1=$?
+    if [ "$first" = "$rp" ]; then other=$sp; else other=$rp; fi
+    if [ "$rc1" != 0 ]; then
+      (sleep 10; kill "$other" 2>/dev/null) &
+      killer=$!
+    fi
+    wait "$other"
+    rc2=$?
+    [ -z "$killer" ] || { kill "$killer" 2>/dev/null; wait "$killer" 2>/dev/null; }
+    if [ "$first" = "$rp" ]; then rr=$rc1 sr=$rc2; else rr=$rc2 sr=$rc1; fi
+    if [ "$rr" = 0 ] && [ "$sr" = 0 ]; then
+      record PASS "$name" "$(rails_of "$d/recv.log") verified by the receiver, $(since "$t") s"
+    else
+      why=$(grep -h -m1 'FAILED' "$d/recv.log" "$d/send.log" | head -n 1)
+      [ -n "$why" ] || why="no FAILED line"
+      record FAIL "$name" "receiver rc=$rr, sender rc=$sr (124: timed out, 143: stopped after the peer failed); $why"
+      show_tail "receiver (host B)" "$d/recv.log"
+      show_tail "sender (host A)" "$d/send.log"
+    fi
+  }
+
+  # unit NAME LOG TIMEOUT CMD...: a test binary of the verbs device tests.
+  unit() {
+    local name=$1 log=$2 tmo=$3 t rc n
+    shift 3
+    wanted "$name" || return 0
+    t=$(now)
+    MPIB_TEST_DEVICE_A=rxe_a0 MPIB_TEST_DEVICE_B=rxe_b0 timeout -k 5 "$tmo" "$@" > "$log" 2>&1
+    rc=$?
+    n=$(grep -o 'test result: ok\. [0-9]* passed' "$log" | awk '{ s += $4 } END { print s + 0 }')
+    if [ "$rc" = 0 ] && grep -q 'test result: ok' "$log" && ! grep -q 'test result: FAILED' "$log"; then
+      record PASS "$name" "$n test(s) passed, $(since "$t") s"
+    else
+      record FAIL "$name" "rc=$rc (124: timed out): $(grep -m3 -E '^test .* FAILED|panicked at' "$log" | tr '\n' ' ')"
+      show_tail "$name" "$log"
+    fi
+  }
+
+  echo "rig guest: $(nproc) vCPU(s), kernel $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s"
+  if [ -n "${RIG_DEVTEST_BIN-}" ]; then
+    unit "verbs device tests (tests/verbs_device.rs)" "$W/verbs_device.log" 300 \
+      "$RIG_DEVTEST_BIN" --ignored --test-threads=1
+  fi
+  if [ -n "${RIG_LIBTEST_BIN-}" ]; then
+    unit "verbs unit tests (lib fabric::verbs, ignored)" "$W/verbs_lib.log" 300 \
+      "$RIG_LIBTEST_BIN" fabric::verbs --ignored --test-threads=1
+  fi
+  vanilla=sizes,larger,grouped,outstanding,pipeline
+  for v in v12 v8; do
+    pair "$v vanilla intra-island" "$v" "$vanilla" "MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
+    pair "$v vanilla inter-island" "$v" "$vanilla" "MPIB_ISLAND_PREFIX_LEN=32" --expect-class inter
+    for bw in 0 256 512 1024; do
+      pair "$v advanced sup_bw=$bw" "$v" "split-$bw" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" \
+        --expect-class intra
+    done
+    pair "$v grouped receives (advanced, sup_bw=512)" "$v" "grouped@512,outstanding@512" \
+      "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
+  done
+  name="mpib-demo --fabric verbs (the main job)"
+  if wanted "$name"; then
+    t=$(now)
+    timeout -k 5 600 "$bin/mpib-demo" --fabric verbs --iterations 2 --max-size $((16 << 20)) \
+      --plugin "$bin/libnccl-net-mpib.so" > "$W/demo.log" 2>&1
+    rc=$?
+    sed 's/^/  | /' "$W/demo.log"
+    if [ "$rc" = 0 ] && grep -q '^all [0-9]* transfers verified' "$W/demo.log"; then
+      record PASS "$name" "$(grep -o '^all [0-9]* transfers verified' "$W/demo.log"), $(since "$t") s"
+    else
+      record FAIL "$name" "rc=$rc (124: timed out): $(grep -m1 'FAILED' "$W/demo.log")"
+    fi
+  fi
+  ! grep -q '^FAIL' "$results"
+  exit $?
+fi
+
+# ================================================================================ on the host
+cd "$root" || exit 1
+t0=$(now)
+. scripts/lib/setup.sh
+ensure_rust
+passed=0 failed=0
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+finish() {
+  echo "rig: $passed passed, $failed failed in $(since "$t0") s (logs: target/rig/last/)"
+  [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+  exit $?
+}
+
+echo "==> rig: cargo build --release -p mpib -p mpib-driver"
+if ! cargo build --release --locked -p mpib -p mpib-driver 2>&1 | tail -n 3 ||
+   [ ! -f target/release/mpib-xfer ] || [ ! -f target/release/libnccl_net_mpib.so ]; then
+  fail build "cargo build --release -p mpib -p mpib-driver failed"
+  finish
+fi
+ln -sf libnccl_net_mpib.so target/release/libnccl-net-mpib.so
+
+# The verbs device tests are built here (debug, as `cargo test` builds them) and run in the VM.
+test_exe() { # test_exe CARGO-TEST-ARGS...: the path of the test binary cargo builds
+  cargo test --locked --no-run --message-format=json "$@" 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+}
+export RIG_DEVTEST_BIN='' RIG_LIBTEST_BIN=''
+echo "==> rig: verbs device test binaries (cargo test --no-run)"
+if [ -f tests/verbs_device.rs ]; then
+  RIG_DEVTEST_BIN=$(test_exe -p mpib --test verbs_device)
+  [ -n "$RIG_DEVTEST_BIN" ] || { fail "build verbs_device" "cargo test --no-run --test verbs_device failed"; }
+fi
+lib=$(test_exe -p mpib --lib)
+if [ -n "$lib" ] && [ "$("$lib" --list --ignored fabric::verbs 2>/dev/null | grep -c ': test$')" -gt 0 ]; then
+  RIG_LIBTEST_BIN=$lib
+fi
+echo "    tests/verbs_device.rs: ${RIG_DEVTEST_BIN:-none}; ignored lib tests fabric::verbs: ${RIG_LIBTEST_BIN:-none}"
+
+export RIG_WORK=$root/target/rig/last
+rm -rf "$RIG_WORK"
+mkdir -p "$RIG_WORK"
+export RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
+echo "==> rig: one boot of scripts/rxe-vm/run.sh (RXE_VM_TIMEOUT=$RXE_VM_TIMEOUT s)"
+tv=$(now)
+"$root/scripts/rxe-vm/run.sh" "$here/suite.sh" --guest
+rc=$?
+echo "==> rig: the VM ran $(since "$tv") s (exit $rc)"
+if [ -f "$RIG_WORK/results" ]; then
+  while read -r verdict _; do
+    case $verdict in
+      PASS) passed=$((passed + 1)) ;;
+      FAIL) failed=$((failed + 1)) ;;
+    esac
+  done < "$RIG_WORK/results"
+fi
+case $rc in
+  0) [ "$passed" -gt 0 ] || fail rig "the guest reported no case" ;;
+  1) [ "$failed" -gt 0 ] || fail rig "run.sh exited 1 without a failed case (qemu or packages missing? see its ERROR above)" ;;
+  124) fail rig "TIMEOUT: the VM was killed after RXE_VM_TIMEOUT=$RXE_VM_TIMEOUT s; cases not reported did not run" ;;
+  255) fail rig "the VM died (see run.sh's message above)" ;;
+  *) fail rig "run.sh exited $rc" ;;
+esac
+finish
