@@ -1,10 +1,12 @@
 //! Lint of `dashboards/` without a Grafana or Prometheus server: the dashboard's shape (stable
 //! uid, `$datasource` everywhere, the template variables), every metric name its PromQL uses
-//! and every metric name the alert rules use is in the collector's catalog, and the rules pass
-//! `promtool check rules` and their unit tests (`promtool test rules`).
+//! and every metric name the alert rules use is in the collector's catalog (and every label a
+//! selector matches on is one of that family's labels), and the rules pass `promtool check
+//! rules` and their unit tests (`promtool test rules`).
 //!
 //! The catalog is read from `collector/src/catalog.rs` (the string literals starting with
-//! `mpib_`), else from `docs/OBSERVABILITY.md`, else from the contract list below.
+//! `mpib_`, and the label constants of its `specs!` table), else from `docs/OBSERVABILITY.md`
+//! (names only), else from the contract list below (names only).
 //!
 //! promtool comes from Debian's `prometheus` package (`scripts/test` installs it). The live
 //! check against a real Prometheus scraping the collector is `dashboards/e2e/run.sh`.
@@ -54,6 +56,8 @@ const CONTRACT: &[&str] = &[
 struct Catalog {
     source: String,
     names: BTreeSet<String>,
+    /// Label names per family, when the source says (collector/src/catalog.rs).
+    labels: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Catalog {
@@ -70,9 +74,11 @@ impl Catalog {
                 "{} has no \"mpib_...\" string literal",
                 catalog_rs.display()
             );
+            let labels = catalog_labels(&text);
             return Catalog {
                 source: "collector/src/catalog.rs".into(),
                 names,
+                labels,
             };
         }
         if let Ok(text) = std::fs::read_to_string(&doc) {
@@ -84,13 +90,44 @@ impl Catalog {
                 return Catalog {
                     source: "docs/OBSERVABILITY.md".into(),
                     names,
+                    labels: BTreeMap::new(),
                 };
             }
         }
         Catalog {
             source: "the contract list in tests/dashboards.rs".into(),
             names: CONTRACT.iter().map(|s| s.to_string()).collect(),
+            labels: BTreeMap::new(),
         }
+    }
+
+    /// The family a sample name belongs to, and the labels its samples carry (a histogram's
+    /// `_bucket` adds `le`), if the catalog says.
+    fn labels_of(&self, name: &str) -> Option<BTreeSet<String>> {
+        if let Some(labels) = self.labels.get(name) {
+            return Some(labels.clone());
+        }
+        let (base, suffix) = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).map(|base| (base, *suffix)))?;
+        let mut labels = self.labels.get(base)?.clone();
+        if suffix == "_bucket" {
+            labels.insert("le".into());
+        }
+        Some(labels)
+    }
+
+    /// Label names `selectors` match on that their family does not carry.
+    fn unknown_labels(&self, selectors: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, used) in selectors {
+            if let Some(known) = self.labels_of(name) {
+                for label in used.difference(&known) {
+                    out.push(format!("{name}{{{label}}} (has {known:?})"));
+                }
+            }
+        }
+        out
     }
 
     /// A name the collector exports: a catalog name, or a histogram's `_bucket`/`_sum`/`_count`.
@@ -103,6 +140,47 @@ impl Catalog {
                 .is_some_and(|base| self.names.contains(base))
         })
     }
+}
+
+/// `{family: label names}` from the catalog's source: each `specs!` entry reads
+/// `ID = "name", Kind, Unit, LABELS_CONST,` and each `const LABELS_CONST: &[&str] = &[...];`
+/// lists the label names. Entries that do not parse are left out (no label check for them).
+fn catalog_labels(src: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut consts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (k, _) in src.match_indices("const ") {
+        let rest = &src[k + "const ".len()..];
+        let Some((ident, tail)) = rest.split_once(':') else {
+            continue;
+        };
+        let tail = tail.trim_start();
+        if !tail.starts_with("&[&str]") && !tail.starts_with("&[&'static str]") {
+            continue;
+        }
+        let Some(end) = tail.find("];") else {
+            continue;
+        };
+        let body = &tail[..end];
+        let Some(open) = body.find("= &[") else {
+            continue;
+        };
+        consts.insert(
+            ident.trim().to_string(),
+            string_literals(&body[open..]).into_iter().collect(),
+        );
+    }
+    let mut out = BTreeMap::new();
+    for (k, _) in src.match_indices("= \"mpib_") {
+        let rest = &src[k + 3..];
+        let Some(close) = rest.find('"') else {
+            continue;
+        };
+        let name = &rest[..close];
+        let fields: Vec<&str> = rest[close + 1..].splitn(5, ',').map(str::trim).collect();
+        if let Some(labels) = fields.get(3).and_then(|ident| consts.get(*ident)) {
+            out.insert(name.to_string(), labels.clone());
+        }
+    }
+    out
 }
 
 fn is_metric_name(s: &str) -> bool {
@@ -203,8 +281,51 @@ const LABEL_LISTS: &[&str] = &[
 /// (`{...}`), ranges (`[...]`) and label lists (`by (...)`), that are not functions, aggregators
 /// or keywords. Grafana variables (`$x`, `${x}`) are skipped.
 fn metric_names(expr: &str) -> BTreeSet<String> {
-    let chars: Vec<char> = expr.chars().collect();
+    selectors(expr).into_keys().collect()
+}
+
+/// The label names of a matcher list (the text between `{` and `}`).
+fn matcher_labels(body: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    let chars: Vec<char> = body.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '"' | '\'' | '`' => {
+                let quote = chars[i];
+                i += 1;
+                while i < chars.len() && chars[i] != quote {
+                    if chars[i] == '\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            c if c.is_ascii_alphabetic() || c == '_' => {
+                let start = i;
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                    i += 1;
+                }
+                let rest: String = chars[i..].iter().collect();
+                let rest = rest.trim_start();
+                if ["=~", "!=", "!~", "="]
+                    .iter()
+                    .any(|op| rest.starts_with(op))
+                {
+                    out.insert(chars[start..i].iter().collect());
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Every metric a PromQL expression selects, with the label names its matchers use.
+fn selectors(expr: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut i = 0;
     let skip_string = |i: &mut usize| {
         let quote = chars[*i];
@@ -291,7 +412,14 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                 {
                     // function call, aggregator, keyword
                 } else {
-                    out.insert(word);
+                    let labels = out.entry(word).or_default();
+                    if next == Some('{') {
+                        let open = j;
+                        i = j;
+                        skip_group(&mut i, '{', '}');
+                        let body: String = chars[open + 1..i.saturating_sub(1)].iter().collect();
+                        labels.extend(matcher_labels(&body));
+                    }
                 }
             }
             _ => i += 1,
@@ -423,6 +551,20 @@ fn promql_metric_extraction() {
         Some("mpib_a_total{host=~\"$host\", x=\"a,b\"}")
     );
     assert_eq!(variable_promql("label_values(pid)"), None);
+    let selected = selectors("sum by (x) (rate(a_total{host=~\"$h\", rail!=\"a,b=c\"}[1m])) / b");
+    assert_eq!(
+        selected["a_total"],
+        ["host", "rail"].iter().map(|s| s.to_string()).collect()
+    );
+    assert!(selected["b"].is_empty());
+    let labels = catalog_labels(
+        "const L: &[&str] = &[\"host\", \"pid\"];\n\
+         specs! { A = \"mpib_a_total\", Counter, Count, L, \"help\"; }",
+    );
+    assert_eq!(
+        labels["mpib_a_total"],
+        ["host", "pid"].iter().map(|s| s.to_string()).collect()
+    );
     let literals = string_literals("m(\"mpib_a_total\", '\"', \"x\\\"y\"); // \"mpib_no\"");
     assert_eq!(literals, vec!["mpib_a_total", "x\\\"y"]);
 }
@@ -581,13 +723,16 @@ fn dashboard_metrics_are_in_the_catalog() {
     let mut missing = Vec::new();
     let mut used = BTreeSet::new();
     for (place, expr) in &queries {
-        let names = metric_names(expr);
-        assert!(!names.is_empty(), "{place}: no metric in {expr:?}");
-        for name in names {
-            if !catalog.has(&name) {
+        let selected = selectors(expr);
+        assert!(!selected.is_empty(), "{place}: no metric in {expr:?}");
+        for name in selected.keys() {
+            if !catalog.has(name) {
                 missing.push(format!("{place}: {name}"));
             }
-            used.insert(name);
+            used.insert(name.clone());
+        }
+        for label in catalog.unknown_labels(&selected) {
+            missing.push(format!("{place}: label {label}"));
         }
     }
     assert!(
@@ -597,10 +742,11 @@ fn dashboard_metrics_are_in_the_catalog() {
         missing.join("\n  ")
     );
     eprintln!(
-        "dashboard: {} queries, {} metric names, all in {}",
+        "dashboard: {} queries, {} metric names, all in {} (label sets known for {} families)",
         queries.len(),
         used.len(),
-        catalog.source
+        catalog.source,
+        catalog.labels.len()
     );
 }
 
@@ -666,9 +812,12 @@ fn alert_metrics_are_in_the_catalog() {
     assert!(!records.is_empty(), "a recording rule");
     let mut missing = Vec::new();
     for (rule, expr) in &exprs {
-        let names = metric_names(expr);
-        assert!(!names.is_empty(), "rule {rule}: no metric in {expr:?}");
-        for name in names {
+        let selected = selectors(expr);
+        assert!(!selected.is_empty(), "rule {rule}: no metric in {expr:?}");
+        for label in catalog.unknown_labels(&selected) {
+            missing.push(format!("rule {rule}: label {label}"));
+        }
+        for name in selected.into_keys() {
             let known = if name.contains(':') {
                 records.contains(&name)
             } else {
