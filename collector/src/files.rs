@@ -1,0 +1,131 @@
+//! Probes files on disk: listing, names, identity and writer liveness.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// Suffix of probes files.
+pub const SUFFIX: &str = ".probes";
+
+/// What tells one file apart from a replacement at the same path, and a file that changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Modification time, ns since the Unix epoch (as far as the file system keeps it).
+    pub mtime_ns: i128,
+}
+
+impl Identity {
+    /// The identity of `path` now.
+    ///
+    /// # Errors
+    ///
+    /// `stat` failed (for example the file is gone).
+    pub fn of(path: &Path) -> io::Result<Identity> {
+        let meta = fs::metadata(path)?;
+        Ok(Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        })
+    }
+
+    /// Same file (device and inode), whatever its length and time.
+    pub fn same_file(&self, other: &Identity) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// Time since the last modification (zero if it is in the future).
+    pub fn age(&self) -> Duration {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let ns = (now - self.mtime_ns).max(0);
+        Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
+}
+
+/// The `*.probes` regular files in `dir`, sorted; `NotFound` if `dir` does not exist.
+///
+/// # Errors
+///
+/// Reading the directory failed.
+pub fn list(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let Ok(entry) = entry else { continue };
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        let name = entry.file_name();
+        if is_file && name.to_string_lossy().ends_with(SUFFIX) {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `(pid, start_ns)` from a name `mpib-<pid>-<start_ns>.probes`.
+pub fn parse_name(path: &Path) -> Option<(u32, u64)> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_prefix("mpib-")?.strip_suffix(SUFFIX)?;
+    let (pid, start) = stem.split_once('-')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
+/// Whether process `pid` exists: `/proc/<pid>` is there. This answers what `kill(pid, 0)`
+/// answers (ESRCH = gone, EPERM = alive) without a signal call, and pid 0 never counts as
+/// alive. An error other than "not found" counts as alive, so nothing is reaped by mistake.
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match fs::metadata(Path::new("/proc").join(pid.to_string())) {
+        Ok(_) => true,
+        Err(e) => e.kind() != io::ErrorKind::NotFound,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_liveness() {
+        let p = Path::new("/x/mpib-42-1700000000000000000.probes");
+        assert_eq!(parse_name(p), Some((42, 1_700_000_000_000_000_000)));
+        assert_eq!(parse_name(Path::new("/x/mpib-42.probes")), None);
+        assert_eq!(parse_name(Path::new("/x/other-1-2.probes")), None);
+        assert!(pid_alive(std::process::id()));
+        assert!(!pid_alive(0));
+        assert!(!pid_alive(999_999_999));
+    }
+
+    #[test]
+    fn lists_only_probes_files() {
+        let dir = std::env::temp_dir().join(format!("mpib-files-unit-{}", std::process::id()));
+        fs::create_dir_all(dir.join("sub.probes")).unwrap();
+        fs::write(dir.join("b.probes"), b"").unwrap();
+        fs::write(dir.join("a.probes"), b"").unwrap();
+        fs::write(dir.join("c.txt"), b"").unwrap();
+        let names: Vec<_> = list(&dir)
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.probes", "b.probes"]);
+        let id = Identity::of(&dir.join("a.probes")).unwrap();
+        assert!(id.same_file(&Identity::of(&dir.join("a.probes")).unwrap()));
+        assert!(id.age() < Duration::from_secs(60));
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(list(&dir).unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,97 @@
+//! The NICs' own counters from sysfs, for the rails' `device`/`port`:
+//! `<root>/class/infiniband/<device>/ports/<port>/counters/*` and `.../hw_counters/*`.
+//!
+//! `port_xmit_data` and `port_rcv_data` count 4-byte words (InfiniBand PortCounters); they are
+//! multiplied by 4 and exported as `port_xmit_data_bytes` / `port_rcv_data_bytes`. Every other
+//! file that holds one unsigned integer is exported under its own name. A name present in both
+//! directories is taken from `counters/`. Missing directories yield nothing (no RDMA here).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Counters in 4-byte words, with the name they are exported under once in bytes.
+const WORD_COUNTERS: [(&str, &str); 2] = [
+    ("port_xmit_data", "port_xmit_data_bytes"),
+    ("port_rcv_data", "port_rcv_data_bytes"),
+];
+
+/// Whether `device` is a plain directory name (it comes from a probes file: never let it
+/// walk out of the sysfs tree).
+fn safe_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// The port directory of `device`/`port` under `root`, if the names are safe.
+pub fn port_dir(root: &Path, device: &str, port: u32) -> Option<PathBuf> {
+    safe_name(device).then(|| {
+        root.join("class/infiniband")
+            .join(device)
+            .join("ports")
+            .join(port.to_string())
+    })
+}
+
+/// `(counter name, value)` for one port, sorted by name; empty when sysfs has no such port.
+pub fn read_port_counters(root: &Path, device: &str, port: u32) -> Vec<(String, u64)> {
+    let Some(dir) = port_dir(root, device, port) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for sub in ["counters", "hw_counters"] {
+        let Ok(entries) = fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Some(value) = read_value(&entry.path()) else {
+                continue;
+            };
+            let (name, value) = match WORD_COUNTERS.iter().find(|(raw, _)| *raw == name) {
+                Some((_, bytes)) => ((*bytes).to_owned(), value.saturating_mul(4)),
+                None => (name, value),
+            };
+            if !out.iter().any(|(seen, _)| *seen == name) {
+                out.push((name, value));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn read_value(path: &Path) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.trim().parse().ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_directories_and_converts_words() {
+        let root = std::env::temp_dir().join(format!("mpib-sysfs-unit-{}", std::process::id()));
+        let port = root.join("class/infiniband/mlx5_0/ports/1");
+        fs::create_dir_all(port.join("counters")).unwrap();
+        fs::create_dir_all(port.join("hw_counters")).unwrap();
+        fs::write(port.join("counters/port_xmit_data"), "100\n").unwrap();
+        fs::write(port.join("counters/symbol_error"), "2\n").unwrap();
+        fs::write(port.join("counters/garbage"), "n/a\n").unwrap();
+        fs::write(port.join("hw_counters/out_of_buffer"), "7\n").unwrap();
+        fs::write(port.join("hw_counters/symbol_error"), "99\n").unwrap();
+        let got = read_port_counters(&root, "mlx5_0", 1);
+        let want = [
+            ("out_of_buffer".to_owned(), 7),
+            ("port_xmit_data_bytes".to_owned(), 400),
+            ("symbol_error".to_owned(), 2),
+        ];
+        assert_eq!(got, want);
+        assert!(read_port_counters(&root, "mlx5_0", 2).is_empty());
+        assert!(read_port_counters(&root, "../../etc", 1).is_empty());
+        assert!(port_dir(&root, "a/b", 1).is_none());
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,190 @@
+//! OTLP traces: each slow (or sampled) transfer becomes a span `mpib.slow_transfer` with one
+//! child `mpib.rail_transfer` per active rail, with the writer's own timestamps.
+//!
+//! Spans are built with the OpenTelemetry API directly (explicit start and end times from the
+//! event record, not the collector's clock). Integer attributes are `i64`: a `u64` would arrive
+//! as a string. The exporter is OTLP/gRPC (tonic); it must be built inside a Tokio runtime,
+//! while the SDK's batch processor runs on its own thread.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mpib_probes::{
+    Direction, EventKind, FileInfo, SlowTransfer, SlowTransferRecord, MAX_RAILS, NO_CONNECTION,
+    RAIL_NAMES,
+};
+use opentelemetry::trace::{
+    Span as _, SpanKind, TraceContextExt, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider,
+};
+use opentelemetry_sdk::Resource;
+
+/// Service name of the resource.
+pub const SERVICE_NAME: &str = "mpib-collector";
+/// Name of the parent span.
+pub const SLOW_SPAN: &str = "mpib.slow_transfer";
+/// Name of the per-rail child spans.
+pub const RAIL_SPAN: &str = "mpib.rail_transfer";
+
+/// The tracer provider and its tracer.
+pub struct Traces {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+}
+
+impl Traces {
+    /// Export to the OTLP/gRPC `endpoint`, batching for at most `delay`. Call inside a Tokio
+    /// runtime. `host` and `pid` (the collector's) go into the resource.
+    ///
+    /// # Errors
+    ///
+    /// The exporter cannot be built (for example an invalid endpoint URI).
+    pub fn new(endpoint: &str, delay: Duration, host: &str) -> Result<Traces, String> {
+        let exporter = SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| format!("OTLP exporter for {endpoint}: {e}"))?;
+        let config = BatchConfigBuilder::default()
+            .with_scheduled_delay(delay)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(config)
+            .build();
+        let resource = Resource::builder()
+            .with_service_name(SERVICE_NAME)
+            .with_attributes([
+                KeyValue::new("host.name", host.to_owned()),
+                KeyValue::new("process.pid", i64::from(std::process::id())),
+            ])
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer(SERVICE_NAME);
+        Ok(Traces { provider, tracer })
+    }
+
+    /// The tracer (also handed to the `tracing` layer).
+    pub fn tracer(&self) -> &SdkTracer {
+        &self.tracer
+    }
+
+    /// Emit the spans of one event record from the writer described by `info`. Returns false
+    /// (and emits nothing) when the record has no timestamps.
+    pub fn emit(&self, info: &FileInfo, record: &SlowTransferRecord) -> bool {
+        let t = &record.transfer;
+        let rails = active_rails(t);
+        let Some(start) = rails.iter().map(|&r| t.post_ns[r]).min() else {
+            return false;
+        };
+        let end = rails
+            .iter()
+            .map(|&r| t.done_ns[r])
+            .max()
+            .unwrap_or(start)
+            .max(start);
+        let parent = self
+            .tracer
+            .span_builder(SLOW_SPAN)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(time(start))
+            .with_attributes(parent_attributes(info, t))
+            .start(&self.tracer);
+        let cx = Context::new().with_span(parent);
+        for r in rails {
+            let mut child = self
+                .tracer
+                .span_builder(RAIL_SPAN)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(time(t.post_ns[r]))
+                .with_attributes(rail_attributes(info, t, r))
+                .start_with_context(&self.tracer, &cx);
+            child.end_with_timestamp(time(t.done_ns[r].max(t.post_ns[r])));
+        }
+        cx.span().end_with_timestamp(time(end));
+        true
+    }
+
+    /// Flush and stop (blocking: call from a blocking thread).
+    ///
+    /// # Errors
+    ///
+    /// The SDK's shutdown error, as text.
+    pub fn shutdown(&self) -> Result<(), String> {
+        self.provider.shutdown().map_err(|e| e.to_string())
+    }
+}
+
+/// Rails whose bit is set in the mask and that have a post time.
+pub fn active_rails(t: &SlowTransfer) -> Vec<usize> {
+    (0..MAX_RAILS)
+        .filter(|&r| t.rail_mask & (1 << r) != 0 && t.post_ns[r] != 0)
+        .collect()
+}
+
+fn time(ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns)
+}
+
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// `"slow"`, `"sampled"` or `"kind-N"`.
+pub fn kind_name(kind: EventKind) -> String {
+    match kind {
+        EventKind::SLOW => "slow".to_owned(),
+        EventKind::SAMPLED => "sampled".to_owned(),
+        EventKind(other) => format!("kind-{other}"),
+    }
+}
+
+/// `"send"`, `"recv"` or `"unknown-N"`.
+pub fn direction_name(direction: Direction) -> String {
+    match direction {
+        Direction::Send => "send".to_owned(),
+        Direction::Recv => "recv".to_owned(),
+        Direction::Unknown(code) => format!("unknown-{code}"),
+    }
+}
+
+fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
+    let conn = if t.conn_index == NO_CONNECTION {
+        -1
+    } else {
+        i64::from(t.conn_index)
+    };
+    vec![
+        KeyValue::new("mpib.size", int(t.size)),
+        KeyValue::new("mpib.rail_mask", i64::from(t.rail_mask)),
+        KeyValue::new("mpib.sup_bw", i64::from(t.sup_bw)),
+        KeyValue::new("mpib.slot", i64::from(t.slot)),
+        KeyValue::new("mpib.peer", t.peer.to_string()),
+        KeyValue::new("mpib.direction", direction_name(t.direction)),
+        KeyValue::new("mpib.conn_index", conn),
+        KeyValue::new("mpib.kind", kind_name(t.kind)),
+        KeyValue::new("mpib.host", info.host.clone()),
+        KeyValue::new("mpib.pid", i64::from(info.pid)),
+    ]
+}
+
+fn rail_attributes(info: &FileInfo, t: &SlowTransfer, r: usize) -> Vec<KeyValue> {
+    let (device, port) = info
+        .rails
+        .get(r)
+        .map_or((String::new(), 0), |rail| (rail.device.clone(), rail.port));
+    vec![
+        KeyValue::new("mpib.rail", RAIL_NAMES[r]),
+        KeyValue::new("mpib.rail_index", r as i64),
+        KeyValue::new("mpib.bytes", int(t.rail_bytes[r])),
+        KeyValue::new("mpib.qp_num", i64::from(t.qp_num[r])),
+        KeyValue::new("mpib.device", device),
+        KeyValue::new("mpib.port", i64::from(port)),
+    ]
+}
