@@ -11,6 +11,7 @@
 #   vanilla inter-island   the same with MPIB_ISLAND_PREFIX_LEN=32: no SUP QPs, all SOUT
 #   advanced sup_bw=N      N = 0, 256, 512, 1024 through the test agent: both rails, split checked
 #   grouped receives       grouped n=1..8 and 256 in flight at sup_bw 512 (both rails)
+#   fault                  SUP wire cut mid-run: both sides get ncclRemoteError, nothing hangs
 # plus the verbs device tests (tests/verbs_device.rs, `fabric::verbs` lib tests marked ignored)
 # and the main job, `mpib-demo --fabric verbs`. Each side checks the bytes per rail from its probes
 # file against the split rule, so SRQ receives and WRITE_WITH_IMM really happen on both rails.
@@ -66,29 +67,28 @@ if [ "${1-}" = --guest ]; then
          END { if (n) printf "%d case(s), rails SOUT %d B / SUP %d B", n, s, u; else printf "no case" }' "$1"
   }
 
-  # pair NAME VERSION CASES "EXTRA K=V..." [mpib-xfer ARGS...]: receiver (host B) and sender
-  # (host A) in parallel; if one fails, the other gets 10 s to finish before it is stopped.
-  pair() {
-    local name=$1 version=$2 cases=$3 extra=$4
-    shift 4
-    wanted "$name" || return 0
-    local s d tmp t rp sp first rc1 other rc2 killer='' rr sr why
-    s=$(slug "$name")
-    d=$W/$s tmp=/tmp/rig/$s
-    mkdir -p "$d" "$tmp"
-    t=$(now)
-    # shellcheck disable=SC2086  # $extra is a list of K=V words
-    env "${B[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" MPIB_HINT_PATH="$tmp/hints" \
-      timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role recv --version "$version" \
-      --handle-file "$tmp/handle" --cases "$cases" --plugin "$bin/libnccl-net-mpib.so" "$@" \
-      > "$d/recv.log" 2>&1 &
-    rp=$!
-    # shellcheck disable=SC2086
-    env "${A[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" MPIB_HINT_PATH="$tmp/hints" \
-      timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role send --version "$version" \
-      --handle-file "$tmp/handle" --cases "$cases" --plugin "$bin/libnccl-net-mpib.so" "$@" \
-      > "$d/send.log" 2>&1 &
-    sp=$!
+  # launch DIR TMP VERSION CASES "EXTRA K=V..." [mpib-xfer ARGS...]: starts the receiver (host B)
+  # and the sender (host A) in the background; sets rp and sp. The arrays recv_args and send_args
+  # add arguments for one role.
+  recv_args=() send_args=()
+  launch() {
+    local d=$1 tmp=$2 version=$3 cases=$4 extra=$5 role
+    shift 5
+    for role in recv send; do
+      local host=("${B[@]}") more=("${recv_args[@]}")
+      [ $role = recv ] || host=("${A[@]}") more=("${send_args[@]}")
+      # shellcheck disable=SC2086  # $extra is a list of K=V words
+      env "${host[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" MPIB_HINT_PATH="$tmp/hints" \
+        timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role $role --version "$version" \
+        --handle-file "$tmp/handle" --cases "$cases" --plugin "$bin/libnccl-net-mpib.so" "$@" \
+        "${more[@]}" > "$d/$role.log" 2>&1 &
+      if [ $role = recv ]; then rp=$!; else sp=$!; fi
+    done
+  }
+  # reap: waits for both; if one fails, the other gets 10 s to finish before it is stopped.
+  # Sets rr and sr (the receiver's and the sender's exit status).
+  reap() {
+    local first rc1 other rc2 killer=''
     wait -n -p first "$rp" "$sp"
     rc1=$?
     if [ "$first" = "$rp" ]; then other=$sp; else other=$rp; fi
@@ -100,15 +100,67 @@ if [ "${1-}" = --guest ]; then
     rc2=$?
     [ -z "$killer" ] || { kill "$killer" 2>/dev/null; wait "$killer" 2>/dev/null; }
     if [ "$first" = "$rp" ]; then rr=$rc1 sr=$rc2; else rr=$rc2 sr=$rc1; fi
+  }
+  verdict() { # verdict NAME DIR PASS-DETAIL
     if [ "$rr" = 0 ] && [ "$sr" = 0 ]; then
-      record PASS "$name" "$(rails_of "$d/recv.log") verified by the receiver, $(since "$t") s"
+      record PASS "$1" "$3"
     else
-      why=$(grep -h -m1 'FAILED' "$d/recv.log" "$d/send.log" | head -n 1)
-      [ -n "$why" ] || why="no FAILED line"
-      record FAIL "$name" "receiver rc=$rr, sender rc=$sr (124: timed out, 143: stopped after the peer failed); $why"
-      show_tail "receiver (host B)" "$d/recv.log"
-      show_tail "sender (host A)" "$d/send.log"
+      local why
+      why=$(grep -h -m1 'FAILED' "$2/recv.log" "$2/send.log" | head -n 1)
+      record FAIL "$1" "receiver rc=$rr, sender rc=$sr (124: timed out, 143: stopped after the peer failed); ${why:-no FAILED line}"
+      show_tail "receiver (host B)" "$2/recv.log"
+      show_tail "sender (host A)" "$2/send.log"
     fi
+  }
+
+  # pair NAME VERSION CASES "EXTRA K=V..." [mpib-xfer ARGS...]
+  pair() {
+    local name=$1 s d tmp t
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    t=$(now)
+    launch "$d" "$tmp" "${@:2}"
+    reap
+    verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver, $(since "$t") s"
+  }
+
+  # fault NAME VERSION DEV: a vanilla intra-island pair (all SUP) whose SUP wire (DEV: host A's
+  # end, so A->B packets are lost) drops every packet once the sender has passed its first case.
+  # The sender must get the error from the plugin (ncclRemoteError / ncclSystemError); the
+  # receiver too, or, when it had nothing in flight on the wire (an RC QP cannot see an error
+  # then), its requests simply never complete and the run ends at its 20 s data deadline. Nothing
+  # may hang. MPIB_IB_TIMEOUT=14 with retry_cnt 6: the error comes about 0.5 s after the cut.
+  fault() {
+    local name=$1 version=$2 dev=$3 s d tmp t tcut i
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    t=$(now)
+    recv_args=(--expect-error bounded --data-timeout 20)
+    send_args=(--expect-error plugin --data-timeout 60)
+    launch "$d" "$tmp" "$version" sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes \
+      "MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14"
+    recv_args=() send_args=()
+    for ((i = 0; i < 600; i++)); do
+      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
+      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
+      sleep 0.2
+    done
+    tc qdisc add dev "$dev" root netem loss 100%
+    tcut=$(now)
+    reap
+    tc qdisc del dev "$dev" root 2>/dev/null
+    local how
+    how="sender: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/send.log" | head -n 1)"
+    if grep -q 'reported the failure as expected' "$d/recv.log"; then
+      how+=", receiver: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/recv.log" | head -n 1)"
+    else
+      how+=", receiver: nothing in flight, stopped at its deadline"
+    fi
+    verdict "$name" "$d" "$how; both exited $(since "$tcut") s after the cut, $(since "$t") s in all"
   }
 
   # unit NAME LOG TIMEOUT CMD...: a test binary of the verbs device tests.
@@ -148,6 +200,7 @@ if [ "${1-}" = --guest ]; then
     pair "$v grouped receives (advanced, sup_bw=512)" "$v" "grouped@512,outstanding@512" \
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
   done
+  fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1)" v12 veth_a1
   name="mpib-demo --fabric verbs (the main job)"
   if wanted "$name"; then
     t=$(now)

@@ -7,6 +7,7 @@
 //! mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|…] [--cases NAME[,NAME…]]
 //!           [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check]
 //!           [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]
+//!           [--expect-error plugin|bounded]
 //! ```
 //!
 //! The receiver `init`s, `listen`s, writes the 128-byte handle to PATH (atomic rename) and polls
@@ -15,7 +16,12 @@
 //! rail (probes file). With `MPIB_MODE=1` the sender serves the test agent at `MPIB_AGENT_SOCKET`
 //! and `MPIB_HINT_PATH` (the receiver points at the same paths) and sets each `split-N` case's
 //! SUP share. Exit status 0 when every case passed, 1 on the first failure (the message names the
-//! version, case, size and iteration), 2 on bad arguments.
+//! version, case, size and iteration), 2 on bad arguments. With `--expect-error` (fault tests:
+//! the caller breaks a wire during the run) the roles flip: 0 when the plugin itself reported the
+//! failure (`ncclRemoteError` or `ncclSystemError` from a call) or, with `bounded`, when the run
+//! also ended at the data deadline (a receiver with nothing in flight on the wire cannot see an RC
+//! error: the requests just never complete, but every call returns); 1 when every case passed or
+//! the run failed any other way (wrong bytes, a refused call).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,7 +35,17 @@ use mpib_driver::{locate_built_plugin, Agent, Plugin, Version};
 
 const USAGE: &str = "usage: mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|...] \
 [--cases NAME[,NAME...]] [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] \
-[--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]";
+[--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S] \
+[--expect-error plugin|bounded]";
+
+/// What a fault run must end in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ExpectError {
+    /// An error the plugin returned from a call.
+    Plugin,
+    /// That, or the driver's data deadline.
+    Bounded,
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -45,6 +61,7 @@ struct Args {
     scale: Scale,
     expect_class: Option<PathClass>,
     rail_check: bool,
+    expect_error: Option<ExpectError>,
     plugin: Option<PathBuf>,
     connect_timeout: Duration,
     data_timeout: Duration,
@@ -69,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
         scale: Scale::Rig,
         expect_class: None,
         rail_check: true,
+        expect_error: None,
         plugin: None,
         connect_timeout: Duration::from_secs(60),
         data_timeout: Duration::from_secs(120),
@@ -102,6 +120,17 @@ fn parse_args() -> Result<Args, String> {
                 args.expect_class = Some(PathClass::parse(&text).map_err(|e| e.to_string())?);
             }
             "--no-rail-check" => args.rail_check = false,
+            "--expect-error" => {
+                args.expect_error = Some(match value("--expect-error")?.as_str() {
+                    "plugin" => ExpectError::Plugin,
+                    "bounded" => ExpectError::Bounded,
+                    other => {
+                        return Err(format!(
+                            "--expect-error {other:?}: expected plugin or bounded"
+                        ))
+                    }
+                })
+            }
             "--plugin" => args.plugin = Some(PathBuf::from(value("--plugin")?)),
             "--connect-timeout" => {
                 args.connect_timeout = seconds("--connect-timeout", &value("--connect-timeout")?)?
@@ -140,9 +169,9 @@ fn main() -> ExitCode {
     );
     let start = Instant::now();
     match run(&args, &who) {
-        Ok(count) => {
+        Ok(what) => {
             println!(
-                "{who}: PASS all {count} case(s) in {:.1} s",
+                "{who}: PASS {what} in {:.1} s",
                 start.elapsed().as_secs_f64()
             );
             ExitCode::SUCCESS
@@ -185,7 +214,36 @@ fn start_agent(who: &str) -> Result<Option<Agent>, String> {
     Ok(Some(agent))
 }
 
-fn run(args: &Args, who: &str) -> Result<usize, String> {
+/// `--expect-error`: the walk must have ended in an error the plugin returned from a call
+/// (`ncclRemoteError` or `ncclSystemError`), or with `bounded` also at the data deadline; never in
+/// success or wrong bytes.
+fn expected_error<T>(
+    walked: mpib_driver::Result<T>,
+    expect: ExpectError,
+    who: &str,
+) -> Result<String, String> {
+    use mpib_driver::abi::{NCCL_REMOTE_ERROR, NCCL_SYSTEM_ERROR};
+    match walked {
+        Err(e) if matches!(e.code(), Some(NCCL_REMOTE_ERROR | NCCL_SYSTEM_ERROR)) => {
+            println!("{who}: the plugin reported the failure as expected: {e}");
+            Ok("(the fault was reported by the plugin, as expected)".into())
+        }
+        Err(e @ mpib_driver::Error::Timeout(_)) if expect == ExpectError::Bounded => {
+            println!("{who}: the run ended at the data deadline, as allowed: {e}");
+            Ok("(the fault stopped the run at the data deadline; every call returned)".into())
+        }
+        Err(e) => Err(format!(
+            "expected the plugin to report ncclRemoteError or ncclSystemError, got: {e}"
+        )),
+        Ok(_) => Err(
+            "expected the plugin to report ncclRemoteError or ncclSystemError, but every case \
+             passed (did the fault land after the last transfer?)"
+                .into(),
+        ),
+    }
+}
+
+fn run(args: &Args, who: &str) -> Result<String, String> {
     let cases = cases::parse_list(&args.cases, args.scale).map_err(|e| e.to_string())?;
     // The agent (a thread) starts before the plugin is loaded; it never reads the environment.
     let agent = match args.role {
@@ -239,7 +297,11 @@ fn run(args: &Args, who: &str) -> Result<usize, String> {
                 .map_err(|e| e.to_string())?;
             let mut receiver = listener.accept().map_err(|e| e.to_string())?;
             println!("{who}: connected");
-            xfer::walk(&mut receiver, &cases, None, checks, log).map_err(|e| e.to_string())?;
+            let walked = xfer::walk(&mut receiver, &cases, None, checks, log);
+            if let Some(expect) = args.expect_error {
+                return expected_error(walked, expect, who);
+            }
+            walked.map_err(|e| e.to_string())?;
             receiver.close().map_err(|e| format!("close: {e}"))?;
         }
         Role::Send => {
@@ -261,12 +323,15 @@ fn run(args: &Args, who: &str) -> Result<usize, String> {
                         .collect::<Vec<_>>()
                 );
             }
-            xfer::walk(&mut sender, &cases, agent.as_ref(), checks, log)
-                .map_err(|e| e.to_string())?;
+            let walked = xfer::walk(&mut sender, &cases, agent.as_ref(), checks, log);
+            if let Some(expect) = args.expect_error {
+                return expected_error(walked, expect, who);
+            }
+            walked.map_err(|e| e.to_string())?;
             sender.close().map_err(|e| format!("close: {e}"))?;
         }
     }
     drop(net);
     drop(agent);
-    Ok(cases.len())
+    Ok(format!("all {} case(s)", cases.len()))
 }
