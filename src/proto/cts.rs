@@ -242,7 +242,11 @@ impl CompletionRecord {
         for (size, chunk) in record.sizes.iter_mut().zip(bytes[..32].chunks_exact(4)) {
             *size = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
         }
-        for (count, chunk) in record.rail_bytes.iter_mut().zip(bytes[32..].chunks_exact(8)) {
+        for (count, chunk) in record
+            .rail_bytes
+            .iter_mut()
+            .zip(bytes[32..].chunks_exact(8))
+        {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
             *count = u64::from_le_bytes(word);
