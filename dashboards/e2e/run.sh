@@ -8,22 +8,24 @@
 #   3. Prometheus (Debian's binary) on 127.0.0.1 with a temp TSDB, scraping the collector
 #      every 1 s and loading dashboards/alerts.yml;
 #   4. mpib-demo over the loopback fabric, advanced mode with its test agent, writing its
-#      probes into that directory (MPIB_PROBES_DIR), for about E2E_SECONDS;
+#      probes into that directory (MPIB_PROBES_DIR), for about MPIB_E2E_SECONDS (its
+#      iterations sized by a short timed run first);
 #   5. while it runs: dashboards/e2e/check_panels.py runs every panel target and template
 #      variable of dashboards/mpib.json against Prometheus' HTTP API, checks the metric names
 #      against the collector's /metrics, the recording rule, and that no error alert fires.
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit (by pid).
-# Environment: MPIB_E2E_ITERATIONS (mpib-demo --iterations, default 120: about 30 s here),
-# MPIB_E2E_CHECK_AFTER (seconds of workload before checking, default 20),
-# MPIB_E2E_KEEP=1 (keep the temp directory with the logs and the TSDB).
+# Environment: MPIB_E2E_SECONDS (workload length, default 30), MPIB_E2E_ITERATIONS (mpib-demo
+# --iterations instead of sizing it), MPIB_E2E_CHECK_AFTER (seconds of workload before the
+# checks, default 20), MPIB_E2E_KEEP=1 (keep the temp directory: logs, TSDB, last scrape).
 # Exit status: 0 when every check passed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/lib/setup.sh
 ensure_rust
 
-iterations="${MPIB_E2E_ITERATIONS:-120}"
+seconds="${MPIB_E2E_SECONDS:-30}"
+iterations="${MPIB_E2E_ITERATIONS:-}"
 check_after="${MPIB_E2E_CHECK_AFTER:-20}"
 for tool in prometheus promtool python3 curl; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -121,9 +123,20 @@ prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom"
     --log.level=warn >"$work/prometheus.log" 2>&1 &
 started+=("$!")
 wait_for 60 "prometheus to be ready" curl -fsS "$prom_url/-/ready"
-window_start=$(date +%s)
 
+if [ -z "$iterations" ]; then
+    # Size the run to about $seconds s on this machine: time a short run (probes off).
+    t_a=$(date +%s%N)
+    MPIB_FABRIC=loopback MPIB_PROBES=0 TMPDIR="$work/tmp" \
+        target/release/mpib-demo --iterations 4 >"$work/calibrate.log" 2>&1
+    per_iteration_ms=$(( ($(date +%s%N) - t_a) / 4000000 + 1 ))
+    iterations=$(( seconds * 1000 / per_iteration_ms ))
+    [ "$iterations" -ge 20 ] || iterations=20
+    [ "$iterations" -le 5000 ] || iterations=5000
+    echo "    calibrated: ~${per_iteration_ms} ms per iteration, $iterations iterations for ~${seconds} s"
+fi
 echo "==> mpib-demo --iterations $iterations (loopback, advanced mode, probes on)"
+window_start=$(date +%s)
 # Not under timeout(1): the agent's directory is named after the demo's own pid. The wait
 # below is bounded instead.
 MPIB_FABRIC=loopback MPIB_PROBES_DIR="$work/probes" TMPDIR="$work/tmp" \
@@ -133,9 +146,15 @@ started+=("$demo")
 ln -s "$work/tmp/mpib-agent-$demo-0/hints" "$work/hints"
 t_demo=$(date +%s)
 
+# snapshot: keep the last scrape that has the plugin's series. If the demo ends before the
+# checks start (a fast machine), the collector drops its series; names are checked on this copy.
+snapshot() {
+    curl -fsS "$metrics_url" >"$work/scrape.tmp" 2>/dev/null \
+        && grep -q '^mpib_rail_tx_bytes_total{' "$work/scrape.tmp" \
+        && mv "$work/scrape.tmp" "$work/scrape.txt"
+}
 # Wait until the workload has run for check_after seconds (or ended), with live series.
-wait_for 60 "the plugin's probes in the collector's scrape" \
-    sh -c "curl -fsS '$metrics_url' | grep -q '^mpib_rail_tx_bytes_total{'"
+wait_for 60 "the plugin's probes in the collector's scrape" snapshot
 # There is no RDMA NIC here: give the collector a sysfs tree (--sysfs-root) for the loopback
 # rails' device/port, with idle counters, so that the NIC-counter panel has its series. On a
 # real host the collector reads /sys.
@@ -154,16 +173,19 @@ for dev, port in sorted({m.groups() for m in re.finditer(
     print(f"    fake sysfs counters for {dev}/{port}")
 ' "$work/sys"
 while kill -0 "$demo" 2>/dev/null && [ $(($(date +%s) - t_demo)) -lt "$check_after" ]; do
+    snapshot || true
     sleep 1
 done
 if kill -0 "$demo" 2>/dev/null; then
     echo "==> checking while mpib-demo runs ($(($(date +%s) - t_demo)) s in)"
+    scrape="$metrics_url"
 else
-    echo "==> mpib-demo ended before $check_after s; checking its last live samples"
+    echo "==> mpib-demo ended before $check_after s; checking its last live samples and scrape"
+    scrape="file://$work/scrape.txt"
 fi
 set +e
 python3 dashboards/e2e/check_panels.py dashboards/mpib.json \
-    --prometheus "$prom_url" --metrics "$metrics_url" --start "$window_start" \
+    --prometheus "$prom_url" --metrics "$scrape" --start "$window_start" \
     --rate-interval 1m --rules dashboards/alerts.yml \
     --no-fire MpibMaskMismatch,MpibErrorCompletions,MpibProtocolErrors,MpibWriterStale
 check=$?
