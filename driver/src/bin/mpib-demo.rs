@@ -215,60 +215,13 @@ fn run(args: &Args) -> Result<(), String> {
         "{:>16} {:>7} {:>12} {:>9}   {:>26} {:>14}",
         "size", "sup_bw", "time/iter", "GB/s", "measured: SOUT bytes", "SUP bytes"
     );
-    let sent = |probes: &Option<mpib_driver::rails::Probes>| -> Result<Option<(u64, u64)>, String> {
-        match probes {
-            None => Ok(None),
-            Some(p) => p
-                .only(mpib_driver::rails::Direction::Send)
-                .map(|c| Some(c.rail_bytes))
-                .map_err(|e| e.to_string()),
-        }
-    };
     let mut moved = 0usize;
     for sup_bw in SUP_BW {
         for r in agent.registrations() {
             agent.set_sup_bw(r.slot, sup_bw);
         }
         for size in SIZES.into_iter().filter(|s| *s <= args.max_size) {
-            let plan = Plan::single(size).labelled(format!("size {size} sup_bw {sup_bw}"));
-            let case = pattern::case_id(&plan.label);
-            let mut total = Duration::ZERO;
-            let before = sent(&probes)?;
-            for iteration in 0..args.iterations {
-                pair.prepare(&plan, case, iteration)
-                    .map_err(|e| e.to_string())?;
-                let report = pair.run(&plan).map_err(|e| e.to_string())?;
-                pair.verify(&plan, case, iteration, &report)
-                    .map_err(|e| e.to_string())?;
-                total += report.elapsed;
-                moved += size;
-            }
-            let per_iter = total / args.iterations as u32;
-            let gbps = (size as f64 * args.iterations as f64) / total.as_secs_f64().max(1e-9) / 1e9;
-            let expected = expected_split(size, sup_bw);
-            let (sout, sup) = match (before, sent(&probes)?) {
-                (Some(before), Some(after)) => {
-                    let n = args.iterations;
-                    let measured = ((after.0 - before.0) / n, (after.1 - before.1) / n);
-                    if measured != (expected.0 as u64, expected.1 as u64) {
-                        return Err(format!(
-                            "size {size} sup_bw {sup_bw}: the rails carried {measured:?} bytes per \
-                             transfer, the split rule says {expected:?}"
-                        ));
-                    }
-                    (measured.0.to_string(), measured.1.to_string())
-                }
-                _ => ("(probes off)".to_string(), "-".to_string()),
-            };
-            println!(
-                "{:>16} {:>7} {:>9.1} us {:>9.3}   {:>26} {:>14}",
-                human(size),
-                sup_bw,
-                per_iter.as_secs_f64() * 1e6,
-                gbps,
-                sout,
-                sup
-            );
+            moved += loopback_row(args, &mut pair, probes.as_ref(), size, sup_bw)?;
         }
         println!();
     }
@@ -289,6 +242,67 @@ fn run(args: &Args) -> Result<(), String> {
     );
     drop(agent);
     Ok(())
+}
+
+/// Bytes each rail carried for this process's send connection, per the plugin's probes.
+fn sent_bytes(probes: Option<&mpib_driver::rails::Probes>) -> Result<Option<(u64, u64)>, String> {
+    match probes {
+        None => Ok(None),
+        Some(p) => p
+            .only(mpib_driver::rails::Direction::Send)
+            .map(|c| Some(c.rail_bytes))
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// One row of the loopback sweep: `iterations` verified transfers of `size` at `sup_bw`, then
+/// the rails' measured bytes checked against the split rule. Returns the bytes moved.
+fn loopback_row(
+    args: &Args,
+    pair: &mut Pair<'_, '_>,
+    probes: Option<&mpib_driver::rails::Probes>,
+    size: usize,
+    sup_bw: u32,
+) -> Result<usize, String> {
+    let plan = Plan::single(size).labelled(format!("size {size} sup_bw {sup_bw}"));
+    let case = pattern::case_id(&plan.label);
+    let mut total = Duration::ZERO;
+    let before = sent_bytes(probes)?;
+    for iteration in 0..args.iterations {
+        pair.prepare(&plan, case, iteration)
+            .map_err(|e| e.to_string())?;
+        let report = pair.run(&plan).map_err(|e| e.to_string())?;
+        pair.verify(&plan, case, iteration, &report)
+            .map_err(|e| e.to_string())?;
+        total += report.elapsed;
+    }
+    let per_iter = total / args.iterations as u32;
+    let gbps = (size as f64 * args.iterations as f64) / total.as_secs_f64().max(1e-9) / 1e9;
+    let expected = expected_split(size, sup_bw);
+    let (sout, sup) = match (before, sent_bytes(probes)?) {
+        (Some(before), Some(after)) => {
+            let n = args.iterations;
+            let measured = ((after.0 - before.0) / n, (after.1 - before.1) / n);
+            if measured != (expected.0 as u64, expected.1 as u64) {
+                return Err(format!(
+                    "size {size} sup_bw {sup_bw}: the rails carried {measured:?} bytes per \
+                     transfer, the split rule says {expected:?}"
+                ));
+            }
+            (measured.0.to_string(), measured.1.to_string())
+        }
+        _ => ("(probes off)".to_string(), "-".to_string()),
+    };
+    println!(
+        "{:>16} {:>7} {:>9.1} us {:>9.3}   {:>26} {:>14}",
+        human(size),
+        sup_bw,
+        per_iter.as_secs_f64() * 1e6,
+        gbps,
+        sout,
+        sup
+    );
+    Ok(size * args.iterations as usize)
 }
 
 // ------------------------------------------------------------------------------ --fabric verbs
