@@ -5,15 +5,18 @@
 //!
 //! ```text
 //! mpib-demo [--plugin PATH] [--iterations N] [--max-size BYTES] [--fabric loopback|verbs]
-//!           [--peer-env NAME=VALUE]...
+//!           [--peer-env NAME=VALUE]... [--hold SECONDS]
 //! ```
 //!
-//! `--fabric loopback` (the default) runs both ends in this process over the in-process fabric;
-//! the rail columns are then the split rule's expectation. `--fabric verbs` runs the receiver in a
-//! second process (this binary again, with `--role recv`), because the plugin opens its two rails
-//! once per process and each "host" has its own: this process is the sender (host A) and serves
-//! the test agent, the child is the receiver (host B), and the rail columns are the bytes each rail
-//! really carried (the plugin's probes file). With neither `MPIB_HCA_SOUT` nor `MPIB_HCA_SUP` set,
+//! The rail columns are the bytes each rail really carried, read from the plugin's own probes file
+//! and checked against the split rule (a mismatch fails the run). `--hold` keeps the comms open
+//! that long after the sweep so a collector can scrape the run.
+//!
+//! `--fabric loopback` (the default) runs both ends in this process over the in-process fabric.
+//! `--fabric verbs` runs the receiver in a second process (this binary again, with `--role
+//! recv`), because the plugin opens its two rails once per process and each "host" has its own:
+//! this process is the sender (host A) and serves the test agent, the child is the receiver
+//! (host B). With neither `MPIB_HCA_SOUT` nor `MPIB_HCA_SUP` set,
 //! the verbs path uses the Soft-RoCE rig's devices (`scripts/rxe-vm`): A = rxe_a0 + rxe_a1 at
 //! 10.100.0.1, B = rxe_b0 + rxe_b1 at 10.100.0.2. Otherwise the receiver inherits this process's
 //! environment, changed by each `--peer-env NAME=VALUE`.
