@@ -85,6 +85,8 @@ wait_for() {
     done
 }
 
+# The normal target directory (target/), or CARGO_TARGET_DIR where the caller set one.
+bin="${CARGO_TARGET_DIR:-target}/release"
 echo "==> cargo build --release (plugin, mpib-demo, mpib-collector)"
 cargo build --release --locked -p mpib -p mpib-driver -p mpib-collector 2>&1 | tail -n 2
 t_built=$(date +%s)
@@ -97,7 +99,7 @@ prom_url="http://127.0.0.1:$prom_port"
 echo "==> mpib-collector on $metrics_url (probes in $work/probes)"
 # The demo's test agent writes its hint file under $work/tmp (its TMPDIR), in a directory
 # named after its pid; $work/hints is linked to it once the demo starts.
-RUST_LOG="${RUST_LOG:-info}" target/release/mpib-collector \
+RUST_LOG="${RUST_LOG:-info}" "$bin"/mpib-collector \
     --probes-dir "$work/probes" --listen "127.0.0.1:$collector_port" \
     --hint-path "$work/hints" --sysfs-root "$work/sys" --interval-ms 500 \
     >"$work/collector.log" 2>&1 &
@@ -128,7 +130,7 @@ if [ -z "$iterations" ]; then
     # Size the run to about $seconds s on this machine: time a short run (probes off).
     t_a=$(date +%s%N)
     MPIB_FABRIC=loopback MPIB_PROBES=0 TMPDIR="$work/tmp" \
-        target/release/mpib-demo --iterations 4 >"$work/calibrate.log" 2>&1
+        "$bin"/mpib-demo --iterations 4 >"$work/calibrate.log" 2>&1
     per_iteration_ms=$(( ($(date +%s%N) - t_a) / 4000000 + 1 ))
     iterations=$(( seconds * 1000 / per_iteration_ms ))
     [ "$iterations" -ge 20 ] || iterations=20
@@ -140,7 +142,7 @@ window_start=$(date +%s)
 # Not under timeout(1): the agent's directory is named after the demo's own pid. The wait
 # below is bounded instead.
 MPIB_FABRIC=loopback MPIB_PROBES_DIR="$work/probes" TMPDIR="$work/tmp" \
-    target/release/mpib-demo --iterations "$iterations" >"$work/demo.log" 2>&1 &
+    "$bin"/mpib-demo --iterations "$iterations" >"$work/demo.log" 2>&1 &
 demo=$!
 started+=("$demo")
 ln -s "$work/tmp/mpib-agent-$demo-0/hints" "$work/hints"
