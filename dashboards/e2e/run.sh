@@ -9,22 +9,25 @@
 #      every 1 s and loading dashboards/alerts.yml;
 #   4. mpib-demo over the loopback fabric, advanced mode with its test agent, writing its
 #      probes into that directory (MPIB_PROBES_DIR), for about MPIB_E2E_SECONDS (its
-#      iterations sized by a short timed run first);
+#      iterations sized by a short timed run first), then holding its comms open (and its
+#      series live) for MPIB_E2E_HOLD s;
 #   5. while it runs: dashboards/e2e/check_panels.py runs every panel target and template
 #      variable of dashboards/mpib.json against Prometheus' HTTP API, checks the metric names
 #      against the collector's /metrics, the recording rule, and that no error alert fires.
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit (by pid).
-# Environment: MPIB_E2E_SECONDS (workload length, default 30), MPIB_E2E_ITERATIONS (mpib-demo
-# --iterations instead of sizing it), MPIB_E2E_CHECK_AFTER (seconds of workload before the
-# checks, default 20), MPIB_E2E_KEEP=1 (keep the temp directory: logs, TSDB, last scrape).
+# Environment: MPIB_E2E_SECONDS (workload length, default 25), MPIB_E2E_HOLD (mpib-demo --hold,
+# default 10), MPIB_E2E_ITERATIONS (mpib-demo --iterations instead of sizing it),
+# MPIB_E2E_CHECK_AFTER (seconds of workload before the checks, default 20), MPIB_E2E_KEEP=1
+# (keep the temp directory: logs, TSDB, last scrape).
 # Exit status: 0 when every check passed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/lib/setup.sh
 ensure_rust
 
-seconds="${MPIB_E2E_SECONDS:-30}"
+seconds="${MPIB_E2E_SECONDS:-25}"
+hold="${MPIB_E2E_HOLD:-10}"
 iterations="${MPIB_E2E_ITERATIONS:-}"
 check_after="${MPIB_E2E_CHECK_AFTER:-20}"
 for tool in prometheus promtool python3 curl; do
@@ -137,12 +140,12 @@ if [ -z "$iterations" ]; then
     [ "$iterations" -le 5000 ] || iterations=5000
     echo "    calibrated: ~${per_iteration_ms} ms per iteration, $iterations iterations for ~${seconds} s"
 fi
-echo "==> mpib-demo --iterations $iterations (loopback, advanced mode, probes on)"
+echo "==> mpib-demo --iterations $iterations --hold $hold (loopback, advanced mode, probes on)"
 window_start=$(date +%s)
 # Not under timeout(1): the agent's directory is named after the demo's own pid. The wait
 # below is bounded instead.
 MPIB_FABRIC=loopback MPIB_PROBES_DIR="$work/probes" TMPDIR="$work/tmp" \
-    "$bin"/mpib-demo --iterations "$iterations" >"$work/demo.log" 2>&1 &
+    "$bin"/mpib-demo --iterations "$iterations" --hold "$hold" >"$work/demo.log" 2>&1 &
 demo=$!
 started+=("$demo")
 ln -s "$work/tmp/mpib-agent-$demo-0/hints" "$work/hints"
