@@ -174,6 +174,11 @@ impl RecvComm {
         data.refill()?;
         let seq = data.fifo_head;
         let slot = slot_of(seq);
+        if data.qps.credits[data.cts_qp].available() == 0 {
+            // CTS credits come back with the periodic signalled CTS completion: reap it here too,
+            // so a caller that only retries `irecv` still makes progress.
+            self.poll(data)?;
+        }
         if data.slot_requests[slot].is_some() || data.qps.credits[data.cts_qp].available() == 0 {
             return Ok(None);
         }
