@@ -207,18 +207,16 @@ impl SendComm {
         self.post_ready(data)?;
         let seq = data.fifo_head;
         let slot = slot_of(seq);
-        if data.slots[slot].phase == Phase::Idle && !self.load_cts(data, seq)? {
-            // Not there yet: reap completions (frees credits and slots, and lets a fabric that
-            // executes work only when polled, like the loopback, make progress), then look again.
+        if !self.slot_matching(data, seq)? {
+            // Not there yet: reap completions (they free slots whose previous use is still in
+            // flight, and a fabric that executes work only when polled, like the loopback, makes
+            // progress), then look once more.
             self.poll(data)?;
-            if data.slots[slot].phase != Phase::Idle || !self.load_cts(data, seq)? {
+            if !self.slot_matching(data, seq)? {
                 return Ok(None);
             }
         }
         let state = &mut data.slots[slot];
-        if state.phase != Phase::Matching || state.seq != seq {
-            return Ok(None); // the previous use of this slot is still in flight
-        }
         let nreqs = state.nreqs as usize;
         let Some(entry) = match_tag(&state.entries[..nreqs], state.taken, tag as u32) else {
             return Ok(None); // NCCL retries until the receive with this tag is posted
@@ -245,6 +243,17 @@ impl SendComm {
             self.post_ready(data)?;
         }
         Ok(Some(data.pool.pointer(index)))
+    }
+
+    /// Whether `seq`'s slot is matching sends: loads its CTS when the slot is free and the
+    /// receiver has written it; false while the slot's previous use is still in flight.
+    fn slot_matching(&self, data: &mut SendData, seq: u64) -> Result<bool> {
+        let state = &data.slots[slot_of(seq)];
+        match state.phase {
+            Phase::Idle => self.load_cts(data, seq),
+            Phase::Matching => Ok(state.seq == seq),
+            Phase::Posting | Phase::InFlight => Ok(false),
+        }
     }
 
     /// Reads the CTS for `seq` if the receiver wrote it (`idx == seq + 1` on every entry).
