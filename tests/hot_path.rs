@@ -63,6 +63,7 @@ fn isend_irecv_and_test_allocate_nothing() {
     std::env::set_var("MPIB_FABRIC", "loopback");
     std::env::set_var("MPIB_MODE", "1"); // advanced: the hint read is on the path too
     std::env::set_var("MPIB_AGENT_SOCKET", "/nonexistent/mpib-agent.sock");
+    std::env::set_var("MPIB_PROBES_SAMPLE", "1"); // every transfer also writes a ring event
     std::env::set_var(
         "MPIB_PROBES_DIR",
         std::env::temp_dir().join("mpib-hot-path-probes"),
