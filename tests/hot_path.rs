@@ -74,6 +74,17 @@ fn isend_irecv_and_test_allocate_nothing() {
     let mut sink = vec![0u8; largest];
     // SAFETY: the buffers outlive the pair (closed below).
     let pair = unsafe { table::connect(net, None, &mut source, &mut sink) };
+    let probes_dir = std::env::temp_dir().join("mpib-hot-path-probes");
+    let probes_file = std::fs::read_dir(&probes_dir).map(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "probes"))
+    });
+    assert!(
+        probes_file.unwrap_or(false),
+        "probes are on: a file in {}",
+        probes_dir.display()
+    );
     COUNTING.with(|c| c.set(true));
     for transfer in 0..TRANSFERS {
         let size = SIZES[transfer % SIZES.len()];
