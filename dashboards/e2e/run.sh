@@ -13,7 +13,9 @@
 #      series live) for MPIB_E2E_HOLD s;
 #   5. while it runs: dashboards/e2e/check_panels.py runs every panel target and template
 #      variable of dashboards/mpib.json against Prometheus' HTTP API, checks the metric names
-#      against the collector's /metrics, the recording rule, and that no error alert fires.
+#      against the collector's /metrics, the recording rule, and that no error alert fires;
+#   6. after it: a short mpib-demo --mode vanilla run (no agent, MPIB_MODE=0, all bytes on SUP
+#      over loopback), checking that Prometheus then has mode="vanilla" series too.
 #
 # Everything listens on 127.0.0.1 only; every process started here is killed on exit (by pid).
 # Environment: MPIB_E2E_SECONDS (workload length, default 25), MPIB_E2E_HOLD (mpib-demo --hold,
@@ -215,6 +217,29 @@ if [ "$demo_rc" -ne 0 ]; then
     echo "error: mpib-demo exited with $demo_rc" >&2
     exit 1
 fi
+
+echo "==> mpib-demo --mode vanilla --iterations 2 --hold 3 (loopback, no agent, probes on)"
+MPIB_FABRIC=loopback MPIB_PROBES_DIR="$work/probes" TMPDIR="$work/tmp" \
+    timeout -k 5 120 "$bin"/mpib-demo --mode vanilla --iterations 2 --hold 3 \
+    >"$work/demo-vanilla.log" 2>&1 &
+vanilla=$!
+started+=("$vanilla")
+vanilla_series() {
+    curl -fsS "$prom_url/api/v1/query" --data-urlencode \
+        'query=count(last_over_time(mpib_connection_bytes_total{mode="vanilla"}[5m]))' \
+        | grep -q '"result":\[{'
+}
+wait_for 60 'mode="vanilla" series in Prometheus' vanilla_series
+set +e
+wait "$vanilla"
+vanilla_rc=$?
+set -e
+tail -n 1 "$work/demo-vanilla.log"
+if [ "$vanilla_rc" -ne 0 ]; then
+    echo "error: mpib-demo --mode vanilla exited with $vanilla_rc" >&2
+    exit 1
+fi
+echo "    mode=\"vanilla\" series present in Prometheus"
 if [ -n "$(ls -A "$work/probes")" ]; then
     echo "error: probes files left behind after a clean shutdown: $(ls "$work/probes")" >&2
     exit 1
