@@ -51,6 +51,8 @@ pub(crate) struct RecvData {
     pool: RequestPool,
     failure: Option<Error>,
     protocol_errors: u64,
+    /// Slots whose CTS is out and whose IMMs may still arrive.
+    outstanding: u32,
     pub(crate) telemetry: ConnectionTelemetry,
     pub(crate) watch: HealthWatch,
 }
@@ -87,6 +89,7 @@ impl RecvData {
             pool: RequestPool::new(),
             failure: None,
             protocol_errors: 0,
+            outstanding: 0,
             watch: HealthWatch::new(health),
             telemetry,
         }
@@ -95,6 +98,11 @@ impl RecvData {
     /// Posts generic receives on every rail whose SRQ is under its low-water mark. The first
     /// fill (at accept) is not counted as a low-water hit.
     pub(crate) fn refill(&mut self) -> Result<()> {
+        self.refill_for(self.outstanding)
+    }
+
+    /// Refills so that every rail's SRQ holds a receive for each of `in_flight` slots.
+    fn refill_for(&mut self, in_flight: u32) -> Result<()> {
         for rail in Rail::ALL {
             let Some(srq) = self.queues[rail.index()]
                 .as_mut()
@@ -104,7 +112,7 @@ impl RecvData {
             };
             let credits = &mut self.srq[rail.index()];
             let first_fill = credits.refills() == 0;
-            let needed = credits.refill_needed();
+            let needed = credits.refill_needed_for(in_flight);
             if needed == 0 {
                 continue;
             }
@@ -171,7 +179,7 @@ impl RecvComm {
                 .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
             memory.check_covers("irecv", buffer.addr, buffer.capacity as u64)?;
         }
-        data.refill()?;
+        data.refill_for(data.outstanding + 1)?;
         let seq = data.fifo_head;
         let slot = slot_of(seq);
         if data.qps.credits[data.cts_qp].available() == 0 {
@@ -224,6 +232,7 @@ impl RecvComm {
                 profiler::start(self.info.profiler, request.profiler_handles[0], &event);
         }
         data.slot_requests[slot] = Some(index);
+        data.outstanding += 1;
         data.fifo_head += 1;
         Ok(Some(data.pool.pointer(index)))
     }
@@ -435,6 +444,7 @@ impl RecvComm {
             std::mem::take(&mut request.profiler_events[0]),
         );
         data.slot_requests[slot] = None;
+        data.outstanding -= 1;
     }
 
     /// Counts a protocol violation (mask mismatches separately) and fails the comm with the full

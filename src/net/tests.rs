@@ -499,3 +499,70 @@ fn gpu_memory_is_refused_when_the_rails_cannot_register_it() {
     assert!(error.message.contains("DMA-BUF"), "{error}");
     close(pair);
 }
+
+#[test]
+fn two_hundred_receives_in_flight_never_starve_the_srq() {
+    let _guard = env_lock();
+    let pair = connect_pair(&[]);
+    const COUNT: usize = 200;
+    let source = vec![5u8; 64];
+    let mut sink = vec![0u8; 64 * COUNT];
+    let smh = register_memory(
+        CommRef::Send(&pair.send),
+        source.as_ptr() as u64,
+        64,
+        PTR_HOST,
+    )
+    .unwrap();
+    let rmh = register_memory(
+        CommRef::Recv(&pair.recv),
+        sink.as_mut_ptr() as u64,
+        sink.len(),
+        PTR_HOST,
+    )
+    .unwrap();
+    // Bring the SUP SRQ down to exactly its low-water mark (512 posted - 448 consumed = 64,
+    // which is not under it, so nothing refills)...
+    for _ in 0..448 {
+        transfer(&pair, 64);
+    }
+    // ...then all receives first, without a single test: the SRQ must already hold enough
+    // receives for every IMM these CTS can bring.
+    let receives: Vec<_> = (0..COUNT)
+        .map(|i| {
+            let buffer = RecvBuffer {
+                addr: sink.as_mut_ptr() as u64 + (i * 64) as u64,
+                capacity: 64,
+                tag: 1,
+                memory: Some(&rmh),
+                profiler_handle: std::ptr::null_mut(),
+            };
+            irecv(&pair.recv, &[buffer])
+                .unwrap()
+                .expect("a slot for every receive")
+        })
+        .collect();
+    let sends: Vec<_> = (0..COUNT)
+        .map(|_| loop {
+            if let Some(r) = isend(
+                &pair.send,
+                source.as_ptr() as u64,
+                64,
+                1,
+                &smh,
+                std::ptr::null_mut(),
+            )
+            .unwrap()
+            {
+                break r;
+            }
+        })
+        .collect();
+    for request in receives.into_iter().chain(sends) {
+        assert_eq!(wait(request).sizes[0], 64);
+    }
+    assert!(sink.iter().all(|b| *b == 5));
+    deregister_memory(CommRef::Send(&pair.send), smh).unwrap();
+    deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
+    close(pair);
+}

@@ -80,6 +80,22 @@ impl SrqCredits {
         }
     }
 
+    /// Receives to post before a new CTS goes out while `in_flight` slots (this one included) may
+    /// still each bring one IMM on this rail: refills to `high` whenever `posted` is under the
+    /// low-water mark or under `in_flight`. The count of posted receives only drops when their
+    /// completions are polled, so without the second condition a burst of receives posted with
+    /// no `test` in between could bring more IMMs than the SRQ still holds (an RNR stall).
+    pub fn refill_needed_for(&mut self, in_flight: u32) -> u32 {
+        let floor = in_flight.min(self.high);
+        if self.posted < self.low {
+            self.refill_needed()
+        } else if self.posted < floor {
+            self.high - self.posted
+        } else {
+            0
+        }
+    }
+
     /// `n` receives were posted successfully (possibly fewer than asked, when the post failed
     /// part way); counts a refill when `n > 0`. Posting beyond `high` is a caller bug.
     pub fn on_posted(&mut self, n: u32) {
@@ -192,6 +208,24 @@ mod tests {
                 }
                 prop_assert!(srq.posted() <= high);
             }
+        }
+    }
+
+    proptest! {
+        /// After a refill for `in_flight` slots, the SRQ holds at least that many receives (up to
+        /// its high-water mark) and never more than the mark.
+        #[test]
+        fn a_refill_covers_every_slot_in_flight(consumed in 0u32..512, in_flight in 0u32..600) {
+            let mut credits = SrqCredits::new(SRQ_LOW_WATER, SRQ_HIGH_WATER);
+            credits.on_posted(SRQ_HIGH_WATER);
+            for _ in 0..consumed {
+                credits.on_consumed().unwrap();
+            }
+            let needed = credits.refill_needed_for(in_flight);
+            credits.on_posted(needed);
+            prop_assert!(credits.posted() >= in_flight.min(SRQ_HIGH_WATER));
+            prop_assert!(credits.posted() >= SRQ_LOW_WATER);
+            prop_assert!(credits.posted() <= SRQ_HIGH_WATER);
         }
     }
 }
