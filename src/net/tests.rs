@@ -505,7 +505,7 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
     let _guard = env_lock();
     let pair = connect_pair(&[]);
     const COUNT: usize = 200;
-    let source = vec![5u8; 64];
+    let source = [5u8; 64];
     let mut sink = vec![0u8; 64 * COUNT];
     let smh = register_memory(
         CommRef::Send(&pair.send),
