@@ -93,6 +93,22 @@ const ENV_NAMES: [&str; 10] = [
     "MPIB_ISLAND_PREFIX_LEN",
 ];
 
+/// Registers host memory on a comm of the pair.
+fn host_memory(comm: CommRef<'_>, addr: u64, len: usize) -> Box<MemoryHandle> {
+    register_memory(comm, addr, len, PTR_HOST).unwrap()
+}
+
+/// One receive buffer without a profiler handle.
+fn recv_buffer(addr: u64, capacity: usize, tag: i32, memory: &MemoryHandle) -> RecvBuffer<'_> {
+    RecvBuffer {
+        addr,
+        capacity,
+        tag,
+        memory: Some(memory),
+        profiler_handle: std::ptr::null_mut(),
+    }
+}
+
 pub(crate) fn wait(request: NonNull<Request>) -> TestOutcome {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -108,27 +124,17 @@ pub(crate) fn wait(request: NonNull<Request>) -> TestOutcome {
 fn transfer(pair: &Pair, size: usize) {
     let source: Vec<u8> = (0..size.max(1)).map(|i| (i * 7 + size) as u8).collect();
     let mut sink = vec![0u8; size + 64];
-    let smh = register_memory(
+    let smh = host_memory(
         CommRef::Send(&pair.send),
         source.as_ptr() as u64,
         size.max(1),
-        PTR_HOST,
-    )
-    .unwrap();
-    let rmh = register_memory(
+    );
+    let rmh = host_memory(
         CommRef::Recv(&pair.recv),
         sink.as_mut_ptr() as u64,
         sink.len(),
-        PTR_HOST,
-    )
-    .unwrap();
-    let buffer = RecvBuffer {
-        addr: sink.as_mut_ptr() as u64,
-        capacity: sink.len(),
-        tag: 9,
-        memory: Some(&rmh),
-        profiler_handle: std::ptr::null_mut(),
-    };
+    );
+    let buffer = recv_buffer(sink.as_mut_ptr() as u64, sink.len(), 9, &rmh);
     let rreq = loop {
         if let Some(r) = irecv(&pair.recv, &[buffer]).unwrap() {
             break r;
@@ -264,20 +270,12 @@ fn force_flush_reads_back_one_byte_per_rail() {
     let pair = connect_pair(&[("MPIB_FORCE_FLUSH", "1")]);
     assert_eq!(properties(0).unwrap().force_flush, 1);
     let mut sink = vec![0u8; 4096];
-    let rmh = register_memory(
+    let rmh = host_memory(
         CommRef::Recv(&pair.recv),
         sink.as_mut_ptr() as u64,
         sink.len(),
-        PTR_HOST,
-    )
-    .unwrap();
-    let buffer = RecvBuffer {
-        addr: sink.as_mut_ptr() as u64,
-        capacity: sink.len(),
-        tag: 1,
-        memory: Some(&rmh),
-        profiler_handle: std::ptr::null_mut(),
-    };
+    );
+    let buffer = recv_buffer(sink.as_mut_ptr() as u64, sink.len(), 1, &rmh);
     let empty = RecvBuffer {
         capacity: 0,
         ..buffer
@@ -302,20 +300,8 @@ fn without_force_flush_iflush_has_nothing_to_wait_for() {
     let pair = connect_pair(&[]);
     assert_eq!(properties(0).unwrap().force_flush, 0);
     let mut sink = vec![0u8; 64];
-    let rmh = register_memory(
-        CommRef::Recv(&pair.recv),
-        sink.as_mut_ptr() as u64,
-        64,
-        PTR_HOST,
-    )
-    .unwrap();
-    let buffer = RecvBuffer {
-        addr: sink.as_mut_ptr() as u64,
-        capacity: 64,
-        tag: 1,
-        memory: Some(&rmh),
-        profiler_handle: std::ptr::null_mut(),
-    };
+    let rmh = host_memory(CommRef::Recv(&pair.recv), sink.as_mut_ptr() as u64, 64);
+    let buffer = recv_buffer(sink.as_mut_ptr() as u64, 64, 1, &rmh);
     assert!(iflush(&pair.recv, &[buffer]).unwrap().is_none());
     deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     close(pair);
@@ -427,28 +413,10 @@ fn a_port_down_event_fails_the_comm_with_a_system_error() {
 /// The sticky failure of a pair, whichever side saw it first.
 fn pair_failure(pair: &Pair) -> crate::error::Error {
     let mut sink = [0u8; 8];
-    let rmh = register_memory(
-        CommRef::Recv(&pair.recv),
-        sink.as_mut_ptr() as u64,
-        8,
-        PTR_HOST,
-    )
-    .unwrap();
-    let buffer = RecvBuffer {
-        addr: sink.as_mut_ptr() as u64,
-        capacity: 8,
-        tag: 1,
-        memory: Some(&rmh),
-        profiler_handle: std::ptr::null_mut(),
-    };
+    let rmh = host_memory(CommRef::Recv(&pair.recv), sink.as_mut_ptr() as u64, 8);
+    let buffer = recv_buffer(sink.as_mut_ptr() as u64, 8, 1, &rmh);
     let source = [0u8; 8];
-    let smh = register_memory(
-        CommRef::Send(&pair.send),
-        source.as_ptr() as u64,
-        8,
-        PTR_HOST,
-    )
-    .unwrap();
+    let smh = host_memory(CommRef::Send(&pair.send), source.as_ptr() as u64, 8);
     let send = isend(
         &pair.send,
         source.as_ptr() as u64,
@@ -507,20 +475,12 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
     const COUNT: usize = 200;
     let source = [5u8; 64];
     let mut sink = vec![0u8; 64 * COUNT];
-    let smh = register_memory(
-        CommRef::Send(&pair.send),
-        source.as_ptr() as u64,
-        64,
-        PTR_HOST,
-    )
-    .unwrap();
-    let rmh = register_memory(
+    let smh = host_memory(CommRef::Send(&pair.send), source.as_ptr() as u64, 64);
+    let rmh = host_memory(
         CommRef::Recv(&pair.recv),
         sink.as_mut_ptr() as u64,
         sink.len(),
-        PTR_HOST,
-    )
-    .unwrap();
+    );
     // Bring the SUP SRQ down to exactly its low-water mark (512 posted - 448 consumed = 64,
     // which is not under it, so nothing refills)...
     for _ in 0..448 {
@@ -530,13 +490,7 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
     // receives for every IMM these CTS can bring.
     let receives: Vec<_> = (0..COUNT)
         .map(|i| {
-            let buffer = RecvBuffer {
-                addr: sink.as_mut_ptr() as u64 + (i * 64) as u64,
-                capacity: 64,
-                tag: 1,
-                memory: Some(&rmh),
-                profiler_handle: std::ptr::null_mut(),
-            };
+            let buffer = recv_buffer(sink.as_mut_ptr() as u64 + (i * 64) as u64, 64, 1, &rmh);
             irecv(&pair.recv, &[buffer])
                 .unwrap()
                 .expect("a slot for every receive")
