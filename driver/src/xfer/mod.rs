@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::abi::NCCL_PTR_HOST;
 use crate::cases::{Case, Step};
 use crate::error::{Error, Result};
-use crate::net::{DataComm, MemHandle, Net, Request};
+use crate::net::{DataComm, MemHandle, Net, NetCtx, Request};
 use crate::plan::Plan;
 use crate::plugin::Version;
 use crate::rails::Direction;
@@ -71,6 +71,32 @@ static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(0x5846_0000);
 
 fn comm_id() -> u64 {
     (u64::from(std::process::id()) << 32) | NEXT_COMM_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `deregMr`, then `close` on the comm, then `finalize`; everything is attempted, the first
+/// error returned. A tainted region (requests may still point into it) is leaked, never freed.
+fn teardown<C: DataComm>(
+    net: &Net<'_>,
+    tainted: bool,
+    region: &mut Region,
+    comm: &mut Option<C>,
+    ctx: &mut Option<NetCtx>,
+    close: impl FnOnce(&Net<'_>, C) -> Result<()>,
+) -> Result<()> {
+    let mut first = Ok(());
+    if tainted {
+        std::mem::forget(std::mem::take(&mut region.buf));
+    }
+    if let (Some(comm), Some(mh)) = (comm.as_ref(), region.mhandle.take()) {
+        first = first.and(net.dereg_mr(comm, mh));
+    }
+    if let Some(comm) = comm.take() {
+        first = first.and(close(net, comm));
+    }
+    if let Some(ctx) = ctx.take() {
+        first = first.and(net.finalize(ctx));
+    }
+    first
 }
 
 struct Region {

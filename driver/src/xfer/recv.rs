@@ -219,22 +219,14 @@ impl Receiver<'_, '_> {
     }
 
     fn teardown(&mut self) -> Result<()> {
-        let net = self.net;
-        let mut first = Ok(());
-        if self.tainted {
-            // Requests may still point into the region: never free it.
-            std::mem::forget(std::mem::take(&mut self.region.buf));
-        }
-        if let (Some(comm), Some(mh)) = (self.comm.as_ref(), self.region.mhandle.take()) {
-            first = first.and(net.dereg_mr(comm, mh));
-        }
-        if let Some(comm) = self.comm.take() {
-            first = first.and(net.close_recv(comm));
-        }
-        if let Some(ctx) = self.ctx.take() {
-            first = first.and(net.finalize(ctx));
-        }
-        first
+        super::teardown(
+            self.net,
+            self.tainted,
+            &mut self.region,
+            &mut self.comm,
+            &mut self.ctx,
+            |net, comm| net.close_recv(comm),
+        )
     }
 }
 

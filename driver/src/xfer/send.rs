@@ -135,21 +135,14 @@ impl<'n, 'p> Sender<'n, 'p> {
     }
 
     fn teardown(&mut self) -> Result<()> {
-        let net = self.net;
-        let mut first = Ok(());
-        if self.tainted {
-            std::mem::forget(std::mem::take(&mut self.region.buf));
-        }
-        if let (Some(comm), Some(mh)) = (self.comm.as_ref(), self.region.mhandle.take()) {
-            first = first.and(net.dereg_mr(comm, mh));
-        }
-        if let Some(comm) = self.comm.take() {
-            first = first.and(net.close_send(comm));
-        }
-        if let Some(ctx) = self.ctx.take() {
-            first = first.and(net.finalize(ctx));
-        }
-        first
+        super::teardown(
+            self.net,
+            self.tainted,
+            &mut self.region,
+            &mut self.comm,
+            &mut self.ctx,
+            |net, comm| net.close_send(comm),
+        )
     }
 }
 
