@@ -53,12 +53,9 @@ cpus=${RXE_VM_CPUS:-2} mem=${RXE_VM_MEM:-2G} tmo=${RXE_VM_TIMEOUT:-900}
 [[ ${RXE_VM_MTU:-9000} =~ ^[0-9]+$ ]] || die "RXE_VM_MTU must be a number, not '$RXE_VM_MTU'"
 
 # ---------------------------------------------------------------- packages (idempotent)
-# Host side: qemu, busybox (the initramfs), kmod (depmod/modprobe on the unpacked kernel), cpio.
-# Guest side (the guest's root *is* this machine's /): rdma-core + ibverbs-providers (the rxe
-# userspace driver), iproute2 (`ip`, `rdma`, `tc`), ibverbs-utils and libibverbs-dev for tests.
-# perftest is optional tooling (ib_write_bw ...) but cheap, so it comes along.
-pkgs="qemu-system-x86 busybox-static kmod cpio xz-utils iproute2 rdma-core ibverbs-providers
-      ibverbs-utils libibverbs-dev perftest"
+# What the rig needs and how apt is asked for qemu: packages.sh (tested by test-packages.sh).
+. "$here/packages.sh"
+pkgs=$rig_packages
 installed() { dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null | grep -q '^ii'; }
 missing=$(for p in $pkgs; do installed "$p" || echo "$p"; done)
 missing=$(echo $missing)
@@ -77,34 +74,21 @@ if [ -n "$missing" ]; then
     die "missing packages ($missing) and not root to install them"
   say "installing: $missing"
   t=$(now)
-  read -r -a want <<< "$missing"; bpo=
-  # qemu-utils >= 8 declares Breaks: qemu-system-common (<< 8), so a plain install of Debian
-  # 12's qemu-system-x86 (7.2) removes a newer qemu-utils. That happened on the project's
-  # build machine, whose image carries qemu-utils 10.0.2 from bookworm-backports (the doc says
-  # the two live side by side; with apt they cannot). Ask for the qemu-system-x86 of qemu-utils's own version instead;
-  # for a backports version, from backports, through a private apt state dir (the system's
-  # sources plus <codename>-backports; /etc/apt and /var/lib/apt stay as they are).
-  if [[ " $missing " == *" qemu-system-x86 "* ]] && installed qemu-utils; then
-    uver=$(dpkg-query -W -f='${Version}' qemu-utils)
-    if [[ $uver == *bpo* ]]; then
-      codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-      bpo=$codename-backports
-      read -r -a want <<< "${missing/qemu-system-x86/qemu-system-x86/$bpo}"
-    else
-      read -r -a want <<< "${missing/qemu-system-x86/qemu-system-x86=$uver}"
-    fi
-    say "qemu-utils $uver is installed: asking for the matching ${want[*]}"
+  want=(); qemu_words=()
+  for p in $missing; do [ "$p" = qemu-system-x86 ] || want+=("$p"); done
+  uver=; ! installed qemu-utils || uver=$(dpkg-query -W -f='${Version}' qemu-utils)
+  if [[ " $missing " == *" qemu-system-x86 "* ]]; then
+    codename=$(rig_codename)
+    mapfile -t qemu_words < <(rig_qemu_request "$uver" "$codename")
+    [ -z "$uver" ] || say "qemu-utils $uver is installed: asking for the matching ${qemu_words[*]}"
+    want+=("${qemu_words[@]}")
   fi
-  if [ -z "$bpo" ]; then
-    { $sudo apt-get update -qq && apt_install -- "${want[@]}"; } >&2 || fail=1
-  else
-    papt=$cache/apt-$bpo; mkdir -p "$papt/lists/partial" "$papt/archives/partial"
-    { cat /etc/apt/sources.list 2>/dev/null || true
-      echo "deb http://deb.debian.org/debian $bpo main"; } > "$papt/sources.list"
-    aopts=(-o "Dir::Etc::sourcelist=$papt/sources.list" -o "Dir::State::lists=$papt/lists"
-           -o "Dir::Cache::archives=$papt/archives" -o APT::Sandbox::User=root)
-    { $sudo apt-get "${aopts[@]}" update -qq && apt_install "${aopts[@]}" -- "${want[@]}"; } >&2 || fail=1
+  rig_apt_opts=()
+  if [[ "${qemu_words[*]-}" == */*-backports* ]]; then
+    rig_backports_apt "$cache/apt-$codename-backports" "$codename"
   fi
+  { $sudo apt-get "${rig_apt_opts[@]}" update -qq &&
+    apt_install "${rig_apt_opts[@]}" -- "${want[@]}"; } >&2 || fail=1
   [ -z "${fail-}" ] || die "apt-get could not install: ${want[*]}.
   If apt said it would have to REMOVE packages: this rig refuses that by default (shared
   machine); rerun with RXE_VM_ALLOW_REMOVE=1 to allow it, or install them yourself."
