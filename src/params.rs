@@ -141,6 +141,12 @@ pub const PARAMS: &[Param] = &[
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
               `starve=RAIL:N` (see docs/ARCHITECTURE.md).",
     },
+    Param {
+        name: "MPIB_LOOPBACK_RAILS",
+        default: "",
+        doc: "Loopback rail rates: `sout=RATE,sup=RATE,latency=TIME,shared=RATE,mixed=RATE`, then \
+              `;TIME:KEY=VALUE,...` phases (see docs/PERFORMANCE.md); empty = memcpy speed.",
+    },
 ];
 
 /// Which backend serves the fabric seam.
@@ -235,6 +241,8 @@ pub struct Settings {
     pub probes_sample: u32,
     /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
     pub loopback_faults: String,
+    /// MPIB_LOOPBACK_RAILS (parsed by the loopback fabric).
+    pub loopback_rails: String,
 }
 
 impl Settings {
@@ -301,6 +309,7 @@ impl Settings {
             slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
             probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
             loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
+            loopback_rails: get("MPIB_LOOPBACK_RAILS").unwrap_or_default(),
         })
     }
 }

@@ -196,7 +196,10 @@ pub(crate) fn check_device(dev: i32) -> Result<()> {
 
 fn open(settings: &Settings) -> Result<Opened> {
     let fabric: Arc<dyn Fabric> = match settings.fabric {
-        FabricKind::Loopback => Arc::new(LoopbackFabric::new(&settings.loopback_faults)?),
+        FabricKind::Loopback => Arc::new(LoopbackFabric::new(
+            &settings.loopback_faults,
+            &settings.loopback_rails,
+        )?),
         FabricKind::Verbs => Arc::new(VerbsFabric::new(settings)?),
     };
     let open_rail = |spec: &str, variable: &str, rail: Rail| -> Result<Arc<dyn RailDevice>> {

@@ -80,7 +80,7 @@ pub(crate) fn connect_pair_with(
     })
 }
 
-const ENV_NAMES: [&str; 10] = [
+const ENV_NAMES: [&str; 11] = [
     "MPIB_PROBES_DIR",
     "MPIB_PROBES_SAMPLE",
     "MPIB_SLOW_US",
@@ -88,6 +88,7 @@ const ENV_NAMES: [&str; 10] = [
     "MPIB_MODE",
     "MPIB_OOB_ADDR",
     "MPIB_LOOPBACK_FAULTS",
+    "MPIB_LOOPBACK_RAILS",
     "MPIB_SOUT_QP",
     "MPIB_SUP_QP",
     "MPIB_ISLAND_PREFIX_LEN",

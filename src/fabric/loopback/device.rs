@@ -109,12 +109,14 @@ pub(crate) struct LoopbackDevice {
 
 impl LoopbackDevice {
     /// A handle on device `index` for `rail`.
-    pub(crate) fn new(index: usize, rail: Rail) -> LoopbackDevice {
-        LoopbackDevice {
-            index,
-            rail,
-            info: device_info(index),
+    /// `speed_mbps` overrides the reported 100 Gb/s when the rail's rate is modelled, so a
+    /// policy that reads link speeds sees the configured rates.
+    pub(crate) fn new(index: usize, rail: Rail, speed_mbps: Option<u32>) -> LoopbackDevice {
+        let mut info = device_info(index);
+        if let Some(speed) = speed_mbps {
+            info.speed_mbps = speed;
         }
+        LoopbackDevice { index, rail, info }
     }
 
     /// Shorthand for errors about this device.

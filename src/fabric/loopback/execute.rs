@@ -22,30 +22,33 @@ enum Step {
 /// Runs one progress pass over every QP of the world.
 pub(crate) fn progress(world: &mut World) {
     world.pass = world.pass.wrapping_add(1);
+    // Without rates every WR is due (a WR admitted under an earlier model is not held back).
+    let now_ns = world.rates_now_ns().unwrap_or(u64::MAX);
     let count = world.qps.len();
     if world.faults.reorder {
         for rail in [Rail::ScaleUp, Rail::ScaleOut] {
             for index in (0..count).rev() {
                 if world.qps[index].rail == rail {
-                    run_qp(world, index);
+                    run_qp(world, index, now_ns);
                 }
             }
         }
     } else {
         for index in 0..count {
-            run_qp(world, index);
+            run_qp(world, index, now_ns);
         }
     }
 }
 
 /// Executes QP `index`'s ready WRs in order until its queue is empty, a WR is held back by
-/// `delay`, a WR is blocked, or a WR fails (which flushes the rest).
-fn run_qp(world: &mut World, index: usize) {
+/// `delay` or has not yet arrived under the rate model, a WR is blocked, or a WR fails (which
+/// flushes the rest).
+fn run_qp(world: &mut World, index: usize, now_ns: u64) {
     loop {
         let Some(head) = world.qps[index].inflight.front().copied() else {
             return;
         };
-        if head.ready_pass > world.pass {
+        if head.ready_pass > world.pass || head.ready_at_ns > now_ns {
             return;
         }
         let status = match execute(world, index, &head) {

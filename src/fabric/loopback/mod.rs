@@ -51,17 +51,22 @@ mod execute;
 mod faults;
 mod qp;
 mod queues;
+mod rates;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_faults;
+#[cfg(test)]
+mod tests_rates;
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use self::device::{DeviceState, LoopbackDevice};
 use self::faults::Faults;
 use self::qp::QpState;
 use self::queues::{CqState, SrqState};
+use self::rates::RateModel;
 use super::{Fabric, FabricError, FabricResult, Rail, RailDevice};
 
 /// The device names, indexed by the device's position in [`World::devices`].
@@ -83,6 +88,12 @@ pub(crate) struct World {
     pub(crate) posted: [u64; 2],
     /// Progress passes run so far (the `delay` knob counts these).
     pub(crate) pass: u64,
+    /// The rail rates (`MPIB_LOOPBACK_RAILS`) and their wire clocks.
+    pub(crate) rates: RateModel,
+    /// The spec `rates` was parsed from (a fabric created with the same spec keeps the clocks).
+    rates_spec: String,
+    /// Time 0 of the rate model's clocks and schedule.
+    rates_epoch: Option<Instant>,
     /// Next QP number.
     pub(crate) next_qpn: u32,
     /// Next memory key (an lkey; its rkey is the following number).
@@ -111,6 +122,9 @@ impl World {
             },
             posted: [0, 0],
             pass: 0,
+            rates: RateModel::new(),
+            rates_spec: String::new(),
+            rates_epoch: None,
             next_qpn: FIRST_QPN,
             next_key: FIRST_KEY,
             next_id: 1,
@@ -133,6 +147,28 @@ impl World {
     /// Position of the live SRQ with identifier `id`.
     pub(crate) fn srq_index(&self, id: u64) -> Option<usize> {
         self.srqs.iter().position(|s| s.id == id)
+    }
+
+    /// Nanoseconds since the rate model took effect, or `None` when no rates are modelled (then
+    /// the clock is not even read: the fabric runs as fast as before).
+    pub(crate) fn rates_now_ns(&self) -> Option<u64> {
+        if !self.rates.active() {
+            return None;
+        }
+        let elapsed = self.rates_epoch?.elapsed().as_nanos();
+        Some(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    /// Installs the rail rates of a new fabric. The same spec as the one in force keeps its
+    /// clocks and schedule running: every `init` of a process creates a fabric, and a second
+    /// communicator must not restart a schedule (or forget the queued bytes) of the first.
+    fn set_rates(&mut self, spec: &str, model: RateModel) {
+        if self.rates_epoch.is_some() && self.rates_spec == spec {
+            return;
+        }
+        self.rates = model;
+        self.rates_spec = spec.to_string();
+        self.rates_epoch = Some(Instant::now());
     }
 
     /// A fresh CQ/SRQ identifier (u64: never wraps in practice).
@@ -182,6 +218,8 @@ pub(crate) fn device_name(index: usize) -> &'static str {
 pub struct LoopbackFabric {
     /// This fabric's knobs (also stored in the world when the fabric was created).
     faults: Faults,
+    /// Each rail's modelled speed in Mbit/s (`MPIB_LOOPBACK_RAILS`), reported by its device.
+    speed_mbps: [Option<u32>; 2],
 }
 
 impl LoopbackFabric {
@@ -200,14 +238,22 @@ impl LoopbackFabric {
     /// the most recently created fabric's knobs apply to every loopback resource, and creating a
     /// fabric restarts the `fail` counters.
     ///
+    /// `rails` (the `MPIB_LOOPBACK_RAILS` value) gives the rails rates, a base latency, a shared
+    /// cap and a mixing cap, on a schedule (see [`rates`] and docs/PERFORMANCE.md); empty: as
+    /// fast as memory copies go. Like the knobs, the rates are the world's: the last fabric
+    /// created with a different spec replaces them and restarts the schedule's clock.
+    ///
     /// # Errors
-    /// A malformed knob: the error names `MPIB_LOOPBACK_FAULTS` and the bad token.
-    pub fn new(faults: &str) -> Result<LoopbackFabric, FabricError> {
+    /// A malformed knob or rate: the error names the variable and the bad token.
+    pub fn new(faults: &str, rails: &str) -> Result<LoopbackFabric, FabricError> {
         let faults = Faults::parse(faults)?;
+        let model = RateModel::parse(rails)?;
+        let speed_mbps = [Rail::ScaleOut, Rail::ScaleUp].map(|r| model.initial_speed_mbps(r));
         let mut world = world();
         world.faults = faults;
         world.posted = [0, 0];
-        Ok(LoopbackFabric { faults })
+        world.set_rates(rails.trim(), model);
+        Ok(LoopbackFabric { faults, speed_mbps })
     }
 
     /// Whether this fabric was created with any fault knob (for logs).
@@ -227,7 +273,8 @@ impl Fabric for LoopbackFabric {
 
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
         let index = parse_spec(spec)?;
-        Ok(Arc::new(LoopbackDevice::new(index, rail)))
+        let speed = self.speed_mbps[rail.index()];
+        Ok(Arc::new(LoopbackDevice::new(index, rail, speed)))
     }
 }
 

@@ -19,6 +19,8 @@ pub(crate) struct InFlight {
     pub(crate) seq: u64,
     /// First progress pass in which the WR may execute (`delay` knob).
     pub(crate) ready_pass: u64,
+    /// When the rate model delivers it (ns since the model's epoch; 0 without rates).
+    pub(crate) ready_at_ns: u64,
     /// Whether the `fail` knob picked this WR.
     pub(crate) inject_fail: bool,
 }
@@ -244,6 +246,14 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
         .pass
         .saturating_add(world.faults.delay[rail])
         .saturating_add(1);
+    // The rate model: the WR leaves when its rail's wire is free and arrives a latency later.
+    let ready_at_ns = match world.rates_now_ns() {
+        Some(now) => {
+            let rail = world.qps[index].rail;
+            world.rates.admit(rail, u64::from(wr.length()), now)
+        }
+        None => 0,
+    };
     let qp = &mut world.qps[index];
     let seq = qp.next_seq;
     qp.next_seq += 1;
@@ -263,6 +273,7 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
         wr: *wr,
         seq,
         ready_pass,
+        ready_at_ns,
         inject_fail,
     });
 }

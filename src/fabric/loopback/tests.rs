@@ -25,16 +25,24 @@ pub(crate) struct Serial {
 
 impl Drop for Serial {
     fn drop(&mut self) {
-        let _ = LoopbackFabric::new("");
+        let _ = LoopbackFabric::new("", "");
     }
 }
 
 /// Takes the serialisation lock and creates a fabric with `faults`. Any crate test that sets
 /// loopback knobs, or must not see them, should hold the returned guard.
 pub(crate) fn serial(faults: &str) -> (Serial, LoopbackFabric) {
+    serial_with_rates(faults, "")
+}
+
+/// [`serial`] with rail rates (`MPIB_LOOPBACK_RAILS`) as well; the guard resets both.
+pub(crate) fn serial_with_rates(faults: &str, rails: &str) -> (Serial, LoopbackFabric) {
     let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let serial = Serial { _guard: guard };
-    (serial, LoopbackFabric::new(faults).expect("valid knobs"))
+    (
+        serial,
+        LoopbackFabric::new(faults, rails).expect("valid knobs"),
+    )
 }
 
 /// A heap buffer addressed only through a raw pointer, as the NIC addresses memory.
@@ -133,6 +141,7 @@ pub(super) fn link(a: &mut End, b: &mut End) {
 pub(super) fn pair(fabric: &LoopbackFabric, cq_depth: u32, sq: u32) -> (End, End) {
     let other = LoopbackFabric {
         faults: fabric.faults,
+        speed_mbps: fabric.speed_mbps,
     };
     let mut tx = end(fabric, "loop0", Rail::ScaleOut, cq_depth, sq);
     let mut rx = end(&other, "loop0:1", Rail::ScaleOut, cq_depth, sq);

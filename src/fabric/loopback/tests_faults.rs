@@ -129,11 +129,13 @@ fn starve_yields_receiver_not_ready() {
 #[test]
 fn bad_knob_names_the_variable() {
     let (_s, _fabric) = serial("");
-    let err = LoopbackFabric::new("reorder,delay=sup").unwrap_err();
+    let err = LoopbackFabric::new("reorder,delay=sup", "").unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("MPIB_LOOPBACK_FAULTS") && text.contains("`delay=sup`"),
         "{text}"
     );
-    assert!(LoopbackFabric::new("starve=sout:3").unwrap().has_faults());
+    assert!(LoopbackFabric::new("starve=sout:3", "")
+        .unwrap()
+        .has_faults());
 }
