@@ -1,0 +1,74 @@
+# Shaped Soft-RoCE rails for performance work: sourced inside the rig's guest (scripts/rxe-vm),
+# never on the host.
+#
+# Why: under qemu's software emulation both rxe rails share one CPU, so two rails together move
+# about what one moves and no split can be judged (docs/PERFORMANCE.md). A token-bucket shaper on
+# each rail's sending veth, well under that ceiling, gives rails whose rates are stable and add up.
+#
+# The shaper sits on host A's side (veth_a0 = SOUT, veth_a1 = SUP): data flows A -> B, ACKs and
+# CTS writes flow back unshaped. Its queue is deep (SHAPE_LIMIT, 64 MB by default), so that the
+# shaper itself never drops a packet of a burst: a dropped RC packet costs a retransmission, and
+# one that is not followed by others (nothing to trigger a NAK) waits for the QP's ACK timeout
+# (4.096 us x 2^MPIB_IB_TIMEOUT: 4.3 s at the default 20). `shape_lossy` is the separate, named
+# case with the kernel's default-sized queue (tbf latency 100 ms) that does drop.
+
+SHAPE_LIMIT=${SHAPE_LIMIT:-64mb}
+SHAPE_BURST=${SHAPE_BURST:-64kb}
+
+# shape_rail RAIL RATE: RAIL 0 (SOUT) or 1 (SUP); RATE in tc's units (80mbit, 10mbps, ...) or
+# `off`. Safe to call during a run: `tc qdisc replace` swaps the shaper in place.
+shape_rail() {
+  local dev=veth_a$1
+  if [ "$2" = off ]; then
+    tc qdisc del dev "$dev" root 2>/dev/null || true
+  else
+    tc qdisc replace dev "$dev" root tbf rate "$2" burst "$SHAPE_BURST" limit "$SHAPE_LIMIT"
+  fi
+}
+
+# shape_lossy RAIL RATE: the same rate with tbf's usual queue (100 ms of data): bursts above
+# that are dropped by the shaper.
+shape_lossy() {
+  tc qdisc replace dev "veth_a$1" root tbf rate "$2" burst "$SHAPE_BURST" latency 100ms
+}
+
+# loss_snapshot: one line of every counter that shows a lost or retransmitted packet, both rails:
+# the shaper's drops, the veths' drops, the kernel backlog's drops, and rxe's retry counters on
+# both hosts. `loss_delta BEFORE AFTER` turns two snapshots into "name=delta" for those that moved.
+loss_snapshot() {
+  local r dev c f v out=""
+  for r in 0 1; do
+    v=$(tc -s qdisc show dev "veth_a$r" 2>/dev/null | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+    out+=" r$r.shaper_drop=${v:-0}"
+    for dev in "veth_a$r" "veth_b$r"; do
+      v=$(awk '{print $1}' "/sys/class/net/$dev/statistics/tx_dropped" 2>/dev/null)
+      out+=" r$r.${dev}_txdrop=${v:-0}"
+      v=$(awk '{print $1}' "/sys/class/net/$dev/statistics/rx_dropped" 2>/dev/null)
+      out+=" r$r.${dev}_rxdrop=${v:-0}"
+    done
+    for dev in "rxe_a$r" "rxe_b$r"; do
+      for c in completer_retry_err rcvd_seq_err retry_exceeded_err rcvd_rnr_err send_rnr_err \
+               duplicate_request out_of_seq_request; do
+        f=/sys/class/infiniband/$dev/ports/1/hw_counters/$c
+        v=0; [ -r "$f" ] && read -r v < "$f"
+        out+=" r$r.$dev.$c=$v"
+      done
+    done
+  done
+  # Column 2 of softnet_stat: packets dropped because a CPU's backlog queue was full (hex).
+  # (bash arithmetic: Debian's default awk, mawk, has no strtonum).
+  local processed dropped rest sum=0
+  while read -r processed dropped rest; do sum=$((sum + 16#$dropped)); done < /proc/net/softnet_stat
+  echo "${out# } backlog_drop=$sum"
+}
+
+loss_delta() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    n = split(a, x, " "); for (i = 1; i <= n; i++) { split(x[i], kv, "="); before[kv[1]] = kv[2] }
+    n = split(b, y, " "); out = ""
+    for (i = 1; i <= n; i++) {
+      split(y[i], kv, "="); d = kv[2] - before[kv[1]]
+      if (d != 0) out = out (out == "" ? "" : " ") kv[1] "=" d
+    }
+    print (out == "" ? "none" : out) }'
+}
