@@ -178,7 +178,9 @@ fn main() {
     let rounds = argument("--rounds", 7);
     let transfers = argument("--transfers", 20_000);
     let net = &ncclNetPlugin_v12.0;
-    println!("plugin cost on the loopback fabric: {rounds} interleaved rounds x {transfers} transfers");
+    println!(
+        "plugin cost on the loopback fabric: {rounds} interleaved rounds x {transfers} transfers"
+    );
     println!(
         "{:>9} {:>14} {:>14} {:>7} {:>12} {:>12} {:>12}",
         "size", "off (xfer/s)", "on (xfer/s)", "on/off", "cpu ns off", "cpu ns on", "allocs/xfer"
