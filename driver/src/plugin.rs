@@ -67,6 +67,11 @@ impl Version {
         }
     }
 
+    /// The version numbered `number` (7 … 12), if the driver knows it.
+    pub fn from_number(number: u32) -> Option<Version> {
+        Version::ALL.into_iter().find(|v| v.number() == number)
+    }
+
     /// `init` per communicator with a context and `finalize` (v11+), rather than once.
     pub const fn has_context(self) -> bool {
         matches!(self, Version::V11 | Version::V12)
@@ -137,6 +142,60 @@ impl Plugin {
         Ok(address)
     }
 
+    /// Whether the library exports `ncclNetPlugin_v<number>` (any number, drivable or not).
+    pub fn exports_table(&self, number: u32) -> bool {
+        let symbol = format!("ncclNetPlugin_v{number}\0");
+        // SAFETY: looked up as an opaque address; nothing is called or read.
+        unsafe { self.lib.get::<*const c_void>(symbol.as_bytes()) }.is_ok()
+    }
+
+    /// Every `ncclNetPlugin_vN` the library exports for N in [`SCANNED_TABLES`], oldest first,
+    /// including versions this driver cannot drive (so an error can say what the library has).
+    pub fn exported_tables(&self) -> Vec<u32> {
+        SCANNED_TABLES.filter(|n| self.exports_table(*n)).collect()
+    }
+
+    /// Picks the table to drive: `wanted` (a version number, e.g. from `--abi`) or else the
+    /// newest drivable one. The errors name the library's path and the symbol, and list what the
+    /// library does export, because "dlsym failed" alone does not tell a user which plugin or
+    /// NCCL generation they are holding.
+    pub fn select_version(&self, wanted: Option<u32>) -> Result<Version> {
+        let exported = self.exported_tables();
+        let listed = || {
+            let names: Vec<String> = exported
+                .iter()
+                .map(|n| format!("ncclNetPlugin_v{n}"))
+                .collect();
+            names.join(", ")
+        };
+        if let Some(number) = wanted {
+            let version = Version::from_number(number).ok_or_else(|| unsupported(number))?;
+            if exported.contains(&number) {
+                return Ok(version);
+            }
+            return Err(Error::Load(if exported.is_empty() {
+                not_a_plugin(&self.path)
+            } else {
+                format!(
+                    "{} exports no ncclNetPlugin_v{number} (it has {})",
+                    self.path.display(),
+                    listed()
+                )
+            }));
+        }
+        let newest = exported.iter().rev().find_map(|n| Version::from_number(*n));
+        match newest {
+            Some(version) => Ok(version),
+            None if exported.is_empty() => Err(Error::Load(not_a_plugin(&self.path))),
+            None => Err(Error::Load(format!(
+                "{} exports only {}, which this driver cannot drive (it drives \
+                 ncclNetPlugin_v7 ... ncclNetPlugin_v12)",
+                self.path.display(),
+                listed()
+            ))),
+        }
+    }
+
     /// The table's `name`, read straight after `dlsym`, before any `init` (as NCCL does).
     pub fn name(&self, version: Version) -> Result<String> {
         let table = self.table_address(version)?;
@@ -160,6 +219,26 @@ impl Plugin {
         // as long as `self`, which the returned `Net` borrows.
         Ok(unsafe { Net::from_table(version, table) })
     }
+}
+
+/// The table versions [`Plugin::exported_tables`] looks for: every NCCL net ABI so far and a
+/// margin for newer ones.
+pub const SCANNED_TABLES: std::ops::RangeInclusive<u32> = 1..=20;
+
+fn unsupported(number: u32) -> Error {
+    Error::Load(format!(
+        "ncclNetPlugin_v{number}: this driver drives ncclNetPlugin_v7 ... ncclNetPlugin_v12 only"
+    ))
+}
+
+fn not_a_plugin(path: &Path) -> String {
+    format!(
+        "{} is not an NCCL net plugin: it exports no ncclNetPlugin_v* symbol (looked for \
+         ncclNetPlugin_v{} ... ncclNetPlugin_v{})",
+        path.display(),
+        SCANNED_TABLES.start(),
+        SCANNED_TABLES.end()
+    )
 }
 
 /// The profile the current executable was built with (`debug`, `release`, …), from its path
@@ -264,4 +343,54 @@ pub fn nccl_named_link(built: &Path) -> Result<PathBuf> {
         .and_then(|()| std::fs::rename(&temporary, &link))
         .map_err(|e| Error::Load(format!("cannot create {}: {e}", link.display())))?;
     Ok(link)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_numbers_round_trip() {
+        for v in Version::ALL {
+            assert_eq!(Version::from_number(v.number()), Some(v));
+        }
+        assert_eq!(Version::from_number(6), None);
+        assert_eq!(Version::from_number(13), None);
+    }
+
+    #[test]
+    fn a_library_without_tables_is_named_as_not_a_plugin() {
+        let libc = Plugin::load("libc.so.6").expect("libc.so.6 loads");
+        assert!(libc.exported_tables().is_empty());
+        for wanted in [None, Some(12)] {
+            let message = libc.select_version(wanted).unwrap_err().to_string();
+            assert!(message.contains("libc.so.6"), "{message}");
+            assert!(
+                message.contains("not an NCCL net plugin")
+                    && message.contains("no ncclNetPlugin_v* symbol"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_version_is_refused_by_name() {
+        let libc = Plugin::load("libc.so.6").expect("libc.so.6 loads");
+        let message = libc.select_version(Some(6)).unwrap_err().to_string();
+        assert!(
+            message.contains("ncclNetPlugin_v6") && message.contains("v7 ... ncclNetPlugin_v12"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_missing_library_names_its_path() {
+        let message = Plugin::load("/nonexistent/libnccl-net-x.so")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("/nonexistent/libnccl-net-x.so"),
+            "{message}"
+        );
+    }
 }

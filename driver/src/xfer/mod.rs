@@ -150,16 +150,24 @@ fn at(version: Version, case: &Case, index: usize, step: &Step, iteration: u64) 
 }
 
 /// The posting and testing loop both sides share: `post(i)` posts item `i` (`None`: "try again
-/// later"), `test(i, request)` tests it (`true`: done).
-struct Loop<'a> {
-    what: &'a str,
-    count: usize,
-    window: usize,
-    deadline: Duration,
+/// later"), `test(i, request)` tests it (`true`: done). Items are posted in order, at most
+/// `window` outstanding; every pass posts what it can, then tests every outstanding request once.
+/// Public so that tools with their own bookkeeping (`mpib-perf` times each request in the
+/// closures) get the same bounded loop.
+pub struct Loop<'a> {
+    /// What the items are (`"irecv"`, `"isend"`), for the timeout message.
+    pub what: &'a str,
+    /// Items to post.
+    pub count: usize,
+    /// Most items outstanding at once.
+    pub window: usize,
+    /// Bound on the whole run.
+    pub deadline: Duration,
 }
 
 impl Loop<'_> {
-    fn run(
+    /// Runs until every item is posted and done, or fails at the first error or the deadline.
+    pub fn run(
         &self,
         mut post: impl FnMut(usize) -> Result<Option<Request>>,
         mut test: impl FnMut(usize, &Request) -> Result<bool>,

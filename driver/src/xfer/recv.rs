@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::{comm_id, env_refs, write_handle, Loop, Region, Side, SideOptions};
 use crate::abi::{HANDLE_SIZE, PROXY_MAX_SUBS};
 use crate::error::{Error, Result};
-use crate::net::{ListenComm, Net, NetCtx, RecvBuf, RecvComm};
+use crate::net::{ListenComm, MemHandle, Net, NetCtx, RecvBuf, RecvComm};
 use crate::pattern;
 use crate::plan::{Plan, GUARD};
 use crate::plugin::Version;
@@ -111,7 +111,7 @@ pub struct Receiver<'n, 'p> {
     data_deadline: Duration,
 }
 
-impl Receiver<'_, '_> {
+impl<'p> Receiver<'_, 'p> {
     /// The ABI version driven.
     pub fn version(&self) -> Version {
         self.net.version()
@@ -211,6 +211,29 @@ impl Receiver<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Lends the receive comm and the registered region (grown to at least `len` bytes) to a
+    /// caller's own data loop, e.g. `mpib-perf`'s timed loop with its own buffer layout. An error
+    /// from `body` taints the receiver: requests may still point into the region, so it is leaked
+    /// at teardown rather than freed.
+    pub fn with_region<T>(
+        &mut self,
+        len: usize,
+        body: impl FnOnce(&Net<'p>, &RecvComm, &mut [u8], &MemHandle) -> Result<T>,
+    ) -> Result<T> {
+        if self.tainted {
+            return Err(Error::Contract(
+                "an earlier step failed; the receiver is unusable".into(),
+            ));
+        }
+        let net = self.net;
+        let comm = self.comm.as_ref().expect("connected");
+        self.region.reserve(net, comm, len)?;
+        let mhandle = self.region.mhandle.as_ref().expect("reserved");
+        let outcome = body(net, comm, &mut self.region.buf, mhandle);
+        self.tainted = outcome.is_err();
+        outcome
     }
 
     /// `deregMr`, `closeRecv`, `finalize`; everything is attempted, the first error returned.

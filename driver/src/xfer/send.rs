@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use super::{comm_id, env_refs, Loop, Region, Side, SideOptions};
 use crate::abi::HANDLE_SIZE;
 use crate::error::{Error, Result};
-use crate::net::{Net, NetCtx, SendComm};
+use crate::net::{MemHandle, Net, NetCtx, SendComm};
 use crate::pattern;
 use crate::plan::Plan;
 use crate::plugin::Version;
@@ -127,6 +127,28 @@ impl<'n, 'p> Sender<'n, 'p> {
             }
         }
         Ok(busy)
+    }
+
+    /// Lends the send comm and the registered region (grown to at least `len` bytes) to a
+    /// caller's own data loop, e.g. `mpib-perf`'s timed loop. An error from `body` taints the
+    /// sender: requests may still point into the region, so it is leaked at teardown.
+    pub fn with_region<T>(
+        &mut self,
+        len: usize,
+        body: impl FnOnce(&Net<'p>, &SendComm, &mut [u8], &MemHandle) -> Result<T>,
+    ) -> Result<T> {
+        if self.tainted {
+            return Err(Error::Contract(
+                "an earlier step failed; the sender is unusable".into(),
+            ));
+        }
+        let net = self.net;
+        let comm = self.comm.as_ref().expect("connected");
+        self.region.reserve(net, comm, len)?;
+        let mhandle = self.region.mhandle.as_ref().expect("reserved");
+        let outcome = body(net, comm, &mut self.region.buf, mhandle);
+        self.tainted = outcome.is_err();
+        outcome
     }
 
     /// `deregMr`, `closeSend`, `finalize`; everything is attempted, the first error returned.
