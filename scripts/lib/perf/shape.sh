@@ -46,6 +46,12 @@ loss_snapshot() {
       v=$(awk '{print $1}' "/sys/class/net/$dev/statistics/rx_dropped" 2>/dev/null)
       out+=" r$r.${dev}_rxdrop=${v:-0}"
     done
+    # Data packets rxe sent on A's end and received on B's: their difference is what the wire
+    # (shaper, veth, backlog) lost in between.
+    v=0; f=/sys/class/infiniband/rxe_a$r/ports/1/hw_counters/sent_pkts; [ -r "$f" ] && read -r v < "$f"
+    out+=" r$r.a_sent_pkts=$v"
+    v=0; f=/sys/class/infiniband/rxe_b$r/ports/1/hw_counters/rcvd_pkts; [ -r "$f" ] && read -r v < "$f"
+    out+=" r$r.b_rcvd_pkts=$v"
     for dev in "rxe_a$r" "rxe_b$r"; do
       for c in completer_retry_err rcvd_seq_err retry_exceeded_err rcvd_rnr_err send_rnr_err \
                duplicate_request out_of_seq_request; do
@@ -55,6 +61,9 @@ loss_snapshot() {
       done
     done
   done
+  # IP and UDP discards (rxe's RoCE v2 packets are UDP, port 4791).
+  v=$(awk '/^Ip: [0-9]/ { print $9 + $12 }' /proc/net/snmp 2>/dev/null); out+=" ip_discards=${v:-0}"
+  v=$(awk '/^Udp: [0-9]/ { print $4 + $6 }' /proc/net/snmp 2>/dev/null); out+=" udp_errors=${v:-0}"
   # Column 2 of softnet_stat: packets dropped because a CPU's backlog queue was full (hex).
   # (bash arithmetic: Debian's default awk, mawk, has no strtonum).
   local processed dropped rest sum=0
@@ -68,7 +77,13 @@ loss_delta() {
     n = split(b, y, " "); out = ""
     for (i = 1; i <= n; i++) {
       split(y[i], kv, "="); d = kv[2] - before[kv[1]]
+      # Packet totals always move: only their difference (the wire loss) is reported.
+      if (kv[1] ~ /_pkts$/) { pk[kv[1]] = d; continue }
       if (d != 0) out = out (out == "" ? "" : " ") kv[1] "=" d
+    }
+    for (r = 0; r < 2; r++) {
+      lost = pk["r" r ".a_sent_pkts"] - pk["r" r ".b_rcvd_pkts"]
+      if (lost != 0) out = out (out == "" ? "" : " ") "r" r ".wire_lost=" lost
     }
     print (out == "" ? "none" : out) }'
 }

@@ -1,0 +1,185 @@
+#!/bin/bash
+# The rig half of scripts/perf, run INSIDE the Soft-RoCE guest (scripts/rxe-vm/run.sh) with the
+# release binaries already built on the host:
+#
+#   scripts/rxe-vm/run.sh scripts/lib/perf/rig.sh OUT REPS [quick]
+#
+# Shapes the rails (SOUT 80 Mbit/s, SUP 160 Mbit/s: a 1:2 pair well under the emulation ceiling,
+# see shape.sh), then measures, each REPS times, in this order:
+#   single   ib_write_bw on each shaped rail alone, mpib-perf with all bytes on that rail
+#   both     two ib_write_bw at once (one per rail), mpib-perf at the rate-proportional split
+#   sweep    mpib-perf at SUP shares 0 ... 1024
+#   knobs    SUP alone and the balanced split again with MPIB_IB_TIMEOUT=14 (67 ms instead of
+#            4.3 s per ACK timeout) and with one QP per rail
+#   lossy    the balanced split with the shaper's default (shallow) queue: the case with drops
+#   latency  unshaped rails: ib_write_lat vs mpib-perf's p50, 8 B ... 4 KiB
+# Every measurement appends one tab-separated record to OUT/records.tsv:
+#   section  label  size  rep  GB/s  p50_us  loss-counter deltas ("none" when nothing moved)
+# A measurement that fails records GB/s as "fail" and its log stays under OUT/logs/.
+set -uo pipefail
+out=$1 reps=${2:-5} quick=${3:-}
+here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+. "$here/shape.sh"
+bin=$root/target/release
+records=$out/records.tsv logs=$out/logs
+mkdir -p "$logs"
+: > "$records"
+for v in $(compgen -e); do case $v in MPIB_*) unset "$v" ;; esac; done
+# retry_cnt 6: rxe treats 7 as "retry forever" (docs/PERFORMANCE.md, rig notes).
+export MPIB_FABRIC=verbs MPIB_IB_RETRY_CNT=6 MPIB_PROBES=1 MPIB_PROBES_DIR=/tmp/perf/probes
+mkdir -p /tmp/perf/probes
+A=(MPIB_HCA_SOUT=rxe_a0 MPIB_HCA_SUP=rxe_a1 MPIB_OOB_ADDR=10.100.0.1)
+B=(MPIB_HCA_SOUT=rxe_b0 MPIB_HCA_SUP=rxe_b1 MPIB_OOB_ADDR=10.100.0.2)
+SOUT_RATE=${PERF_SOUT_RATE:-80mbit} SUP_RATE=${PERF_SUP_RATE:-160mbit}
+# The rate-proportional SUP share for 1:2 rails: 1024 * 2/3.
+BALANCED=${PERF_BALANCED:-683}
+port=20000
+# Extra plugin settings for both mpib-perf processes (the knobs section sets them).
+PERF_ENV=()
+next_port() { port=$((port + 1)); }
+
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$records"; echo "rig perf: $*"; }
+
+# wait_listen PORT: until something listens on TCP PORT (up to 20 s; TCG starts are slow).
+wait_listen() {
+  local hex; hex=$(printf '%04X' "$1")
+  for _ in $(seq 200); do
+    grep -q ":$hex 00000000:0000 0A" /proc/net/tcp 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# ib_bw RAIL SIZE ITERS PORT LOG: one ib_write_bw pair on RAIL (server on B); prints GB/s.
+ib_bw() {
+  local r=$1 size=$2 iters=$3 p=$4 log=$5
+  timeout 120 ib_write_bw -d "rxe_b$r" -x 1 -p "$p" -s "$size" -n "$iters" -F --report_gbits \
+    > "$log.server" 2>&1 &
+  local server=$!
+  wait_listen "$p" || { kill "$server" 2>/dev/null; echo fail; return; }
+  timeout 120 ib_write_bw -d "rxe_a$r" -x 1 -p "$p" -s "$size" -n "$iters" -F --report_gbits \
+    "10.100.$r.2" > "$log" 2>&1
+  wait "$server"
+  # The result line starts with the size; column 4 is the average in Gb/s (1e9 bits).
+  awk -v s="$size" '$1 == s && NF >= 5 { printf "%.6f\n", $4 / 8; found = 1 }
+                    END { if (!found) print "fail" }' "$log"
+}
+
+# mpib_perf LOG SIZE ITERS SUP_BW [EXTRA...]: mpib-perf, receiver on B, sender on A, two
+# processes meeting over TCP on the SOUT wire; prints "GB/s p50_us" of the sender's CSV row.
+mpib_perf() {
+  local log=$1 size=$2 iters=$3 bw=$4 p
+  shift 4
+  next_port; p=$port
+  env "${B[@]}" "${PERF_ENV[@]}" \
+    timeout 300 "$bin/mpib-perf" --listen "10.100.0.2:$p" --timeout 120 > "$log.recv" 2>&1 &
+  local receiver=$!
+  wait_listen "$p" || { kill "$receiver" 2>/dev/null; echo "fail -"; return; }
+  env "${A[@]}" "${PERF_ENV[@]}" \
+    timeout 300 "$bin/mpib-perf" --peer "10.100.0.2:$p" --sup-bw "$bw" --min-size "$size" \
+    --max-size "$size" --iters "$iters" --warmup 2 --timeout 120 --csv "$@" > "$log" 2> "$log.err"
+  local rc=$?
+  wait "$receiver"
+  [ "$rc" = 0 ] || { echo "fail -"; return; }
+  perf_columns "$log"
+}
+
+# perf_columns CSV: "GB/s p50_us" of the last row (columns found by name in the header).
+perf_columns() {
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+           { g = $(col["gbps"]); p = $(col["p50_us"]) }
+           END { if (g == "") print "fail -"; else print g, p }' "$1"
+}
+
+measure_bw() { # measure_bw SECTION LABEL RAIL SIZE ITERS
+  local before after gbs
+  next_port; before=$(loss_snapshot)
+  gbs=$(ib_bw "$3" "$4" "$5" "$port" "$logs/$1-$2-$4-$rep.log")
+  after=$(loss_snapshot)
+  record "$1" "$2" "$4" "$rep" "$gbs" - "$(loss_delta "$before" "$after")"
+}
+
+measure_both_ib() { # measure_both_ib SIZE ITERS: two ib_write_bw at once, one per rail
+  local size=$1 iters=$2 before after p0 p1 f0 f1 g0 g1
+  next_port; p0=$port; next_port; p1=$port
+  f0=$logs/both-ib-sout-$size-$rep.log f1=$logs/both-ib-sup-$size-$rep.log
+  before=$(loss_snapshot)
+  ib_bw 0 "$size" "$iters" "$p0" "$f0" > "$f0.gbs" &
+  local j0=$!
+  ib_bw 1 "$size" "$((iters * 2))" "$p1" "$f1" > "$f1.gbs" &
+  wait "$j0" $!
+  after=$(loss_snapshot)
+  g0=$(cat "$f0.gbs") g1=$(cat "$f1.gbs")
+  local sum=fail
+  [ "$g0" = fail ] || [ "$g1" = fail ] || sum=$(awk -v a="$g0" -v b="$g1" 'BEGIN { printf "%.6f", a + b }')
+  record both "ib_write_bw x2 (sum)" "$size" "$rep" "$sum" - "$(loss_delta "$before" "$after")"
+  record both "ib_write_bw x2 (sout part)" "$size" "$rep" "$g0" - -
+  record both "ib_write_bw x2 (sup part)" "$size" "$rep" "$g1" - -
+}
+
+measure_perf() { # measure_perf SECTION LABEL SIZE ITERS SUP_BW
+  local before after res
+  before=$(loss_snapshot)
+  res=$(mpib_perf "$logs/$1-$(echo "$2" | tr -c 'a-zA-Z0-9=_.-' _)-$3-$rep.csv" "$3" "$4" "$5")
+  after=$(loss_snapshot)
+  # shellcheck disable=SC2086  # "GB/s p50"
+  record "$1" "$2" "$3" "$rep" $res "$(loss_delta "$before" "$after")"
+}
+
+echo "rig perf: $(nproc) vCPU(s), kernel $(uname -r), rails SOUT $SOUT_RATE, SUP $SUP_RATE, $reps repetition(s)"
+shape_rail 0 "$SOUT_RATE"; shape_rail 1 "$SUP_RATE"
+sizes=(1048576 4194304)
+sweep=(0 256 512 640 683 768 896 1024)
+if [ -n "$quick" ]; then sizes=(1048576); sweep=(0 683 1024); fi
+for ((rep = 1; rep <= reps; rep++)); do
+  for size in "${sizes[@]}"; do
+    iters=$((16 * 1048576 / size)); [ "$iters" -ge 4 ] || iters=4
+    measure_bw single "ib_write_bw sout" 0 "$size" "$iters"
+    measure_perf single "mpib-perf sout (sup_bw 0)" "$size" "$iters" 0
+    measure_bw single "ib_write_bw sup" 1 "$size" "$((iters * 2))"
+    measure_perf single "mpib-perf sup (sup_bw 1024)" "$size" "$((iters * 2))" 1024
+    measure_both_ib "$size" "$iters"
+    measure_perf both "mpib-perf sup_bw $BALANCED" "$size" "$((iters * 3))" "$BALANCED"
+  done
+  size=${sizes[-1]}; iters=$((24 * 1048576 / size)); [ "$iters" -ge 4 ] || iters=4
+  for bw in "${sweep[@]}"; do
+    measure_perf sweep "sup_bw $bw" "$size" "$iters" "$bw"
+  done
+  iters=$((16 * 1048576 / size)); [ "$iters" -ge 4 ] || iters=4
+  for knob in "MPIB_IB_TIMEOUT=14" "MPIB_SOUT_QP=1 MPIB_SUP_QP=1"; do
+    read -r -a PERF_ENV <<< "$knob"
+    measure_perf knobs "sup alone (sup_bw 1024), $knob" "$size" "$((iters * 2))" 1024
+    measure_perf knobs "sup_bw $BALANCED, $knob" "$size" "$((iters * 3))" "$BALANCED"
+  done
+  PERF_ENV=()
+done
+# The separate case with drops: the shaper's own queue is shallow (tbf latency 100 ms).
+shape_lossy 0 "$SOUT_RATE"; shape_lossy 1 "$SUP_RATE"
+lossy_reps=3; [ -z "$quick" ] || lossy_reps=1
+for ((rep = 1; rep <= lossy_reps; rep++)); do
+  measure_perf lossy "mpib-perf sup_bw $BALANCED, shallow shaper queue" "${sizes[-1]}" 12 "$BALANCED"
+done
+# Latency on unshaped rails: every packet goes straight to the wire.
+shape_rail 0 off; shape_rail 1 off
+lat_sizes=(8 64 512 4096)
+for ((rep = 1; rep <= reps; rep++)); do
+  for size in "${lat_sizes[@]}"; do
+    next_port
+    timeout 60 ib_write_lat -d rxe_b0 -x 1 -p "$port" -s "$size" -n 500 -F > "$logs/lat-$size-$rep.server" 2>&1 &
+    server=$!
+    if wait_listen "$port"; then
+      timeout 60 ib_write_lat -d rxe_a0 -x 1 -p "$port" -s "$size" -n 500 -F 10.100.0.2 \
+        > "$logs/lat-$size-$rep.log" 2>&1
+    fi
+    wait "$server"
+    # Columns: bytes iterations t_min t_max t_typical t_avg ...: t_typical is the median.
+    typical=$(awk -v s="$size" '$1 == s && NF >= 6 { print $5; found = 1 } END { if (!found) print "fail" }' \
+      "$logs/lat-$size-$rep.log")
+    record latency "ib_write_lat (one-way, t_typical)" "$size" "$rep" - "$typical" -
+    # One message in flight: latency, not queueing behind the window.
+    res=$(mpib_perf "$logs/lat-mpib-$size-$rep.csv" "$size" 500 0 --window 1)
+    record latency "mpib-perf p50, window 1 (sup_bw 0)" "$size" "$rep" "${res% *}" "${res#* }" -
+  done
+done
+echo "rig perf: done"
