@@ -18,8 +18,9 @@ for f in "$work"/loopback/records.tsv "$work"/rig/records.tsv; do [ ! -f "$f" ] 
   { k = $1 "\t" $2 "\t" $3
     if (!(k in seen)) { seen[k] = 1; order[++keys] = k }
     runs[k]++
-    if ($5 != "fail" && $5 != "-") g[k] = g[k] " " $5
+    if ($5 != "fail" && $5 != "error" && $5 != "-") g[k] = g[k] " " $5
     if ($5 == "fail") failed[k]++
+    if ($5 == "error") errors[k]++
     if ($6 != "-" && $6 != "fail") p[k] = p[k] " " $6
     if ($7 != "none" && $7 != "-") { lossy[k]++; if (!(k in example)) example[k] = $7 }
   }
@@ -31,8 +32,10 @@ for f in "$work"/loopback/records.tsv "$work"/rig/records.tsv; do [ ! -f "$f" ] 
     m = median(list); return (m + 0 == 0) ? "-" : sprintf("%.1f", 100 * (hi - lo) / m)
   }
   END { for (i = 1; i <= keys; i++) { k = order[i]
-          printf "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", k, median(g[k]), median(p[k]), runs[k], failed[k] + 0,
-                 lossy[k] + 0, (k in example) ? example[k] : "none", spread(g[k]) } }' > "$medians"
+          mg = median(g[k]); mp = median(p[k])
+          printf "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%d\n", k, (mg == "-") ? mg : sprintf("%.6f", mg),
+                 (mp == "-") ? mp : sprintf("%.1f", mp), runs[k], failed[k] + 0, lossy[k] + 0,
+                 (k in example) ? example[k] : "none", spread(g[k]), errors[k] + 0 } }' > "$medians"
 
 med() { awk -F'\t' -v s="$1" -v l="$2" -v z="$3" -v c="${4:-4}" '$1 == s && $2 == l && $3 == z { print $c; exit }' "$medians"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.3f", a / b }'; }
@@ -92,14 +95,18 @@ rig_verdicts() {
     b=$(med both "ib_write_bw x2 (sum)" "$z")
     r=$(ratio "$a" "$b")
     echo "| Rig, both rails, $(human "$z"): mpib-perf at the rate-proportional split vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 at ≥ 4 MiB | $(verdict "$r" 0.95) |"
+    b=$(sum "$(med single "ib_write_bw sout" "$z")" "$(med single "ib_write_bw sup" "$z")")
+    r=$(ratio "$a" "$b")
+    echo "| Rig, both rails, $(human "$z"): the same vs each rail's ib_write_bw alone, summed (stricter: no CPU contention in the yardstick) | $(gbs "$a") vs $(gbs "$b") | $r | (≥ 0.95) | $(verdict "$r" 0.95) |"
   done
 }
 
 rig_table() { # rig_table SECTION: label, size, GB/s, p50, runs, runs with loss and an example
   echo "| measurement | size | median | spread | p50 µs | runs | runs with loss (example counters) |"
   echo "|---|---:|---:|---:|---:|---:|---|"
-  awk -F'\t' -v s="$1" '$1 == s' "$medians" | while IFS=$'\t' read -r _ label z g p n f l ex sp; do
+  awk -F'\t' -v s="$1" '$1 == s' "$medians" | while IFS=$'\t' read -r _ label z g p n f l ex sp er; do
     local note="$l"; [ "$l" = 0 ] || note="$l: \`$ex\`"; [ "$f" = 0 ] || note+=" ($f failed)"
+    [ "$er" = 0 ] || note+=" ($er ended with an error from the plugin: retries exhausted)"
     local spread="$sp %"; [ "$sp" != - ] || spread=-
     echo "| $label | $(human "$z") | $(gbs "$g") | $spread | $p | $n | $note |"
   done
@@ -152,7 +159,7 @@ cost_table() {
     echo "## Shaped Soft-RoCE rails (the rig)"
     echo
     echo "Two processes (receiver on host B, sender on host A), rails shaped with \`tc tbf\` on A's"
-    echo "veths: SOUT 80 Mbit/s, SUP 160 Mbit/s, deep shaper queues. Loss columns are the deltas of"
+    echo "veths: SOUT 80 Mbit/s, SUP 160 Mbit/s, deep shaper queues, in-order delivery. Loss columns are the deltas of"
     echo "the shaper's drops, the veths' drops, the kernel backlog's drops and rxe's retry counters"
     echo "over each run (scripts/lib/perf/shape.sh)."
     echo
@@ -172,11 +179,21 @@ cost_table() {
     echo
     rig_table knobs
     echo
+    echo "### Reordering: per-CPU receive in the rig (the perf rails deliver in order)"
+    echo
+    rig_table reorder
+    echo
     echo "### The lossy case (the shaper's default queue, tbf latency 100 ms)"
     echo
     rig_table lossy
     echo
     echo "### Small messages"
+    echo
+    echo "Unshaped rails, SOUT only. \`ib_write_lat\` reports half a ping-pong round trip (one way);"
+    echo "\`mpib-perf\` with one request in flight reports an \`isend\` from its post to the \`test\` that"
+    echo "finds it done, which takes the receiver's clear-to-send reaching the sender, the data"
+    echo "reaching the receiver and its acknowledgement coming back: about three one-way trips, plus"
+    echo "two processes' polling under emulation."
     echo
     rig_table latency
     echo

@@ -26,10 +26,26 @@ shape_rail() {
   fi
 }
 
-# shape_lossy RAIL RATE: the same rate with tbf's usual queue (100 ms of data): bursts above
-# that are dropped by the shaper.
+# receive_in_order on|off: with `on`, every veth hands its received packets to CPU 0's backlog
+# (RPS mask 1). Why: without it veth queues each packet on the backlog of the CPU that sent it,
+# and tbf's dequeue runs on whichever CPU its timer or the next sender is on, so two packets of one
+# QP can reach the receiver's rxe out of order. rxe takes the first one out of order as a lost
+# packet: it NAKs and drops everything until the retransmission, and the sender goes back N.
+# Measured: no packet is lost on the wire (sent = received), yet rcvd_seq_err, completer_retry_err,
+# out_of_seq_request and duplicate_request rise (docs/PERFORMANCE.md, "reorder" case). A NIC on a
+# real wire sees one FIFO link, so the perf rails use `on`.
+receive_in_order() {
+  local mask=0 r d; [ "$1" = off ] || mask=1
+  for r in 0 1; do for d in "veth_a$r" "veth_b$r"; do
+    echo "$mask" > "/sys/class/net/$d/queues/rx-0/rps_cpus"
+  done; done
+}
+
+# shape_lossy RAIL RATE: the same rate with a 128 KB queue, smaller than one burst of the plugin
+# (rxe lets each QP have about 64 packets, 256 KB, in flight): the shaper drops what overflows.
+# (tbf's usual 100 ms queue, 1-2 MB at these rates, held every burst and dropped nothing.)
 shape_lossy() {
-  tc qdisc replace dev "veth_a$1" root tbf rate "$2" burst "$SHAPE_BURST" latency 100ms
+  tc qdisc replace dev "veth_a$1" root tbf rate "$2" burst "$SHAPE_BURST" limit 128kb
 }
 
 # loss_snapshot: one line of every counter that shows a lost or retransmitted packet, both rails:
