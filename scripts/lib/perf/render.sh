@@ -159,9 +159,10 @@ cost_table() {
     echo "## Shaped Soft-RoCE rails (the rig)"
     echo
     echo "Two processes (receiver on host B, sender on host A), rails shaped with \`tc tbf\` on A's"
-    echo "veths: SOUT 80 Mbit/s, SUP 160 Mbit/s, deep shaper queues, in-order delivery. Loss columns are the deltas of"
-    echo "the shaper's drops, the veths' drops, the kernel backlog's drops and rxe's retry counters"
-    echo "over each run (scripts/lib/perf/shape.sh)."
+    echo "veths: SOUT 80 Mbit/s, SUP 160 Mbit/s, deep shaper queues, in-order delivery. Loss columns"
+    echo "are the deltas over each run of the shaper's drops (\`shaper_drop\`, netem's included), the"
+    echo "veths' and the kernel backlog's drops, IP and UDP discards, packets rxe sent on A but B"
+    echo "never received (\`wire_lost\`) and rxe's retry counters (scripts/lib/perf/shape.sh)."
     echo
     echo "### One rail at a time"
     echo
@@ -183,7 +184,7 @@ cost_table() {
     echo
     rig_table reorder
     echo
-    echo "### The lossy case (the shaper's default queue, tbf latency 100 ms)"
+    echo "### The lossy case: 0.1 % of packets lost on each rail's wire (netem under the shaper)"
     echo
     rig_table lossy
     echo

@@ -12,7 +12,7 @@
 #   knobs    SUP alone and the balanced split again with MPIB_IB_TIMEOUT=14 (67 ms instead of
 #            4.3 s per ACK timeout) and with one QP per rail
 #   reorder  the balanced split with per-CPU receive (the rig's default): packets reordered
-#   lossy    the balanced split with the shaper's default (shallow) queue: the case with drops
+#   lossy    0.1 % of packets lost at random on each shaped rail (netem): the case with drops
 #   latency  unshaped rails: ib_write_lat vs mpib-perf's p50, 8 B ... 4 KiB
 # Every measurement appends one tab-separated record to OUT/records.tsv:
 #   section  label  size  rep  GB/s  p50_us  loss-counter deltas ("none" when nothing moved)
@@ -167,13 +167,17 @@ for ((rep = 1; rep <= reps; rep++)); do
   measure_perf reorder "mpib-perf sup_bw $BALANCED, per-CPU receive" "${sizes[-1]}" 12 "$BALANCED"
 done
 receive_in_order on
-# The separate case with drops: the shaper's own queue is shallow (tbf latency 100 ms).
-shape_lossy 0 "$SOUT_RATE"; shape_lossy 1 "$SUP_RATE"
+# The separate case with drops: 0.1 % random loss on each rail's wire.
+shape_lossy 0 "$SOUT_RATE" 0.1%; shape_lossy 1 "$SUP_RATE" 0.1%
 lossy_reps=3; [ -z "$quick" ] || lossy_reps=1
 PERF_ALLOW_ERRORS=1
 for ((rep = 1; rep <= lossy_reps; rep++)); do
-  measure_perf lossy "mpib-perf sup_bw $BALANCED, 128 KB shaper queue" "${sizes[-1]}" 12 "$BALANCED"
-  measure_bw lossy "ib_write_bw sup, 128 KB shaper queue" 1 "${sizes[-1]}" 12
+  measure_perf lossy "mpib-perf sup_bw $BALANCED, 0.1 % loss" "${sizes[-1]}" 12 "$BALANCED"
+  PERF_ENV=(MPIB_SOUT_QP=1 MPIB_SUP_QP=1)
+  measure_perf lossy "mpib-perf sup_bw $BALANCED, 0.1 % loss, MPIB_SOUT_QP=1 MPIB_SUP_QP=1" \
+    "${sizes[-1]}" 12 "$BALANCED"
+  PERF_ENV=()
+  measure_bw lossy "ib_write_bw sup, 0.1 % loss" 1 "${sizes[-1]}" 12
 done
 PERF_ALLOW_ERRORS=
 # Latency on unshaped rails: every packet goes straight to the wire.

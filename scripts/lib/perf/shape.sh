@@ -22,7 +22,7 @@ shape_rail() {
   if [ "$2" = off ]; then
     tc qdisc del dev "$dev" root 2>/dev/null || true
   else
-    tc qdisc replace dev "$dev" root tbf rate "$2" burst "$SHAPE_BURST" limit "$SHAPE_LIMIT"
+    tc qdisc replace dev "$dev" root handle 1: tbf rate "$2" burst "$SHAPE_BURST" limit "$SHAPE_LIMIT"
   fi
 }
 
@@ -41,11 +41,14 @@ receive_in_order() {
   done; done
 }
 
-# shape_lossy RAIL RATE: the same rate with a 128 KB queue, smaller than one burst of the plugin
-# (rxe lets each QP have about 64 packets, 256 KB, in flight): the shaper drops what overflows.
-# (tbf's usual 100 ms queue, 1-2 MB at these rates, held every burst and dropped nothing.)
+# shape_lossy RAIL RATE LOSS: the same shaped rail, losing LOSS (e.g. 0.1%) of its packets at
+# random on the wire: netem under the shaper. Why netem and not a short shaper queue: a packet the
+# sender's own qdisc refuses comes back to rxe at once (NET_XMIT_DROP), and rxe simply sends the
+# same packet again (send_err, no retransmission): measured, a 128 KB tbf queue dropped thousands
+# of packets with no retry counter moving. netem's loss reports success, like a switch dropping.
 shape_lossy() {
-  tc qdisc replace dev "veth_a$1" root tbf rate "$2" burst "$SHAPE_BURST" limit 128kb
+  shape_rail "$1" "$2"
+  tc qdisc replace dev "veth_a$1" parent 1:1 handle 10: netem loss "$3" limit 100000
 }
 
 # loss_snapshot: one line of every counter that shows a lost or retransmitted packet, both rails:
