@@ -78,6 +78,12 @@ fn child_advanced() {
                 panic!("{version}: the plugin did not register its connection: {e}")
             });
         eprintln!("{version}: agent registrations: {registrations:?}");
+        // The SUP pair is the SUP rails' addresses (loop1's GID is ::ffff:127.0.0.2 on both
+        // ends), not zeros: an agent keys SUP flows by it.
+        let loop1 = std::net::Ipv4Addr::new(127, 0, 0, 2);
+        for r in &registrations {
+            assert_eq!((r.sup_src, r.sup_dst), (loop1, loop1), "{version}: {r:?}");
+        }
         for sup_bw in SUP_BW {
             for r in agent.registrations() {
                 agent.set_sup_bw(r.slot, sup_bw);

@@ -3,10 +3,14 @@
 //!
 //! Hint file (4112 bytes, host byte order): header `{magic u32 = 0x4D504948, max_entries u32 =
 //! 256, 8 reserved bytes}`, then 256 entries `{sup_bw u32, seq u32, src_ip u32, dst_ip u32}` (IPs
-//! in network byte order). Socket request (32 bytes): `{magic u32 = 0x4D504952, kind u32 (1
-//! register, 2 deregister), conn_id u64, sout_src [u8; 4], sout_dst [u8; 4], sup_src [u8; 4],
-//! sup_dst [u8; 4]}`; response (16 bytes): `{magic u32, status i32 (0 ok), hint_slot u32,
-//! reserved u32}`.
+//! in network byte order). Socket messages, the reference agent interface (`include/mpib_agent.h`;
+//! packed, little-endian, addresses in network order): header `{magic u32 = 0x4D504952, msg_len
+//! u16, msg_type u8 (1 register, 2 deregister, 128 response), reserved u8}`; register request (28
+//! bytes) `{header, conn_id u32, sout_src, sout_dst, sup_src, sup_dst}` -> response (16 bytes)
+//! `{header, status u8 (0 ok, 1 no free slots, 2 invalid request), reserved [u8; 3], hint_slot
+//! u32}`; deregister request (12 bytes) `{header, conn_id u32}` -> response (12 bytes) `{header,
+//! status u8, reserved [u8; 3]}`. Written from the interface, not from the plugin's code, so the
+//! tests check the plugin against an independent reading of it.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::Ipv4Addr;
@@ -29,20 +33,32 @@ pub const REG_MAGIC: u32 = 0x4D50_4952;
 pub const MAX_ENTRIES: usize = 256;
 /// Size of the hint file.
 pub const HINT_FILE_SIZE: usize = 16 + MAX_ENTRIES * 16;
-/// Request kind: register a connection.
-pub const KIND_REGISTER: u32 = 1;
-/// Request kind: deregister a connection.
-pub const KIND_DEREGISTER: u32 = 2;
-/// Size of a request.
-pub const REQUEST_SIZE: usize = 32;
-/// Size of a response.
-pub const RESPONSE_SIZE: usize = 16;
+/// `msg_type` of a register request.
+pub const MSG_REGISTER: u8 = 1;
+/// `msg_type` of a deregister request.
+pub const MSG_DEREGISTER: u8 = 2;
+/// `msg_type` of a response.
+pub const MSG_RESPONSE: u8 = 128;
+/// Size of the header.
+pub const HEADER_SIZE: usize = 8;
+/// Size of a register request.
+pub const REGISTER_SIZE: usize = 28;
+/// Size of a register response.
+pub const REGISTER_RESPONSE_SIZE: usize = 16;
+/// Size of a deregister request and of its response.
+pub const DEREGISTER_SIZE: usize = 12;
+/// Status: done.
+pub const STATUS_SUCCESS: u8 = 0;
+/// Status: every slot is taken.
+pub const STATUS_NO_FREE_SLOTS: u8 = 1;
+/// Status: a malformed request (or, for a deregistration, a connection never registered).
+pub const STATUS_INVALID: u8 = 2;
 
 /// One connection the plugin registered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registration {
-    /// `(pid << 16) | counter`, chosen by the plugin.
-    pub conn_id: u64,
+    /// `(pid << 16) | counter` in 32 bits, chosen by the plugin.
+    pub conn_id: u32,
     /// Slot handed out.
     pub slot: u32,
     /// SOUT source.
@@ -118,62 +134,56 @@ impl Shared {
         seq.store(start.wrapping_add(2), Ordering::Release);
     }
 
-    fn handle(&self, request: &[u8; REQUEST_SIZE]) -> [u8; RESPONSE_SIZE] {
-        let word = |o: usize| {
-            u32::from_ne_bytes([request[o], request[o + 1], request[o + 2], request[o + 3]])
-        };
-        let (magic, kind) = (word(0), word(4));
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&request[8..16]);
-        let conn_id = u64::from_ne_bytes(id);
-        let (status, slot): (i32, u32) = if magic != REG_MAGIC {
-            (-22, 0) // -EINVAL
-        } else {
-            let mut state = self.state();
-            match kind {
-                KIND_REGISTER if (state.next_slot as usize) < MAX_ENTRIES => {
-                    let slot = state.next_slot;
-                    state.next_slot += 1;
-                    let bw = self.default_sup_bw.load(Ordering::Relaxed);
-                    self.write_entry(
-                        slot as usize,
-                        bw,
-                        Some((ip(&request[16..]), ip(&request[20..]))),
-                    );
-                    state.registrations.push(Registration {
-                        conn_id,
-                        slot,
-                        sout_src: ip(&request[16..]),
-                        sout_dst: ip(&request[20..]),
-                        sup_src: ip(&request[24..]),
-                        sup_dst: ip(&request[28..]),
-                        active: true,
-                    });
-                    (0, slot)
+    /// Answers one whole request of `msg_type` (its length already checked): the response's
+    /// bytes.
+    fn handle(&self, msg_type: u8, request: &[u8]) -> Vec<u8> {
+        let conn_id = u32::from_le_bytes([request[8], request[9], request[10], request[11]]);
+        let mut state = self.state();
+        if msg_type == MSG_DEREGISTER {
+            let found = state
+                .registrations
+                .iter_mut()
+                .find(|r| r.conn_id == conn_id && r.active);
+            let status = match found {
+                Some(r) => {
+                    r.active = false;
+                    STATUS_SUCCESS
                 }
-                KIND_REGISTER => (-28, 0), // -ENOSPC: all 256 slots handed out
-                KIND_DEREGISTER => {
-                    let found = state
-                        .registrations
-                        .iter_mut()
-                        .find(|r| r.conn_id == conn_id && r.active);
-                    match found {
-                        Some(r) => {
-                            r.active = false;
-                            (0, r.slot)
-                        }
-                        None => (-2, 0), // -ENOENT
-                    }
-                }
-                _ => (-22, 0),
-            }
-        };
-        let mut response = [0u8; RESPONSE_SIZE];
-        response[0..4].copy_from_slice(&REG_MAGIC.to_ne_bytes());
-        response[4..8].copy_from_slice(&status.to_ne_bytes());
-        response[8..12].copy_from_slice(&slot.to_ne_bytes());
-        response
+                None => STATUS_INVALID,
+            };
+            return response(DEREGISTER_SIZE, status, None);
+        }
+        if state.next_slot as usize >= MAX_ENTRIES {
+            return response(REGISTER_RESPONSE_SIZE, STATUS_NO_FREE_SLOTS, Some(0));
+        }
+        let slot = state.next_slot;
+        state.next_slot += 1;
+        let (sout_src, sout_dst) = (ip(&request[12..]), ip(&request[16..]));
+        let bw = self.default_sup_bw.load(Ordering::Relaxed);
+        self.write_entry(slot as usize, bw, Some((sout_src, sout_dst)));
+        state.registrations.push(Registration {
+            conn_id,
+            slot,
+            sout_src,
+            sout_dst,
+            sup_src: ip(&request[20..]),
+            sup_dst: ip(&request[24..]),
+            active: true,
+        });
+        response(REGISTER_RESPONSE_SIZE, STATUS_SUCCESS, Some(slot))
     }
+}
+
+/// A response of `len` bytes: header, status, three reserved bytes, and the slot when given.
+fn response(len: usize, status: u8, slot: Option<u32>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(len);
+    bytes.extend_from_slice(&REG_MAGIC.to_le_bytes());
+    bytes.extend_from_slice(&(len as u16).to_le_bytes());
+    bytes.extend_from_slice(&[MSG_RESPONSE, 0, status, 0, 0, 0]);
+    if let Some(slot) = slot {
+        bytes.extend_from_slice(&slot.to_le_bytes());
+    }
+    bytes
 }
 
 /// The running agent. Dropping it stops the server and removes its files.
@@ -362,7 +372,8 @@ fn serve(shared: &Arc<Shared>, listener: &UnixListener) {
 }
 
 /// Serves requests on one connection until EOF or stop (the plugin may keep the connection open
-/// or use one per request).
+/// or use one per request). A request with a bad magic or an unknown type closes the connection;
+/// one whose length is wrong for its type gets status 2 and then the connection is closed.
 fn serve_client(shared: &Shared, mut stream: UnixStream) {
     let configured = stream
         .set_nonblocking(false)
@@ -370,50 +381,134 @@ fn serve_client(shared: &Shared, mut stream: UnixStream) {
     if configured.is_err() {
         return;
     }
-    let mut request = [0u8; REQUEST_SIZE];
+    let mut message = [0u8; REGISTER_SIZE];
+    loop {
+        if !read_full(shared, &mut stream, &mut message[..HEADER_SIZE]) {
+            return;
+        }
+        let magic = u32::from_le_bytes([message[0], message[1], message[2], message[3]]);
+        let msg_len = usize::from(u16::from_le_bytes([message[4], message[5]]));
+        let msg_type = message[6];
+        let (expected, invalid) = match msg_type {
+            MSG_REGISTER => (
+                REGISTER_SIZE,
+                response(REGISTER_RESPONSE_SIZE, STATUS_INVALID, Some(0)),
+            ),
+            MSG_DEREGISTER => (
+                DEREGISTER_SIZE,
+                response(DEREGISTER_SIZE, STATUS_INVALID, None),
+            ),
+            _ => return,
+        };
+        if magic != REG_MAGIC {
+            return;
+        }
+        if msg_len != expected {
+            let _ = stream.write_all(&invalid);
+            return;
+        }
+        if !read_full(shared, &mut stream, &mut message[HEADER_SIZE..expected]) {
+            return;
+        }
+        if stream
+            .write_all(&shared.handle(msg_type, &message[..expected]))
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Fills `buffer` from the stream; false on EOF, an error or stop.
+fn read_full(shared: &Shared, stream: &mut UnixStream, buffer: &mut [u8]) -> bool {
     let mut filled = 0;
-    while !shared.stop.load(Ordering::Relaxed) {
-        match stream.read(&mut request[filled..]) {
-            Ok(0) => return,
-            Ok(n) => {
-                filled += n;
-                if filled == REQUEST_SIZE {
-                    filled = 0;
-                    if stream.write_all(&shared.handle(&request)).is_err() {
-                        return;
-                    }
-                }
-            }
+    while filled < buffer.len() {
+        if shared.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        match stream.read(&mut buffer[filled..]) {
+            Ok(0) => return false,
+            Ok(n) => filled += n,
             Err(e)
                 if matches!(
                     e.kind(),
                     ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
                 ) => {}
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn request(kind: u32, conn_id: u64) -> [u8; REQUEST_SIZE] {
-        let mut r = [0u8; REQUEST_SIZE];
-        r[0..4].copy_from_slice(&REG_MAGIC.to_ne_bytes());
-        r[4..8].copy_from_slice(&kind.to_ne_bytes());
-        r[8..16].copy_from_slice(&conn_id.to_ne_bytes());
-        r[16..20].copy_from_slice(&[10, 0, 0, 1]);
-        r[20..24].copy_from_slice(&[10, 0, 0, 2]);
+    /// A request as the interface lays it out (SOUT 10.0.0.1 -> 10.0.0.2, SUP 10.1.0.1 -> 10.1.0.2).
+    fn request(msg_type: u8, conn_id: u32) -> Vec<u8> {
+        let len = if msg_type == MSG_REGISTER {
+            REGISTER_SIZE
+        } else {
+            DEREGISTER_SIZE
+        };
+        let mut r = REG_MAGIC.to_le_bytes().to_vec();
+        r.extend_from_slice(&(len as u16).to_le_bytes());
+        r.extend_from_slice(&[msg_type, 0]);
+        r.extend_from_slice(&conn_id.to_le_bytes());
+        if msg_type == MSG_REGISTER {
+            r.extend_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2, 10, 1, 0, 1, 10, 1, 0, 2]);
+        }
         r
     }
 
-    fn roundtrip(stream: &mut UnixStream, req: &[u8; REQUEST_SIZE]) -> (u32, i32, u32) {
+    /// Sends `req`, reads a response of `len` bytes: (status, slot when there is one).
+    fn roundtrip(stream: &mut UnixStream, req: &[u8], len: usize) -> (u8, Option<u32>) {
         stream.write_all(req).unwrap();
-        let mut resp = [0u8; RESPONSE_SIZE];
+        let mut resp = vec![0u8; len];
         stream.read_exact(&mut resp).unwrap();
-        let w = |o: usize| u32::from_ne_bytes(resp[o..o + 4].try_into().unwrap());
-        (w(0), w(4) as i32, w(8))
+        assert_eq!(&resp[..4], b"RIPM", "magic");
+        assert_eq!(usize::from(u16::from_le_bytes([resp[4], resp[5]])), len);
+        assert_eq!(resp[6], MSG_RESPONSE);
+        let slot = (len == REGISTER_RESPONSE_SIZE)
+            .then(|| u32::from_le_bytes(resp[12..16].try_into().unwrap()));
+        (resp[8], slot)
+    }
+
+    #[test]
+    fn bad_requests_get_status_2_or_a_closed_connection() {
+        let agent = Agent::start_in_temp().unwrap();
+        let connect = || {
+            let stream = UnixStream::connect(agent.socket_path()).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            stream
+        };
+        let mut short = request(MSG_REGISTER, 5);
+        short[4] = 20;
+        assert_eq!(
+            roundtrip(&mut connect(), &short[..20], REGISTER_RESPONSE_SIZE),
+            (STATUS_INVALID, Some(0))
+        );
+        for bad in [[0u8; 8].to_vec(), {
+            let mut r = request(MSG_DEREGISTER, 5);
+            r[6] = 9;
+            r
+        }] {
+            let mut stream = connect();
+            stream.write_all(&bad).unwrap();
+            let mut byte = [0u8; 1];
+            // Closed: an EOF, or a reset when the agent left bytes of ours unread.
+            let closed = match stream.read(&mut byte) {
+                Ok(n) => n == 0,
+                Err(e) => e.kind() == ErrorKind::ConnectionReset,
+            };
+            assert!(closed, "not closed after {bad:?}");
+        }
+        let mut stream = connect();
+        let answer = roundtrip(&mut stream, &request(MSG_DEREGISTER, 99), DEREGISTER_SIZE);
+        assert_eq!(answer, (STATUS_INVALID, None), "never registered");
+        assert!(agent.registrations().is_empty());
     }
 
     #[test]
@@ -431,12 +526,15 @@ mod tests {
         stream
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
-        assert_eq!(roundtrip(&mut stream, &request(1, 77)), (REG_MAGIC, 0, 0));
+        let register = |stream: &mut UnixStream, id| {
+            roundtrip(stream, &request(MSG_REGISTER, id), REGISTER_RESPONSE_SIZE)
+        };
+        assert_eq!(register(&mut stream, 77), (STATUS_SUCCESS, Some(0)));
         let mut second = UnixStream::connect(agent.socket_path()).unwrap();
         second
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
-        assert_eq!(roundtrip(&mut second, &request(1, 78)), (REG_MAGIC, 0, 1));
+        assert_eq!(register(&mut second, 78), (STATUS_SUCCESS, Some(1)));
         let (bw, seq, src, dst) = agent.entry(0);
         assert_eq!((bw, seq % 2), (512, 0));
         assert_eq!(
@@ -446,10 +544,17 @@ mod tests {
         agent.set_sup_bw(1, 1024);
         let (bw, seq, _, _) = agent.entry(1);
         assert_eq!((bw, seq), (1024, 4));
-        assert_eq!(roundtrip(&mut stream, &request(2, 77)).1, 0);
-        assert_eq!(roundtrip(&mut stream, &request(2, 77)).1, -2);
+        let deregister = |stream: &mut UnixStream, id| {
+            roundtrip(stream, &request(MSG_DEREGISTER, id), DEREGISTER_SIZE).0
+        };
+        assert_eq!(deregister(&mut stream, 77), STATUS_SUCCESS);
+        assert_eq!(deregister(&mut stream, 77), STATUS_INVALID);
         let regs = agent.registrations();
         assert_eq!(regs.len(), 2);
+        assert_eq!(
+            (regs[0].sup_src, regs[0].sup_dst),
+            (Ipv4Addr::new(10, 1, 0, 1), Ipv4Addr::new(10, 1, 0, 2))
+        );
         assert!(!regs[0].active && regs[1].active);
         let (hint, socket) = (
             agent.hint_path().to_path_buf(),

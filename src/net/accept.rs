@@ -23,7 +23,7 @@ use crate::proto::wire::{
     CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
 };
 
-use super::agent::AgentRegistration;
+use super::agent::{ipv4_of_gid, AgentRegistration};
 use super::comm::ConnectionInfo;
 use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
@@ -68,6 +68,8 @@ struct Acceptance {
     /// Set when we refuse: sent to the peer first, then returned.
     refusal: Option<Error>,
     built: Option<(ConnectionInfo, RecvData)>,
+    /// The connector's SUP GID (the agent registration names the SUP address pair).
+    peer_sup_gid: [u8; 16],
 }
 
 /// `listen` on the context's OOB address.
@@ -142,6 +144,7 @@ impl ListenComm {
             stage: Stage::ReceivingRequest(Transfer::incoming()),
             refusal: None,
             built: None,
+            peer_sup_gid: [0; 16],
         })
     }
 }
@@ -264,6 +267,7 @@ impl Acceptance {
             qp_nums: qp_nums_by_rail(&data.qps, layout),
         };
         self.built = Some((info, data));
+        self.peer_sup_gid = request.rails[Rail::ScaleUp.index()].gid;
         Ok(reply)
     }
 
@@ -302,8 +306,12 @@ impl Acceptance {
             .take()
             .ok_or_else(|| Error::internal("ready before the request"))?;
         if ctx.settings.mode == Mode::Advanced {
+            let sup = (
+                ipv4_of_gid(&ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
+                ipv4_of_gid(&self.peer_sup_gid),
+            );
             info.agent =
-                AgentRegistration::register(&ctx.settings, *self.local.ip(), *self.peer.ip());
+                AgentRegistration::register(&ctx.settings, *self.local.ip(), *self.peer.ip(), sup);
         }
         info!(
             log::NET | log::INIT,

@@ -9,7 +9,7 @@ use std::net::{SocketAddrV4, TcpStream};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::fabric::Access;
+use crate::fabric::{Access, Rail};
 use crate::log;
 use crate::params::Mode;
 use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
@@ -20,7 +20,7 @@ use crate::proto::wire::{
     READY_LEN,
 };
 
-use super::agent::{AgentRegistration, HintReader};
+use super::agent::{ipv4_of_gid, AgentRegistration, HintReader};
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
 use super::resources::{
@@ -55,6 +55,8 @@ struct Prepared {
     records: RegisteredRegion<CompletionRecord>,
     request: ConnectRequest,
     remote_records: (u64, [u32; 2]),
+    /// The acceptor's SUP GID (the agent registration names the SUP address pair).
+    peer_sup_gid: [u8; 16],
 }
 
 /// An in-progress `connect`.
@@ -189,6 +191,7 @@ impl Connector {
             records,
             request,
             remote_records: (0, [0; 2]),
+            peer_sup_gid: [0; 16],
         });
         Ok(request)
     }
@@ -234,6 +237,7 @@ impl Connector {
             &settings,
         )?;
         prepared.remote_records = (reply.records_addr, reply.records_rkeys);
+        prepared.peer_sup_gid = reply.rails[Rail::ScaleUp.index()].gid;
         Ok(())
     }
 
@@ -247,7 +251,12 @@ impl Connector {
         let (agent, hint) = match settings.mode {
             Mode::Vanilla => (None, HintReader::none()),
             Mode::Advanced => {
-                let agent = AgentRegistration::register(settings, *local.ip(), *self.remote.ip());
+                let sup = (
+                    ipv4_of_gid(&self.ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
+                    ipv4_of_gid(&prepared.peer_sup_gid),
+                );
+                let agent =
+                    AgentRegistration::register(settings, *local.ip(), *self.remote.ip(), sup);
                 let hint = match &agent {
                     Some(registration) => HintReader::open(settings, registration.hint_slot),
                     None => HintReader::none(),
