@@ -6,12 +6,13 @@
  * Every field is packed and little-endian except the IPv4 addresses, which are in network order
  * (as in struct in_addr). Reserved bytes are written as zero and ignored when read.
  *
- * Socket (MPIB_AGENT_SOCKET, default /tmp/mpib/agent.sock): the plugin connects, sends one
- * request, reads one response.
+ * Socket (default /tmp/mpib/agent.sock; /tmp/mpib/TAG/agent.sock with MPIB_AGENT_TAG=TAG;
+ * MPIB_AGENT_SOCKET overrides): the plugin connects, sends one request, reads one response.
  *   register    (mpib_agent_register_request, 28 bytes) -> mpib_agent_register_response (16)
  *   deregister  (mpib_agent_deregister_request, 12 bytes) -> mpib_agent_deregister_response (12)
  *
- * Hint file (default /tmp/mpib/hints; MPIB_HINT_PATH overrides), 4112 bytes: a header and 256
+ * Hint file (default /tmp/mpib/hints; /tmp/mpib/TAG/hints with MPIB_AGENT_TAG=TAG;
+ * MPIB_HINT_PATH overrides), 4112 bytes: a header and 256
  * entries. The agent writes an entry under a seqlock: seq += 1 (odd), store sup_bw (and the
  * addresses), seq += 1 (even), with release ordering; the plugin retries while seq is odd or
  * changed. sup_bw is the SUP rail's share of each transfer in parts per 1024 (0 = all SOUT,

@@ -71,6 +71,16 @@ pub const PARAMS: &[Param] = &[
         doc: "IPv4 address for the control connection; overrides MPIB_OOB_IF.",
     },
     Param {
+        name: "MPIB_BDP_BYTES",
+        default: "0",
+        doc: "Advanced mode: inter-island transfers of at most this many bytes stay on SOUT whatever the hint (0 = off).",
+    },
+    Param {
+        name: "MPIB_AGENT_TAG",
+        default: "",
+        doc: "Advanced mode: several agents on one host; the default paths become /tmp/mpib/TAG/hints and /tmp/mpib/TAG/agent.sock.",
+    },
+    Param {
         name: "MPIB_HINT_PATH",
         default: "/tmp/mpib/hints",
         doc: "Advanced mode: the agent's hint SHM file (seqlock entries, parts per 1024).",
@@ -239,6 +249,8 @@ pub struct Settings {
     pub slow_us: u64,
     /// MPIB_PROBES_SAMPLE.
     pub probes_sample: u32,
+    /// MPIB_BDP_BYTES.
+    pub bdp_bytes: u64,
     /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
     pub loopback_faults: String,
     /// MPIB_LOOPBACK_RAILS (parsed by the loopback fabric).
@@ -284,6 +296,7 @@ impl Settings {
                     .map_err(|_| invalid("MPIB_OOB_ADDR", &text, "an IPv4 address"))?,
             ),
         };
+        let agent_dir = agent_directory(get("MPIB_AGENT_TAG"))?;
         Ok(Settings {
             fabric,
             hca_sout: get("MPIB_HCA_SOUT").unwrap_or_else(|| default_hca("loop0")),
@@ -295,8 +308,9 @@ impl Settings {
             island_prefix_len: parse_int(&get, "MPIB_ISLAND_PREFIX_LEN", 24, 0, 32)? as u8,
             oob_interface: get("MPIB_OOB_IF"),
             oob_address,
-            hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| "/tmp/mpib/hints".into()),
-            agent_socket: get("MPIB_AGENT_SOCKET").unwrap_or_else(|| "/tmp/mpib/agent.sock".into()),
+            hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| format!("{agent_dir}/hints")),
+            agent_socket: get("MPIB_AGENT_SOCKET")
+                .unwrap_or_else(|| format!("{agent_dir}/agent.sock")),
             gid_index: parse_optional(&get, "MPIB_IB_GID_INDEX", 255)?.map(|v| v as u8),
             ib_timeout: parse_int(&get, "MPIB_IB_TIMEOUT", 20, 1, 31)? as u8,
             ib_retry_count: parse_int(&get, "MPIB_IB_RETRY_CNT", 7, 0, 7)? as u8,
@@ -308,10 +322,30 @@ impl Settings {
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
             slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
             probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
+            bdp_bytes: u64::from(parse_int(&get, "MPIB_BDP_BYTES", 0, 0, u32::MAX)?),
             loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
             loopback_rails: get("MPIB_LOOPBACK_RAILS").unwrap_or_default(),
         })
     }
+}
+
+/// The directory of the agent's default paths: `/tmp/mpib`, or `/tmp/mpib/TAG` with
+/// `MPIB_AGENT_TAG=TAG` (the reference interface's way to run several agents on one host). A tag
+/// is one path component, so it cannot point anywhere else.
+fn agent_directory(tag: Option<String>) -> Result<String, ParamError> {
+    let Some(tag) = tag else {
+        return Ok("/tmp/mpib".into());
+    };
+    let tag = tag.trim();
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if tag.len() > 64 || tag == "." || tag == ".." || !tag.chars().all(allowed) {
+        return Err(invalid(
+            "MPIB_AGENT_TAG",
+            tag,
+            "at most 64 letters, digits, '.', '_' or '-' (one path component)",
+        ));
+    }
+    Ok(format!("/tmp/mpib/{tag}"))
 }
 
 fn invalid(name: &'static str, value: &str, expected: &str) -> ParamError {
@@ -392,9 +426,27 @@ mod tests {
                 "MPIB_PROBES_DIR" => s.probes_dir.clone(),
                 "MPIB_SLOW_US" => s.slow_us.to_string(),
                 "MPIB_PROBES_SAMPLE" => s.probes_sample.to_string(),
+                "MPIB_BDP_BYTES" => s.bdp_bytes.to_string(),
                 _ => continue,
             };
             assert_eq!(text, param.default, "{}", param.name);
+        }
+    }
+
+    #[test]
+    fn an_agent_tag_moves_the_default_paths_only() {
+        let s = settings(&[("MPIB_AGENT_TAG", "job-42.a")]).unwrap();
+        assert_eq!(s.hint_path, "/tmp/mpib/job-42.a/hints");
+        assert_eq!(s.agent_socket, "/tmp/mpib/job-42.a/agent.sock");
+        let s = settings(&[("MPIB_AGENT_TAG", "t"), ("MPIB_HINT_PATH", "/run/h")]).unwrap();
+        assert_eq!(
+            (s.hint_path.as_str(), s.agent_socket.as_str()),
+            ("/run/h", "/tmp/mpib/t/agent.sock")
+        );
+        for bad in ["..", ".", "a/b", "x y", &"t".repeat(65)] {
+            let e = settings(&[("MPIB_AGENT_TAG", bad)]).unwrap_err();
+            assert_eq!(e.name, "MPIB_AGENT_TAG", "{bad}");
+            assert!(e.to_string().contains("one path component"), "{e}");
         }
     }
 

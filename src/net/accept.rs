@@ -261,6 +261,7 @@ impl Acceptance {
             class,
             mode: settings.mode,
             layout,
+            bdp_bytes: settings.bdp_bytes,
             agent: None,
             profiler: ctx.profiler,
             health: ctx.plugin.health.clone(),

@@ -31,6 +31,8 @@ pub(crate) struct ConnectionInfo {
     pub mode: Mode,
     /// QP pools.
     pub layout: QpLayout,
+    /// `MPIB_BDP_BYTES`: advanced inter-island transfers up to this size stay on SOUT (0: off).
+    pub bdp_bytes: u64,
     /// Agent registration (advanced mode), deregistered on drop.
     pub agent: Option<AgentRegistration>,
     /// NCCL's profiler callback (v10+), if the communicator gave one.

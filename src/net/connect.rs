@@ -270,6 +270,7 @@ impl Connector {
             class: prepared.class,
             mode: settings.mode,
             layout: prepared.layout,
+            bdp_bytes: settings.bdp_bytes,
             agent,
             profiler: self.ctx.profiler,
             health: self.ctx.plugin.health.clone(),

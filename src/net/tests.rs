@@ -80,7 +80,10 @@ pub(crate) fn connect_pair_with(
     })
 }
 
-const ENV_NAMES: [&str; 11] = [
+const ENV_NAMES: [&str; 14] = [
+    "MPIB_BDP_BYTES",
+    "MPIB_AGENT_SOCKET",
+    "MPIB_HINT_PATH",
     "MPIB_PROBES_DIR",
     "MPIB_PROBES_SAMPLE",
     "MPIB_SLOW_US",
@@ -322,6 +325,35 @@ fn probes_snapshot(dir: &std::path::Path) -> (mpib_probes::ProbesReader, mpib_pr
         }
         _ => panic!("probes file not ready"),
     }
+}
+
+#[test]
+fn the_bdp_threshold_keeps_small_inter_island_transfers_on_sout() {
+    let _guard = env_lock();
+    let agent = mpib_driver::Agent::start_in_temp().unwrap();
+    agent.set_default_sup_bw(1024);
+    let dir = std::env::temp_dir().join(format!("mpib-bdp-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let env: Vec<(&str, String)> = agent.env();
+    let mut vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.extend([
+        ("MPIB_MODE", "1"),
+        ("MPIB_BDP_BYTES", "65536"),
+        ("MPIB_PROBES_DIR", dir.to_str().unwrap()),
+    ]);
+    let (mut recv_vars, mut send_vars) = (vars.clone(), vars);
+    recv_vars.push(("MPIB_OOB_ADDR", "127.0.0.1"));
+    send_vars.push(("MPIB_OOB_ADDR", "127.0.1.1"));
+    let pair = connect_pair_with(&recv_vars, &send_vars).unwrap();
+    assert_eq!(pair.send.info.class, PathClass::InterIsland);
+    // At or under 64 KiB: SOUT, whatever the hint; above it the hint (all SUP) applies.
+    for size in [4096usize, 65536, 65537] {
+        transfer(&pair, size);
+    }
+    let (_reader, snapshot) = probes_snapshot(&dir);
+    let (sout, sup) = (&snapshot.rails[0].counters, &snapshot.rails[1].counters);
+    assert_eq!((sout.tx_bytes, sup.tx_bytes), (4096 + 65536, 65537));
+    close(pair);
 }
 
 #[test]

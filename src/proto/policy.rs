@@ -25,6 +25,14 @@ pub fn sup_bandwidth(mode: Mode, class: PathClass, hint: impl FnOnce() -> u32) -
     }
 }
 
+/// The seed's BDP threshold (seed 001 §C.6): in advanced mode, an inter-island transfer of at most
+/// `bdp_bytes` bytes stays on SOUT whatever the hint says (`bdp_bytes == 0` disables it). Why:
+/// a message that fits in the path's bandwidth-delay product gains nothing from a second rail
+/// and pays the relay's extra latency.
+pub fn within_bdp(mode: Mode, class: PathClass, size: u64, bdp_bytes: u64) -> bool {
+    bdp_bytes > 0 && mode == Mode::Advanced && class == PathClass::InterIsland && size <= bdp_bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +58,24 @@ mod tests {
             assert_eq!(sup_bandwidth(Mode::Advanced, class, || 300), 300);
             assert_eq!(sup_bandwidth(Mode::Advanced, class, || 0), 0);
         }
+    }
+
+    #[test]
+    fn bdp_threshold_keeps_small_inter_island_transfers_on_sout() {
+        let inter = PathClass::InterIsland;
+        assert!(within_bdp(Mode::Advanced, inter, 65536, 65536));
+        assert!(!within_bdp(Mode::Advanced, inter, 65537, 65536));
+        assert!(!within_bdp(
+            Mode::Advanced,
+            PathClass::IntraIsland,
+            1,
+            65536
+        ));
+        assert!(!within_bdp(Mode::Vanilla, inter, 1, 65536));
+        // 0 disables it, even for an empty transfer.
+        assert!(!within_bdp(Mode::Advanced, inter, 1, 0));
+        assert!(!within_bdp(Mode::Advanced, inter, 0, 0));
+        assert!(within_bdp(Mode::Advanced, inter, 0, 1));
     }
 
     #[test]

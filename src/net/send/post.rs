@@ -6,7 +6,7 @@ use crate::fabric::{Rail, WorkRequest};
 use crate::proto::chain::{self, MatchedBuffer, RecordTarget, Signal, EMPTY_WR, MAX_CHAIN};
 use crate::proto::cts::{slot_of, CompletionRecord, CtsEntry, MAX_RECVS};
 use crate::proto::imm::Imm;
-use crate::proto::policy::sup_bandwidth;
+use crate::proto::policy::{sup_bandwidth, within_bdp};
 use crate::proto::rail_mask::RailMask;
 use crate::proto::split::{slot_mask, RailSplit};
 use crate::proto::wr_id::{WrId, WrKind};
@@ -51,15 +51,24 @@ impl SendComm {
         let state = data.slots[slot];
         let nreqs = state.nreqs as usize;
         let info = &self.info;
-        let hint = &mut data.hint;
-        let sup_bw = sup_bandwidth(info.mode, info.class, || hint.read());
+        let size = |r: usize| data.pool.get(state.requests[r]).sizes[0];
+        // The BDP threshold keeps small inter-island transfers on SOUT; when it covers every
+        // request of the slot the hint is not even read.
+        let small = |r: usize| within_bdp(info.mode, info.class, size(r) as u64, info.bdp_bytes);
+        let sup_bw = if (0..nreqs).all(small) {
+            0
+        } else {
+            let hint = &mut data.hint;
+            sup_bandwidth(info.mode, info.class, || hint.read())
+        };
         let mut buffers = [EMPTY_BUFFER; MAX_RECVS];
         for (r, buffer) in buffers.iter_mut().enumerate().take(nreqs) {
+            let share = if small(r) { 0 } else { sup_bw };
             *buffer = MatchedBuffer {
                 entry: state.entries[r],
                 addr: state.addrs[r],
                 lkeys: state.lkeys[r],
-                split: RailSplit::new(sup_bw, data.pool.get(state.requests[r]).sizes[0]),
+                split: RailSplit::new(share, size(r)),
             };
         }
         let buffers = &buffers[..nreqs];
