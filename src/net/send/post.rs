@@ -54,7 +54,7 @@ impl SendComm {
         let size = |r: usize| data.pool.get(state.requests[r]).sizes[0];
         // The BDP threshold keeps small inter-island transfers on SOUT; when it covers every
         // request of the slot the hint is not even read.
-        let small = |r: usize| within_bdp(info.mode, info.class, size(r) as u64, info.bdp_bytes);
+        let small = |r: usize| within_bdp(info.mode, info.class, size(r), info.bdp_bytes);
         let sup_bw = if (0..nreqs).all(small) {
             0
         } else {
