@@ -23,11 +23,11 @@ use crate::proto::wire::{
     CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
 };
 
-use super::agent::{ipv4_of_gid, AgentRegistration};
 use super::comm::ConnectionInfo;
 use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
 use super::recv::{RecvComm, RecvData};
+use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
 use super::resources::{
     connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueueSizing,
     RegisteredRegion,
@@ -58,6 +58,8 @@ enum Stage {
     ReceivingRequest(Transfer<CONNECT_REQUEST_LEN>),
     SendingReply(Transfer<CONNECT_REPLY_LEN>),
     ReceivingReady(Transfer<READY_LEN>),
+    /// Advanced mode: the agent registration, polled once per call (never waited for).
+    Registering(Option<PendingRegistration>),
 }
 
 struct Acceptance {
@@ -178,7 +180,26 @@ impl Acceptance {
                     }
                     decode_ready(transfer.bytes())
                         .map_err(|e| Error::remote(format!("bad ready message: {e}")))?;
-                    return self.finish(ctx).map(Some);
+                    if ctx.settings.mode == Mode::Vanilla {
+                        return self.finish(ctx, None).map(Some);
+                    }
+                    let sup = (
+                        ipv4_of_gid(&ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
+                        ipv4_of_gid(&self.peer_sup_gid),
+                    );
+                    let (local, remote) = (*self.local.ip(), *self.peer.ip());
+                    let pending = PendingRegistration::start(&ctx.settings, local, remote, sup);
+                    self.stage = Stage::Registering(pending);
+                }
+                Stage::Registering(pending) => {
+                    let agent = match pending {
+                        None => None,
+                        Some(pending) => match pending.poll() {
+                            None => return Ok(None),
+                            Some(agent) => agent,
+                        },
+                    };
+                    return self.finish(ctx, agent).map(Some);
                 }
             }
         }
@@ -301,19 +322,16 @@ impl Acceptance {
         ))
     }
 
-    fn finish(&mut self, ctx: &Arc<Context>) -> Result<Box<RecvComm>> {
+    fn finish(
+        &mut self,
+        ctx: &Arc<Context>,
+        agent: Option<AgentRegistration>,
+    ) -> Result<Box<RecvComm>> {
         let (mut info, data) = self
             .built
             .take()
             .ok_or_else(|| Error::internal("ready before the request"))?;
-        if ctx.settings.mode == Mode::Advanced {
-            let sup = (
-                ipv4_of_gid(&ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
-                ipv4_of_gid(&self.peer_sup_gid),
-            );
-            info.agent =
-                AgentRegistration::register(&ctx.settings, *self.local.ip(), *self.peer.ip(), sup);
-        }
+        info.agent = agent;
         info!(
             log::NET | log::INIT,
             "recv comm from {}: QPs sout={} sup={}, CTS on {}",

@@ -10,8 +10,8 @@ use crate::params::Mode;
 use crate::proto::island::PathClass;
 use crate::proto::qp_layout::QpLayout;
 
-use super::agent::AgentRegistration;
 use super::health::{DeviceHealth, HealthWatch};
+use super::registration::AgentRegistration;
 use super::resources::Devices;
 
 /// First word of a `SendComm`.

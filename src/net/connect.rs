@@ -20,9 +20,10 @@ use crate::proto::wire::{
     READY_LEN,
 };
 
-use super::agent::{ipv4_of_gid, AgentRegistration, HintReader};
+use super::agent::HintReader;
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
+use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
 use super::resources::{
     connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueuePairs,
     QueueSizing, RailQueues, RegisteredRegion,
@@ -43,6 +44,8 @@ enum Stage {
     SendingRequest(Transfer<CONNECT_REQUEST_LEN>),
     ReceivingReply(Transfer<CONNECT_REPLY_LEN>),
     SendingReady(Transfer<READY_LEN>),
+    /// Advanced mode: the agent registration, polled once per call (never waited for).
+    Registering(Option<PendingRegistration>),
 }
 
 /// Resources created once the control socket is up.
@@ -135,7 +138,20 @@ impl Connector {
                     if !transfer.send(&mut self.stream, &peer)? {
                         return Ok(None);
                     }
-                    return self.finish().map(Some);
+                    if self.ctx.settings.mode == Mode::Vanilla {
+                        return self.finish(None).map(Some);
+                    }
+                    self.stage = Stage::Registering(self.start_registration()?);
+                }
+                Stage::Registering(pending) => {
+                    let agent = match pending {
+                        None => None,
+                        Some(pending) => match pending.poll() {
+                            None => return Ok(None),
+                            Some(agent) => agent,
+                        },
+                    };
+                    return self.finish(agent).map(Some);
                 }
             }
         }
@@ -241,28 +257,34 @@ impl Connector {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<Box<SendComm>> {
+    /// Starts the agent registration of this connection's SOUT and SUP address pairs.
+    fn start_registration(&self) -> Result<Option<PendingRegistration>> {
+        let prepared = self
+            .prepared
+            .as_ref()
+            .ok_or_else(|| Error::internal("registration before prepare"))?;
+        let local = self.local()?;
+        let sup = (
+            ipv4_of_gid(&self.ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
+            ipv4_of_gid(&prepared.peer_sup_gid),
+        );
+        Ok(PendingRegistration::start(
+            &self.ctx.settings,
+            *local.ip(),
+            *self.remote.ip(),
+            sup,
+        ))
+    }
+
+    fn finish(&mut self, agent: Option<AgentRegistration>) -> Result<Box<SendComm>> {
         let prepared = self
             .prepared
             .take()
             .ok_or_else(|| Error::internal("finish before prepare"))?;
         let settings = &self.ctx.settings;
-        let local = self.local()?;
-        let (agent, hint) = match settings.mode {
-            Mode::Vanilla => (None, HintReader::none()),
-            Mode::Advanced => {
-                let sup = (
-                    ipv4_of_gid(&self.ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
-                    ipv4_of_gid(&prepared.peer_sup_gid),
-                );
-                let agent =
-                    AgentRegistration::register(settings, *local.ip(), *self.remote.ip(), sup);
-                let hint = match &agent {
-                    Some(registration) => HintReader::open(settings, registration.hint_slot),
-                    None => HintReader::none(),
-                };
-                (agent, hint)
-            }
+        let hint = match &agent {
+            Some(registration) => HintReader::open(settings, registration.hint_slot),
+            None => HintReader::none(),
         };
         let info = ConnectionInfo {
             devices: self.ctx.plugin.devices.clone(),

@@ -25,6 +25,7 @@ mod oob;
 mod plugin;
 mod profiler;
 mod recv;
+mod registration;
 mod request;
 mod resources;
 mod send;
@@ -352,4 +353,6 @@ pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+#[cfg(test)]
+mod tests_agent;

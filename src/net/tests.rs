@@ -18,6 +18,8 @@ pub(crate) struct Pair {
     pub send: Box<SendComm>,
     pub recv: Box<RecvComm>,
     pub ctx: Arc<Context>,
+    /// The longest single `connect` or `accept` call while connecting.
+    pub slowest_call: Duration,
 }
 
 pub(crate) fn connect_pair(vars: &[(&str, &str)]) -> Pair {
@@ -49,21 +51,38 @@ pub(crate) fn connect_pair_with(
     let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let (mut send, mut recv) = (None, None);
+    let mut slowest_call = Duration::ZERO;
+    let mut timed = |call: &mut dyn FnMut() -> Result<bool>| {
+        let started = Instant::now();
+        let outcome = call();
+        slowest_call = slowest_call.max(started.elapsed());
+        outcome
+    };
     let result = loop {
         if send.is_some() && recv.is_some() {
             break Ok(());
         }
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            match connect(&ctx, 0, &mut handle, -1) {
-                Ok(comm) => send = comm,
-                Err(e) => break Err(e),
+            let step = timed(&mut || {
+                connect(&ctx, 0, &mut handle, -1).map(|c| {
+                    send = c;
+                    send.is_some()
+                })
+            });
+            if let Err(e) = step {
+                break Err(e);
             }
         }
         if recv.is_none() {
-            match accept(&mut listen_comm) {
-                Ok(comm) => recv = comm,
-                Err(e) => break Err(e),
+            let step = timed(&mut || {
+                accept(&mut listen_comm).map(|c| {
+                    recv = c;
+                    recv.is_some()
+                })
+            });
+            if let Err(e) = step {
+                break Err(e);
             }
         }
     };
@@ -77,6 +96,7 @@ pub(crate) fn connect_pair_with(
         send: send.unwrap(),
         recv: recv.unwrap(),
         ctx,
+        slowest_call,
     })
 }
 
@@ -179,14 +199,18 @@ fn moves_bytes_intra_island() {
     for size in [0, 1, 127, 128, 4097, (1 << 20) + 3] {
         transfer(&pair, size);
     }
-    let Pair { send, recv, ctx } = pair;
+    let Pair {
+        send, recv, ctx, ..
+    } = pair;
     close_send(send).unwrap();
     close_recv(recv).unwrap();
     finalize(ctx).unwrap();
 }
 
-fn close(pair: Pair) {
-    let Pair { send, recv, ctx } = pair;
+pub(crate) fn close(pair: Pair) {
+    let Pair {
+        send, recv, ctx, ..
+    } = pair;
     close_send(send).unwrap();
     close_recv(recv).unwrap();
     finalize(ctx).unwrap();

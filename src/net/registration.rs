@@ -1,0 +1,232 @@
+//! Advanced mode's registration with the policy agent (seed 001 §2.C.1), without ever blocking.
+//!
+//! Why non-blocking: NCCL's proxy thread drives every connection and transfer of a communicator
+//! from one thread, so `connect`, `accept` and `close` must return promptly even when the agent
+//! is stuck (it accepted but never answers) or gone. The registration is therefore a stage of
+//! the connection's state machine ([`PendingRegistration::poll`] once per `connect`/`accept`
+//! call) on a non-blocking socket with an overall deadline; deregistration on `close` sends its
+//! request and does not wait for the answer. Without an agent (nothing listening, a refusal, a
+//! full backlog, a malformed answer or the deadline) the connection still works and every
+//! transfer goes 100 % SOUT (the seed's "safe degradation"), logged once at WARN.
+//!
+//! Every send passes `MSG_NOSIGNAL`: the host is a C program (NCCL) whose SIGPIPE would end the
+//! job if the agent closed its end first.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use crate::log;
+use crate::params::Settings;
+use crate::proto::agent_wire::{
+    conn_id, AgentRequest, AgentResponse, Header, Message, HEADER_LEN, MAX_MESSAGE_LEN,
+};
+use crate::proto::hint::HINT_MAX_ENTRIES;
+
+/// How long a connection waits, across calls, for the agent's answer (it is local: an answer
+/// takes microseconds; this only bounds a stuck agent).
+pub(crate) const AGENT_DEADLINE: Duration = Duration::from_millis(500);
+
+static CONNECTION_COUNTER: AtomicU16 = AtomicU16::new(0);
+
+/// A registered connection; deregistered (without waiting) on drop.
+#[derive(Debug)]
+pub(crate) struct AgentRegistration {
+    socket_path: String,
+    conn_id: u32,
+    /// The slot the agent assigned.
+    pub hint_slot: u32,
+}
+
+/// A registration in flight: the request is being sent or the answer awaited.
+pub(crate) struct PendingRegistration {
+    socket: Socket,
+    request: Message,
+    /// Bytes of the answer to `request`.
+    expected: usize,
+    sent: usize,
+    response: [u8; MAX_MESSAGE_LEN],
+    received: usize,
+    deadline: Instant,
+    conn_id: u32,
+    socket_path: String,
+    /// "10.0.0.1->10.0.0.2" for messages.
+    flow: String,
+}
+
+impl PendingRegistration {
+    /// Starts registering the connection's SOUT pair (the control connection's addresses) and
+    /// SUP pair (the SUP rails' addresses). `None`, with a WARN, when no agent can be reached.
+    pub(crate) fn start(
+        settings: &Settings,
+        local: Ipv4Addr,
+        peer: Ipv4Addr,
+        sup: (Ipv4Addr, Ipv4Addr),
+    ) -> Option<PendingRegistration> {
+        let id = conn_id(
+            std::process::id(),
+            CONNECTION_COUNTER.fetch_add(1, Ordering::Relaxed),
+        );
+        let request = AgentRequest::Register {
+            conn_id: id,
+            sout_src: local.octets(),
+            sout_dst: peer.octets(),
+            sup_src: sup.0.octets(),
+            sup_dst: sup.1.octets(),
+        };
+        let flow = format!("{local}->{peer}");
+        match connect_nonblocking(&settings.agent_socket) {
+            Ok(socket) => Some(PendingRegistration {
+                socket,
+                request: request.encode(),
+                expected: request.response_len(),
+                sent: 0,
+                response: [0; MAX_MESSAGE_LEN],
+                received: 0,
+                deadline: Instant::now() + AGENT_DEADLINE,
+                conn_id: id,
+                socket_path: settings.agent_socket.clone(),
+                flow,
+            }),
+            Err(e) => {
+                warn!(
+                    log::NET,
+                    "MPIB_MODE=1 but the agent at MPIB_AGENT_SOCKET={} is unavailable ({e}); \
+                     connection {flow} goes 100% SOUT",
+                    settings.agent_socket
+                );
+                None
+            }
+        }
+    }
+
+    /// Moves the exchange on without waiting. `None`: not finished, call again; `Some(None)`: no
+    /// registration (the reason was logged at WARN); `Some(Some(_))`: registered.
+    pub(crate) fn poll(&mut self) -> Option<Option<AgentRegistration>> {
+        match self.step() {
+            Ok(None) if Instant::now() < self.deadline => None,
+            Ok(None) => Some(self.give_up(&format!(
+                "no answer within {} ms",
+                AGENT_DEADLINE.as_millis()
+            ))),
+            Ok(Some(response)) => Some(self.accept(response)),
+            Err(e) => Some(self.give_up(&e)),
+        }
+    }
+
+    /// Sends what is left of the request, then reads what has arrived of the answer.
+    fn step(&mut self) -> Result<Option<AgentResponse>, String> {
+        let bytes = self.request.as_bytes();
+        while self.sent < bytes.len() {
+            match self
+                .socket
+                .send_with_flags(&bytes[self.sent..], libc::MSG_NOSIGNAL)
+            {
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(format!("sending the registration: {e}")),
+            }
+        }
+        let expected = self.expected;
+        while self.received < expected {
+            // The header first: a response announcing another length is refused before more
+            // bytes are read.
+            let want = if self.received < HEADER_LEN {
+                HEADER_LEN
+            } else {
+                expected
+            };
+            match read_some(&self.socket, &mut self.response[self.received..want]) {
+                Ok(0) => return Err("the agent closed the connection".into()),
+                Ok(n) => self.received += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(format!("reading the answer: {e}")),
+            }
+            if self.received == HEADER_LEN {
+                let header = Header::decode(&self.response)?;
+                if usize::from(header.msg_len) != expected {
+                    return Err(format!(
+                        "the answer announces {} bytes; a registration's is {expected}",
+                        header.msg_len
+                    ));
+                }
+            }
+        }
+        AgentResponse::decode(&self.response[..expected]).map(Some)
+    }
+
+    fn accept(&self, response: AgentResponse) -> Option<AgentRegistration> {
+        match response.slot() {
+            // slot() < HINT_MAX_ENTRIES (256): fits u32.
+            Some(slot) => Some(AgentRegistration {
+                socket_path: self.socket_path.clone(),
+                conn_id: self.conn_id,
+                hint_slot: slot as u32,
+            }),
+            None => self.give_up(&format!(
+                "it answered {response:?} (slots are 0..{HINT_MAX_ENTRIES})"
+            )),
+        }
+    }
+
+    fn give_up(&self, why: &str) -> Option<AgentRegistration> {
+        warn!(
+            log::NET,
+            "agent at {} did not register connection {} ({why}); its transfers go 100% SOUT",
+            self.socket_path,
+            self.flow
+        );
+        None
+    }
+}
+
+impl Drop for AgentRegistration {
+    /// Deregisters without waiting for the answer: `close` must not block on the agent.
+    fn drop(&mut self) {
+        let request = AgentRequest::Deregister {
+            conn_id: self.conn_id,
+        }
+        .encode();
+        let sent = connect_nonblocking(&self.socket_path)
+            .and_then(|socket| socket.send_with_flags(request.as_bytes(), libc::MSG_NOSIGNAL));
+        match sent {
+            Ok(n) if n == request.as_bytes().len() => {}
+            Ok(n) => info!(
+                log::NET,
+                "agent deregistration of {:#x}: only {n} bytes went out", self.conn_id
+            ),
+            Err(e) => info!(
+                log::NET,
+                "agent deregistration of {:#x} failed: {e}", self.conn_id
+            ),
+        }
+    }
+}
+
+/// A non-blocking Unix stream socket connected to `path`. A Unix socket connects at once or not
+/// at all (EAGAIN when the listener's backlog is full: treated as no agent).
+fn connect_nonblocking(path: &str) -> std::io::Result<Socket> {
+    let socket = Socket::new(Domain::UNIX, Type::STREAM.cloexec(), None)?;
+    socket.set_nonblocking(true)?;
+    socket.connect(&SockAddr::unix(path)?)?;
+    Ok(socket)
+}
+
+/// `recv` into an initialised buffer.
+fn read_some(socket: &Socket, buffer: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut reader: &Socket = socket;
+    reader.read(buffer)
+}
+
+/// The IPv4 address inside a RoCE v2 IPv4-mapped GID (`::ffff:a.b.c.d`), or 0.0.0.0 for any
+/// other GID (InfiniBand, IPv6 RoCE): the agent identifies SUP flows by IPv4 pairs.
+pub(crate) fn ipv4_of_gid(gid: &[u8; 16]) -> Ipv4Addr {
+    if gid[..10].iter().all(|b| *b == 0) && gid[10..12] == [0xff, 0xff] {
+        Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15])
+    } else {
+        Ipv4Addr::UNSPECIFIED
+    }
+}
