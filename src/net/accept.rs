@@ -192,14 +192,10 @@ impl Acceptance {
                     self.stage = Stage::Registering(pending);
                 }
                 Stage::Registering(pending) => {
-                    let agent = match pending {
-                        None => None,
-                        Some(pending) => match pending.poll() {
-                            None => return Ok(None),
-                            Some(agent) => agent,
-                        },
+                    return match PendingRegistration::poll_stage(pending) {
+                        None => Ok(None),
+                        Some(agent) => self.finish(ctx, agent).map(Some),
                     };
-                    return self.finish(ctx, agent).map(Some);
                 }
             }
         }

@@ -144,14 +144,10 @@ impl Connector {
                     self.stage = Stage::Registering(self.start_registration()?);
                 }
                 Stage::Registering(pending) => {
-                    let agent = match pending {
-                        None => None,
-                        Some(pending) => match pending.poll() {
-                            None => return Ok(None),
-                            Some(agent) => agent,
-                        },
+                    return match PendingRegistration::poll_stage(pending) {
+                        None => Ok(None),
+                        Some(agent) => self.finish(agent).map(Some),
                     };
-                    return self.finish(agent).map(Some);
                 }
             }
         }

@@ -116,6 +116,17 @@ impl PendingRegistration {
         }
     }
 
+    /// The registration stage of connect/accept: polls `pending` (`None`: no agent was
+    /// reachable, so the stage is over without a registration). `None` while still in flight.
+    pub(crate) fn poll_stage(
+        pending: &mut Option<PendingRegistration>,
+    ) -> Option<Option<AgentRegistration>> {
+        match pending {
+            None => Some(None),
+            Some(pending) => pending.poll(),
+        }
+    }
+
     /// Sends what is left of the request, then reads what has arrived of the answer.
     fn step(&mut self) -> Result<Option<AgentResponse>, String> {
         let bytes = self.request.as_bytes();

@@ -130,6 +130,26 @@ impl Region {
     fn mhandle(&self) -> &MemHandle {
         self.mhandle.as_ref().expect("reserved")
     }
+
+    /// Both sides' `with_region`: grows the region to `len` bytes and lends it with `comm` to
+    /// `body`; an error from `body` sets `tainted` (requests may still point into the region).
+    fn lend<'p, C: DataComm, T>(
+        &mut self,
+        (net, comm, tainted, side): (&Net<'p>, &C, &mut bool, &str),
+        len: usize,
+        body: impl FnOnce(&Net<'p>, &C, &mut [u8], &MemHandle) -> Result<T>,
+    ) -> Result<T> {
+        if *tainted {
+            return Err(Error::Contract(format!(
+                "an earlier step failed; the {side} is unusable"
+            )));
+        }
+        self.reserve(net, comm, len)?;
+        let mhandle = self.mhandle.as_ref().expect("reserved");
+        let outcome = body(net, comm, &mut self.buf, mhandle);
+        *tainted = outcome.is_err();
+        outcome
+    }
 }
 
 /// Parses `v12`, `12`, `v8`, … (any exported version, v7 to v12).

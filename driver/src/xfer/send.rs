@@ -137,18 +137,9 @@ impl<'n, 'p> Sender<'n, 'p> {
         len: usize,
         body: impl FnOnce(&Net<'p>, &SendComm, &mut [u8], &MemHandle) -> Result<T>,
     ) -> Result<T> {
-        if self.tainted {
-            return Err(Error::Contract(
-                "an earlier step failed; the sender is unusable".into(),
-            ));
-        }
-        let net = self.net;
         let comm = self.comm.as_ref().expect("connected");
-        self.region.reserve(net, comm, len)?;
-        let mhandle = self.region.mhandle.as_ref().expect("reserved");
-        let outcome = body(net, comm, &mut self.region.buf, mhandle);
-        self.tainted = outcome.is_err();
-        outcome
+        let lender = (self.net, comm, &mut self.tainted, "sender");
+        self.region.lend(lender, len, body)
     }
 
     /// `deregMr`, `closeSend`, `finalize`; everything is attempted, the first error returned.
