@@ -4,6 +4,7 @@
 //! hardware produces only by accident: completions of different rails arriving out of order,
 //! slow rails, transport failures, and receivers that stop refilling their SRQ.
 
+use super::fabric_error;
 use crate::fabric::{FabricError, Rail};
 
 /// The name of the setting the knobs come from; every parse error names it so that a user who
@@ -81,17 +82,18 @@ fn parse_rail_count(value: &str) -> Result<(Rail, u64), &'static str> {
 
 /// The error for a bad knob: names the variable, the whole value and the offending token.
 fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
-    FabricError {
-        verb: "LoopbackFabric::new",
-        device: "loopback".to_string(),
-        qp_num: None,
-        errno: libc::EINVAL,
-        detail: format!(
-            "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
-             of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N` with \
-             RAIL `sout` or `sup`"
-        ),
-    }
+    let detail = format!(
+        "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
+         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N` with \
+         RAIL `sout` or `sup`"
+    );
+    fabric_error(
+        "LoopbackFabric::new",
+        "loopback",
+        None,
+        libc::EINVAL,
+        detail,
+    )
 }
 
 #[cfg(test)]

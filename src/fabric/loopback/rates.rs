@@ -13,12 +13,13 @@
 //! * `shared=RATE` — an upstream link both rails cross (a PCIe switch, a shared uplink): every
 //!   byte also occupies the shared clock at that rate, so the two rails together never exceed it.
 //! * `mixed=RATE` — the NVIDIA/nccl#2310 case, where splitting across a PIX and a PHB NIC made
-//!   both slower than the faster NIC alone: while the other rail's wire is busy, a WR crosses the
-//!   shared clock at `min(mixed, shared)` instead.
+//!   both slower than the faster NIC alone: while the other rail still carries data (its last WR
+//!   is not through), a WR crosses the shared clock at `min(mixed, shared)` instead.
 //!
 //! Everything here is pure: time comes in as nanoseconds since the model's epoch, so the tests
 //! drive it with a fake clock. The caller (the world, under its lock) supplies `now`.
 
+use super::fabric_error;
 use crate::fabric::{FabricError, Rail};
 
 /// The variable the spec comes from; parse errors name it.
@@ -215,73 +216,74 @@ fn split_number(text: &str) -> Option<(f64, &str)> {
     number.is_finite().then_some((number, text[end..].trim()))
 }
 
+/// Units of a rate, in bytes per second.
+const RATE_UNITS: &[(&str, f64)] = &[
+    ("B/s", 1.0),
+    ("KB/s", 1e3),
+    ("MB/s", 1e6),
+    ("GB/s", 1e9),
+    ("Kbit/s", 1e3 / 8.0),
+    ("Mbit/s", 1e6 / 8.0),
+    ("Gbit/s", 1e9 / 8.0),
+];
+
+/// Units of a time, in nanoseconds.
+const TIME_UNITS: &[(&str, f64)] = &[("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)];
+
+/// A number with one of `units`, scaled and rounded, checked to lie in `range`.
+fn parse_scaled(
+    text: &str,
+    units: &[(&str, f64)],
+    range: std::ops::RangeInclusive<f64>,
+    (bad_unit, out_of_range): (&'static str, &'static str),
+) -> Result<u64, (String, &'static str)> {
+    let token = || text.trim().to_string();
+    let (number, unit) = split_number(text).ok_or_else(|| (token(), bad_unit))?;
+    let (_, scale) = units
+        .iter()
+        .find(|(name, _)| *name == unit)
+        .ok_or_else(|| (token(), bad_unit))?;
+    let value = (number * scale).round();
+    if !range.contains(&value) {
+        return Err((token(), out_of_range));
+    }
+    Ok(value as u64)
+}
+
 /// A rate in bytes per second (`None` for `off`).
 fn parse_rate(text: &str) -> Result<Option<u64>, (String, &'static str)> {
     if text.trim() == "off" {
         return Ok(None);
     }
-    let bad = || {
-        (
-            text.trim().to_string(),
-            "RATE is a number with B/s, KB/s, MB/s, GB/s, Kbit/s, Mbit/s or Gbit/s, or `off`",
-        )
-    };
-    let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let scale = match unit {
-        "B/s" => 1.0,
-        "KB/s" => 1e3,
-        "MB/s" => 1e6,
-        "GB/s" => 1e9,
-        "Kbit/s" => 1e3 / 8.0,
-        "Mbit/s" => 1e6 / 8.0,
-        "Gbit/s" => 1e9 / 8.0,
-        _ => return Err(bad()),
-    };
-    let bytes = (number * scale).round();
-    if !(1.0..=1e15).contains(&bytes) {
-        return Err((
-            text.trim().to_string(),
-            "RATE must be between 1 B/s and 1 PB/s",
-        ));
-    }
-    Ok(Some(bytes as u64))
+    let why = (
+        "RATE is a number with B/s, KB/s, MB/s, GB/s, Kbit/s, Mbit/s or Gbit/s, or `off`",
+        "RATE must be between 1 B/s and 1 PB/s",
+    );
+    parse_scaled(text, RATE_UNITS, 1.0..=1e15, why).map(Some)
 }
 
 /// A time in nanoseconds.
 fn parse_time(text: &str) -> Result<u64, (String, &'static str)> {
-    let bad = || {
-        (
-            text.trim().to_string(),
-            "TIME is a number with ns, us, ms or s",
-        )
-    };
-    let (number, unit) = split_number(text).ok_or_else(bad)?;
-    let scale = match unit {
-        "ns" => 1.0,
-        "us" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        _ => return Err(bad()),
-    };
-    let ns = (number * scale).round();
-    if ns > 1e15 {
-        return Err((text.trim().to_string(), "TIME must be under 1e6 s"));
-    }
-    Ok(ns as u64)
+    let why = (
+        "TIME is a number with ns, us, ms or s",
+        "TIME must be under 1e6 s",
+    );
+    parse_scaled(text, TIME_UNITS, 0.0..=1e15, why)
 }
 
 /// The error for a bad spec: names the variable, the whole value and the offending token.
 fn parse_error(spec: &str, token: &str, why: &str) -> FabricError {
-    FabricError {
-        verb: "LoopbackFabric::new",
-        device: "loopback".to_string(),
-        qp_num: None,
-        errno: libc::EINVAL,
-        detail: format!(
-            "{RAILS_VAR}=`{spec}`: bad item `{token}` ({why}); expected \
-             `[TIME:]KEY=VALUE,...;TIME:KEY=VALUE,...` with KEY sout, sup, shared, mixed (a rate \
-             or `off`), latency, sout.latency, sup.latency (a time), e.g. \
-             `sout=2GB/s,sup=4GB/s,latency=5us;2s:sup=0.5GB/s`"
-        ),
-    }
+    let detail = format!(
+        "{RAILS_VAR}=`{spec}`: bad item `{token}` ({why}); expected \
+         `[TIME:]KEY=VALUE,...;TIME:KEY=VALUE,...` with KEY sout, sup, shared, mixed (a rate or \
+         `off`), latency, sout.latency, sup.latency (a time), e.g. \
+         `sout=2GB/s,sup=4GB/s,latency=5us;2s:sup=0.5GB/s`"
+    );
+    fabric_error(
+        "LoopbackFabric::new",
+        "loopback",
+        None,
+        libc::EINVAL,
+        detail,
+    )
 }
