@@ -63,8 +63,14 @@ sweep_table() { # sweep_table SECTION
   done < <(labels_of "$1")
 }
 
-# The best sup_bw row of a loopback case at SIZE: "label GB/s".
-best_split() { awk -F'\t' -v s="$1" -v z="$2" '$1 == s && $3 == z && $4 != "-" && $4 + 0 > b + 0 { b = $4; l = $2 } END { print l "\t" b }' "$medians"; }
+# The best sup_bw row of a loopback case at SIZE: "label GB/s"; with a third argument, only the
+# splits that use both rails (sup_bw 1 ... 1023).
+best_split() {
+  awk -F'\t' -v s="$1" -v z="$2" -v both="${3-}" '
+    $1 == s && $3 == z && $4 != "-" && !(both != "" && ($2 == "sup_bw 0" || $2 == "sup_bw 1024")) &&
+      $4 + 0 > b + 0 { b = $4; l = $2 }
+    END { print l "\t" b }' "$medians"
+}
 
 loopback_verdicts() {
   local size=$1 sout sup best bl bv
@@ -75,9 +81,14 @@ loopback_verdicts() {
   local msout msup mbest ml mv
   msout=$(med loopback-mixed "sup_bw 0" "$size"); msup=$(med loopback-mixed "sup_bw 1024" "$size")
   mbest=$(awk -v a="$msout" -v b="$msup" 'BEGIN { print (a + 0 > b + 0) ? a : b }')
-  IFS=$'\t' read -r ml mv < <(best_split loopback-mixed "$size")
+  # The model must show the penalty: every split that uses both rails below the best single rail
+  # (choosing that rail is the agent's job, issue 9; a sweep that includes 0 and 1024 always
+  # contains the best single rail itself, so comparing against it could not fail).
+  IFS=$'\t' read -r ml mv < <(best_split loopback-mixed "$size" both)
   r=$(ratio "$mv" "$mbest")
-  echo "| Loopback mixing penalty, $(human "$size"): best split ($ml) vs best single rail | $(gbs "$mv") vs $(gbs "$mbest") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  local shown=met
+  if [ "$r" = - ]; then shown="not measured"; elif awk -v r="$r" 'BEGIN { exit !(r + 0 >= 1) }'; then shown="**gap**"; fi
+  echo "| Loopback mixing penalty, $(human "$size"): best two-rail split ($ml) vs best single rail | $(gbs "$mv") vs $(gbs "$mbest") | $r | < 1 (the penalty is modelled) | $shown |"
 }
 
 rig_verdicts() {
