@@ -266,9 +266,18 @@ fn grouped_receives_and_an_older_abi() {
         "5",
         "--json",
     ]);
-    for row in outcome.stdout.lines().map(parse_row) {
+    let rows: Vec<_> = outcome.stdout.lines().map(parse_row).collect();
+    // 8 B ... 64 KiB: 14 sizes; an empty output must not pass.
+    assert_eq!(rows.len(), 14, "{}", outcome.describe());
+    for row in rows {
         assert_eq!(int(&row, "group"), 4);
         assert_eq!(int(&row, "bytes"), int(&row, "size") * 5 * 4, "{row:?}");
+        // What the plugin's probes counted on the rails: every message of every group.
+        assert_eq!(
+            int(&row, "sout_bytes") + int(&row, "sup_bytes"),
+            int(&row, "size") * 5 * 4,
+            "{row:?}"
+        );
     }
     assert!(
         outcome.stderr.contains("ncclNetPlugin_v8"),

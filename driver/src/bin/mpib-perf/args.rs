@@ -264,7 +264,7 @@ fn apply(
         }
         "--iters" => s.iters = Some(parse_number(flag, &value()?, 1, 100_000_000)?),
         "--warmup" => s.warmup = parse_number(flag, &value()?, 0, 100_000_000)?,
-        "--window" => s.window = parse_number(flag, &value()?, 1, 1024)?,
+        "--window" => s.window = parse_number(flag, &value()?, 1, sweep::MAX_WINDOW)?,
         "--group" => s.group = parse_number(flag, &value()?, 1, 8)?,
         "--verify" => s.verify = true,
         "--sup-bw" => s.splits = parse_splits(&value()?)?,
@@ -316,6 +316,9 @@ fn finish(mut a: Args, raw: &Raw) -> Result<Args, Failure> {
             raw.factor, raw.min, raw.max
         )));
     }
+    a.sweep
+        .check_counts()
+        .map_err(|e| usage(format!("--iters/--warmup: {e}")))?;
     if !matches!(a.role, Role::Listen(_)) {
         a.ignored.clear();
     }
@@ -367,6 +370,14 @@ mod tests {
             (&["--step-factor", "1"], &["--step-factor"]),
             (&["--min-size", "2M", "--max-size", "1M"], &["--min-size"]),
             (&["--iters"], &["--iters needs a value"]),
+            (
+                &["--iters", "200000", "--group", "8"],
+                &[
+                    "--iters/--warmup",
+                    "iters 200000 with group 8",
+                    "1000000 messages",
+                ],
+            ),
             (&["--json", "--csv"], &["--json and --csv"]),
             (
                 &["--listen", "1", "--peer", "h:1"],

@@ -130,11 +130,12 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    fn new(stream: TcpStream, peer: String) -> Result<TcpLink, String> {
+    /// Sets the connection up; `limit` (`--timeout`) bounds every write.
+    fn new(stream: TcpStream, peer: String, limit: Duration) -> Result<TcpLink, String> {
         let setup = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_nodelay(true))
-            .and_then(|()| stream.set_write_timeout(Some(Duration::from_secs(30))));
+            .and_then(|()| stream.set_write_timeout(Some(limit)));
         setup.map_err(|e| format!("set up the connection with {peer}: {e}"))?;
         Ok(TcpLink {
             stream,
@@ -256,7 +257,7 @@ pub fn accept(listener: &TcpListener, limit: Duration) -> Result<TcpLink, String
     let start = Instant::now();
     loop {
         match listener.accept() {
-            Ok((stream, addr)) => return TcpLink::new(stream, addr.to_string()),
+            Ok((stream, addr)) => return TcpLink::new(stream, addr.to_string(), limit),
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("accept on {local}: {e}")),
         }
@@ -287,7 +288,7 @@ pub fn connect(spec: &str, addrs: &[SocketAddr], limit: Duration) -> Result<TcpL
             let left = limit.saturating_sub(start.elapsed());
             let attempt = left.clamp(Duration::from_millis(1), Duration::from_secs(2));
             match TcpStream::connect_timeout(addr, attempt) {
-                Ok(stream) => return TcpLink::new(stream, addr.to_string()),
+                Ok(stream) => return TcpLink::new(stream, addr.to_string(), limit),
                 Err(e) => last = e.to_string(),
             }
         }

@@ -27,6 +27,8 @@ pub struct Pass<'a> {
     pub seed: u64,
     /// Bound on the pass.
     pub deadline: Duration,
+    /// Bytes between two buffers ([`Sweep::stride`], computed once: it scans every size).
+    pub stride: usize,
     /// The registered region's first byte.
     pub base: *mut u8,
     /// Its registration.
@@ -125,7 +127,7 @@ impl Pass<'_> {
     fn buffer(&self, index: usize) -> *mut u8 {
         // SAFETY: callers pass indices below the region's buffer count (`Sweep::recv_len` /
         // `send_len` bytes were reserved), so the offset stays inside the region.
-        unsafe { self.base.add(index * self.sweep.stride()) }
+        unsafe { self.base.add(index * self.stride) }
     }
 
     fn where_(&self, iteration: usize, member: usize) -> String {

@@ -137,8 +137,10 @@ pub fn passes<'a>(
     region: Region<'a>,
     timeout: Duration,
 ) -> [Pass<'a>; 2] {
+    let stride = sweep.stride();
     let pass = |phase: &str, iters: u64| Pass {
         sweep,
+        stride,
         row: spec,
         iters,
         seed: pattern::case_id(&format!("mpib-perf row {} {phase}", spec.index)),

@@ -15,6 +15,12 @@ const MIN_AUTO_ITERS: u64 = 20;
 const MAX_AUTO_ITERS: u64 = 1000;
 /// Buffers are laid out at this alignment (a page: what registration pins anyway).
 const ALIGN: usize = 4096;
+/// Most messages one pass may move (`iters × group`, and `warmup × group`): every message costs
+/// about 40 bytes of bookkeeping, so a huge count from the flags or from the peer is refused
+/// instead of aborting the process on allocation.
+pub const MAX_PASS_MESSAGES: u64 = 1_000_000;
+/// The largest window either side accepts.
+pub const MAX_WINDOW: usize = 1024;
 /// The wire protocol of the parameters (and of `link.rs`'s frames).
 pub const PROTOCOL: &str = "mpib-perf/1";
 
@@ -100,6 +106,20 @@ impl Sweep {
             }
         }
         rows
+    }
+
+    /// Refuses counts whose bookkeeping would not fit ([`MAX_PASS_MESSAGES`]); the error names the
+    /// count.
+    pub fn check_counts(&self) -> Result<(), String> {
+        let group = self.group as u64;
+        for (name, count) in [("iters", self.iters.unwrap_or(0)), ("warmup", self.warmup)] {
+            if count.saturating_mul(group) > MAX_PASS_MESSAGES {
+                return Err(format!(
+                    "{name} {count} with group {group}: more than {MAX_PASS_MESSAGES} messages in one pass"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The largest size.
@@ -221,6 +241,12 @@ impl Sweep {
         if !(1..=8).contains(&sweep.group) || sweep.splits.iter().flatten().any(|s| *s > 1024) {
             return Err("the peer sent a group outside 1..8 or a share over 1024".into());
         }
+        if sweep.window > MAX_WINDOW {
+            return Err(format!("the peer sent a window over {MAX_WINDOW}"));
+        }
+        sweep
+            .check_counts()
+            .map_err(|e| format!("the peer sent {e}"))?;
         Ok(sweep)
     }
 }
