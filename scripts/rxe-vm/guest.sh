@@ -5,7 +5,7 @@
 state=/run/rxe-vm
 phase() { echo "$1" > $state/phase; }
 # PID 1 must never just exit (the kernel would panic instead of stopping qemu); poweroff
-# also when setup fails half-way (doc: pitfall 6).
+# also when setup fails half-way (README pitfall 7).
 trap 'echo 0 > /proc/sys/kernel/printk; /bin/busybox poweroff -f' EXIT
 
 phase setup
@@ -27,7 +27,7 @@ rails() {
   for r in 0 1; do
     a=veth_a$r b=veth_b$r ipa=10.100.$r.1 ipb=10.100.$r.2
     # MTU 9000 makes rxe report active_mtu 4096 like real RoCE; 1500 gives 1024 and is
-    # slower (doc: pitfall 2).
+    # slower (README pitfall 3).
     ipcmds+="link add $a mtu $mtu type veth peer name $b mtu $mtu
 addr add $ipa/24 dev $a
 addr add $ipb/24 dev $b
@@ -36,7 +36,7 @@ link set $b up
 "
     # Both "hosts" live in one kernel, so the route A->B is a local one: the packet goes via
     # lo, and rxe drops what arrives on lo; ibv_modify_qp(RTR) then fails in address
-    # resolution (doc: pitfall 1). Fix: policy rules that send locally generated A<->B
+    # resolution (README pitfall 2). Fix: policy rules that send locally generated A<->B
     # traffic out through the rail's own veth, placed before the `local` table (moved below).
     ipcmds+="rule add pref $((10 + 2 * r)) iif lo from $ipa to $ipb table $((100 + 2 * r))
 rule add pref $((11 + 2 * r)) iif lo from $ipb to $ipa table $((101 + 2 * r))

@@ -1,5 +1,5 @@
-/* Copied from the project's reference rig (shared/tools/rxe-vm/imm_srq_test.c) so that scripts/rxe-vm
- * builds without ../shared at run time. Built and run by selftest.sh. */
+/* Taken from the reference Soft-RoCE rig (imm_srq_test.c) so that scripts/rxe-vm
+ * is self-contained. Built and run by selftest.sh. */
 /* RC QP pair (sender on DEV_A, receiver on DEV_B) exchanging RDMA_WRITE_WITH_IMM into a
  * receiver MR; the receiver's QP takes its receive WQEs from a shared receive queue (SRQ).
  * One process, busy-polls both CQs.  Verifies opcode, imm_data, byte_len and payload.

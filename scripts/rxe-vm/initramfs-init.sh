@@ -1,7 +1,7 @@
 #!/bin/busybox sh
 # /init of the rxe-vm initramfs (packed by run.sh; the cache is rebuilt when this file changes).
 # Busybox only, no udev: devtmpfs alone creates /dev/infiniband/uverbs*, and skipping udev
-# coldplug is what halves the boot time against virtme-ng (doc: "virtme-ng vs ...").
+# coldplug is what halves the boot time against virtme-ng.
 #
 # It mounts this machine's / (9p tag "root", read-only) under a tmpfs overlay as the new root,
 # the per-run state dir at /run/rxe-vm (tag "state"), the read-write dirs (tags rw0..rwN-1)
@@ -27,7 +27,7 @@ while [ $i -lt "$RW_N" ]; do
 done
 # The host has no /lib/modules/$KVER (the kernel is only unpacked into the cache), so point it
 # at the cache. Then modprobe and the kernel's own request_module (e.g. sch_netem) work
-# (doc: pitfall 4). This lands in the tmpfs overlay and never touches the host.
+# (README pitfall 5). This lands in the tmpfs overlay and never touches the host.
 mkdir -p /newroot/lib/modules && ln -sfn "$KMODS" "/newroot/lib/modules/$KVER"
 for d in proc sys dev; do mount --move /$d /newroot/$d; done
 mkdir -p /newroot/dev/pts /newroot/dev/shm

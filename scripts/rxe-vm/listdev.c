@@ -1,5 +1,5 @@
-/* Copied from the project's reference rig (shared/tools/rxe-vm/listdev.c) so that scripts/rxe-vm
- * builds without ../shared at run time. Built and run by selftest.sh. */
+/* Taken from the reference Soft-RoCE rig (listdev.c) so that scripts/rxe-vm
+ * is self-contained. Built and run by selftest.sh. */
 /* Tiny host-built libibverbs program: list devices, port state and the RoCE v2 IPv4 GIDs. */
 #include <stdio.h>
 #include <infiniband/verbs.h>

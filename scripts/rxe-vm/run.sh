@@ -26,8 +26,8 @@
 #   RXE_VM_NO_RAILS=1  skip the rail setup     RXE_VM_VERBOSE=1  timings on stderr
 #   RXE_VM_DEBUG=1     trace the guest setup   RXE_VM_ALLOW_REMOVE=1  let apt remove packages
 #
-# Background, measurements and every pitfall cited below ("doc: ..."):
-# shared/docs/rdma-test-rig.md. Usage notes and known limits: scripts/rxe-vm/README.md.
+# Usage, measurements, known limits and every pitfall cited below ("README pitfall N"):
+# scripts/rxe-vm/README.md.
 set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -102,7 +102,7 @@ done
 
 # ---------------------------------------------------------------- kernel + initramfs cache
 # The kernel comes from the Debian archive as a .deb that is only unpacked (apt-get download +
-# dpkg -x), never installed: the host's /boot stays untouched (doc: Packages).
+# dpkg -x), never installed: the host's /boot stays untouched (README "Measured times": packages and cache).
 # RXE_VM_KERNEL_PKG pins one (e.g. linux-image-6.1.0-37-amd64); default: what linux-image-amd64
 # depends on at the first run.
 kpkg_of_meta() {
@@ -137,7 +137,7 @@ fill_cache() {
     dpkg -x "$kroot"/dl/*.deb "$kroot" || die "dpkg -x of $kpkg failed"
     rm -rf "$kroot/dl"
     # The package ships no modules.dep (the postinst would make it): build it here, so that
-    # both the initramfs list below and modprobe inside the guest work (doc: Packages).
+    # both the initramfs list below and modprobe inside the guest work (README "Measured times": packages and cache).
     depmod -b "$kroot" "$kver"
     [ -f "$kroot/boot/vmlinuz-$kver" ] || die "no vmlinuz in $kpkg"
     # Boot speed: the bzImage spends about 5 s of TCG time in SeaBIOS and in decompressing
@@ -159,7 +159,7 @@ fill_cache() {
     mkdir -p "$ird"/{bin,proc,sys,dev,lower,upper,newroot,m}
     cp "$(command -v busybox)" "$ird/bin/busybox"
     # The initramfs only needs to reach the 9p root. insmod order matters (virtio_ring before
-    # virtio ...): take it from modprobe's own dependency resolution (doc: pitfall 3).
+    # virtio ...): take it from modprobe's own dependency resolution (README pitfall 4).
     for m in virtio_pci 9pnet_virtio 9p overlay; do
       modprobe -d "$kroot" -S "$kver" --show-depends "$m"
     done | awk '/^insmod/ && !seen[$2]++ { print $2 }' | while read -r f; do
@@ -190,7 +190,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # The caller's environment, minus what must not cross: readonly variables (a readonly
-# exported SHELLOPTS made the guest's bash abort: doc pitfall 6) and per-shell ones.
+# exported SHELLOPTS made the guest's bash abort: README pitfall 7) and per-shell ones.
 { export -p | grep -v -E '^declare -[a-zA-Z]*r[a-zA-Z]* ' |
     grep -v -E '^declare -[a-zA-Z-]+ (PWD|OLDPWD|SHLVL|_|TERM|BASH_[A-Z_]*)(=|$)'
   echo 'export TERM=dumb'; } > "$state/env"
@@ -225,7 +225,7 @@ echo 255 > "$state/rc"; echo booting > "$state/phase"
 
 # ---------------------------------------------------------------- qemu
 # KVM is not usable on this kind of host: /dev/kvm is PVM (nested in Firecracker); a stock
-# kernel aborts or hangs under it (doc: Step 1). So: TCG, multi-threaded, -cpu max.
+# kernel aborts or hangs under it (README pitfall 1). So: TCG, multi-threaded, -cpu max.
 # qemu option values escape ',' by doubling it.
 fsdev() { # fsdev TAG PATH [,readonly=on]
   local p=${2//,/,,}
@@ -237,7 +237,7 @@ kimg=$kroot/vmlinux; [ -f "$kimg" ] || kimg=$kroot/boot/vmlinuz-$kver   # PVH EL
 qargs=(-accel tcg,thread=multi -cpu max -smp "$cpus" -m "$mem"
        -nodefaults -display none -no-reboot -net none
        # The console is qemu's stdio, with stdin from /dev/null. `-chardev file,path=/proc/self/fd/1`
-       # would reopen stdout and clobber the caller's file when stdout is a file (doc: pitfall 5).
+       # would reopen stdout and clobber the caller's file when stdout is a file (README pitfall 6).
        -chardev stdio,id=con,signal=off -serial chardev:con
        -kernel "$kimg" -initrd "$initrd"
        -append "console=ttyS0 quiet loglevel=3 panic=-1")

@@ -40,7 +40,7 @@ if [ "${1-}" = --guest ]; then   # ---------------------------------------- insi
 
   iters=${SELFTEST_ITERS:-500}
   for r in 0 1; do
-    # retry_cnt 6, not 7: rxe treats 7 as "retry forever" (doc: Step 5), so a broken wire
+    # retry_cnt 6, not 7: rxe treats 7 as "retry forever" (README "Known limits"), so a broken wire
     # would hang instead of failing. timeout 120 caps a hang anyway.
     out=$(timeout 120 ./imm_srq_test rxe_a$r rxe_b$r 1 "$iters" 65536 14 6 2>&1); rc=$?
     echo "$out" | sed 's/^/  | /'
