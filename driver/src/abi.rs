@@ -1,5 +1,5 @@
 //! An independent `#[repr(C)]` view of the NCCL net-plugin ABI, v7 … v12, written from the fact
-//! sheet (`docs/nccl-net-abi.md` §1.3–1.4), not from the plugin's own definitions. The size and
+//! sheet (`docs/NCCL_NET_ABI.md` §1.3–1.4), not from the plugin's own definitions. The size and
 //! offset assertions at the bottom are the x86-64 numbers the sheet measured with gcc.
 
 #![allow(missing_docs)]

@@ -5,7 +5,7 @@
 //! after the first version that has their signature (`isend_v7` serves v7 ... v9 through its
 //! size type `S`, `isend_v10` serves v10 ... v12).
 //!
-//! Safety contract of every function here: the NCCL net ABI (`docs/nccl-net-abi.md` sections 1
+//! Safety contract of every function here: the NCCL net ABI (`docs/NCCL_NET_ABI.md` sections 1
 //! and 2): each pointer is NULL or valid as that ABI describes, and each handle is one this
 //! plugin returned and has not yet released.
 

@@ -9,7 +9,7 @@
 //! * `handle`: the only conversions between `void*` and Rust objects.
 //!
 //! [`types`] mirrors every C struct, with compile-time layout checks against the fact sheet
-//! (`docs/nccl-net-abi.md`).
+//! (`docs/NCCL_NET_ABI.md`).
 
 mod adapters;
 mod boundary;

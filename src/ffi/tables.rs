@@ -3,7 +3,7 @@
 //! each name and reads the struct (v12 even calls through it live, `name` before `init`).
 //!
 //! MPIB fills every slot: the optional `regMrDmaBuf`, `getDeviceMr`, `irecvConsumed`,
-//! `makeVDevice` and `setNetAttr` included (see `docs/nccl-net-abi.md` section 1.6).
+//! `makeVDevice` and `setNetAttr` included (see `docs/NCCL_NET_ABI.md` section 1.6).
 
 #![allow(non_upper_case_globals)] // the exported names are NCCL's
 

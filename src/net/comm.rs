@@ -66,7 +66,7 @@ impl ConnectionInfo {
     }
 
     /// The error a failed completion becomes: `ncclRemoteError` with everything an operator needs
-    /// (NCCL's net_ib reports the same fields, `docs/nccl-net-abi.md` §3.8).
+    /// (NCCL's net_ib reports the same fields, `docs/NCCL_NET_ABI.md` §3.8).
     pub(crate) fn completion_error(&self, rail: Rail, completion: &Completion) -> Error {
         let device = &self.devices[rail.index()].info().name;
         let opcode = match completion.opcode {

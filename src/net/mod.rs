@@ -2,7 +2,7 @@
 //! `crate::ffi`'s per-version adapters convert arguments and call these functions; nothing here
 //! knows about ABI versions or raw C pointers except the opaque handles it hands out.
 //!
-//! Threading (NCCL's contract, `docs/nccl-net-abi.md` section 2): `init`/`devices`/`properties`
+//! Threading (NCCL's contract, `docs/NCCL_NET_ABI.md` section 2): `init`/`devices`/`properties`
 //! on the application thread; `listen`/`connect`/`accept`/memory registration/`close_*` on the
 //! proxy service thread; `isend`/`irecv`/`test`/`iflush` on the proxy progress thread. Global state
 //! lives in [`plugin`] behind a mutex that the data path never takes.

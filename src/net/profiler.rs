@@ -3,7 +3,7 @@
 //!
 //! NCCL passes a callback at `init` and a per-step parent handle (`phandle`) with each
 //! `isend`/`irecv`. Starting an event with a NULL or foreign parent would make NCCL dereference it
-//! (`docs/nccl-net-abi.md` §5), so events are emitted only for a non-NULL `phandle`, and only
+//! (`docs/NCCL_NET_ABI.md` §5), so events are emitted only for a non-NULL `phandle`, and only
 //! when a callback was given. Stock NCCL builds compile net_ib's own events out; MPIB emits them
 //! whenever NCCL asks (the callback is a no-op inside NCCL when no profiler is loaded).
 

@@ -141,7 +141,7 @@ pub struct RecvComm {
 }
 
 // SAFETY: `info` is immutable after accept; `data` is only touched from NCCL's progress thread
-// for this comm (NCCL's contract, docs/nccl-net-abi.md §2), never concurrently.
+// for this comm (NCCL's contract, docs/NCCL_NET_ABI.md §2), never concurrently.
 unsafe impl Sync for RecvComm {}
 // SAFETY: all fields are owned; the raw pointers inside requests point into this comm.
 unsafe impl Send for RecvComm {}

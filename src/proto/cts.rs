@@ -1,5 +1,5 @@
 //! The CTS FIFO entry and the per-slot completion record (NCCL's `ncclIbSendFifo` and
-//! `ncclIbRequestCompletionRecord`, adapted to two rails; nccl-net-abi.md §3.2–3.3, seed 001 §IV).
+//! `ncclIbRequestCompletionRecord`, adapted to two rails; NCCL_NET_ABI.md §3.2–3.3, seed 001 §IV).
 //!
 //! Why this layout: the receiver tells the sender where to write with one RDMA_WRITE of
 //! `nreqs × 64` bytes into the sender's FIFO `[256][8]`. Each entry is 64 bytes so it never tears

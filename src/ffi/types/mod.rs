@@ -1,6 +1,6 @@
 //! `#[repr(C)]` mirrors of every struct the NCCL net tables v7 ... v12 use.
 //!
-//! Layouts come from the fact sheet (`docs/nccl-net-abi.md` sections 1.3 and 1.4, offsets measured
+//! Layouts come from the fact sheet (`docs/NCCL_NET_ABI.md` sections 1.3 and 1.4, offsets measured
 //! with gcc on x86-64; aarch64 Linux is LP64 with the same layout). Every size and every field
 //! offset is pinned by a compile-time assert next to its struct, so a typo cannot ship.
 //!
