@@ -189,6 +189,11 @@ specs! {
     /// Slow transfers read from the event ring.
     SLOW_TRANSFERS = "mpib_slow_transfers_total", Counter, Count, PROCESS_LABELS,
         "Slow transfers (over MPIB_SLOW_US) read from the event ring and exported as spans.";
+    /// Advanced-mode connections left without a hint slot.
+    CONNECTIONS_WITHOUT_AGENT = "mpib_connections_without_agent_total", Counter, Count,
+        PROCESS_LABELS,
+        "Advanced-mode connections that got no hint slot from the policy agent (none reachable, \
+         no answer in time, a refusal or a full table): they move all their bytes on SOUT.";
     /// Event records lost to overwriting.
     EVENTS_DROPPED = "mpib_events_dropped_total", Counter, Count, PROCESS_LABELS,
         "Event ring records overwritten before the collector read them.";

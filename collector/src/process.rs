@@ -203,6 +203,11 @@ impl Process {
             .counter(&catalog::SLOW_TRANSFERS, &process, self.slow_seen);
         ctx.exporter
             .counter(&catalog::EVENTS_DROPPED, &process, self.dropped);
+        ctx.exporter.counter(
+            &catalog::CONNECTIONS_WITHOUT_AGENT,
+            &process,
+            snap.agent_unavailable,
+        );
         let age_ns = ctx.now_ns.saturating_sub(snap.heartbeat_ns);
         ctx.exporter.gauge(
             &catalog::WRITER_HEARTBEAT_AGE,
@@ -322,6 +327,8 @@ mod tests {
             opened_ns: 1,
             closed_ns: 0,
             rail_bytes: bytes,
+            rail_busy_ns: [0; 2],
+            rail_done_bytes: [0; 2],
         }
     }
 

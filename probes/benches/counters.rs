@@ -39,10 +39,12 @@ mod bench {
             RailInfo {
                 device: "bench0".into(),
                 port: 1,
+                speed_mbps: 0,
             },
             RailInfo {
                 device: "bench1".into(),
                 port: 1,
+                speed_mbps: 0,
             },
         ];
         let probes = ProbesFile::create(&dir, &WriterInfo::for_this_process(rails)).unwrap();

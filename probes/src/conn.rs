@@ -71,8 +71,12 @@ pub struct ConnectionSnapshot {
     pub opened_ns: u64,
     /// When it was closed (0 while active), ns since the Unix epoch.
     pub closed_ns: u64,
-    /// Bytes moved per rail.
+    /// Bytes moved per rail (counted when posted).
     pub rail_bytes: [u64; MAX_RAILS],
+    /// Time each rail had a part of this connection in flight, ns (0 in files of minor 0).
+    pub rail_busy_ns: [u64; MAX_RAILS],
+    /// Bytes per rail whose completion was seen (0 in files of minor 0).
+    pub rail_done_bytes: [u64; MAX_RAILS],
 }
 
 /// Writer handle for one connection's slot. Releases the slot (state `CLOSED`) when dropped
@@ -113,6 +117,19 @@ impl<'a> ConnectionProbe<'a> {
     pub fn add_split(&self, bytes: [u64; MAX_RAILS]) {
         for (counter, n) in self.slot.rail_bytes.iter().zip(bytes) {
             bump(counter, n);
+        }
+    }
+
+    /// A part of `bytes` on `rail` completed after the rail had been busy for `busy_ns` more
+    /// (time with at least one part in flight since the previous completion or first post).
+    #[inline]
+    pub fn add_rail_done(&self, rail: usize, bytes: u64, busy_ns: u64) {
+        if let (Some(done), Some(busy)) = (
+            self.slot.rail_done_bytes.get(rail),
+            self.slot.rail_busy_ns.get(rail),
+        ) {
+            bump(done, bytes);
+            bump(busy, busy_ns);
         }
     }
 
@@ -195,8 +212,9 @@ fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
     slot.hint_slot.store(info.hint_slot, relaxed);
     slot.opened_ns.store(now, relaxed);
     slot.closed_ns.store(0, relaxed);
-    for bytes in &slot.rail_bytes {
-        bytes.store(0, relaxed);
+    let counters = slot.rail_bytes.iter().chain(&slot.rail_busy_ns);
+    for counter in counters.chain(&slot.rail_done_bytes) {
+        counter.store(0, relaxed);
     }
 }
 
@@ -249,6 +267,8 @@ fn copy_fields(
         opened_ns: slot.opened_ns.load(relaxed),
         closed_ns: slot.closed_ns.load(relaxed),
         rail_bytes: core::array::from_fn(|r| slot.rail_bytes[r].load(relaxed)),
+        rail_busy_ns: core::array::from_fn(|r| slot.rail_busy_ns[r].load(relaxed)),
+        rail_done_bytes: core::array::from_fn(|r| slot.rail_done_bytes[r].load(relaxed)),
     }
 }
 
@@ -282,12 +302,15 @@ mod tests {
         a.add_split([5, 7]);
         a.add_rail_bytes(1, 1);
         a.add_rail_bytes(9, 1000); // ignored
+        a.add_rail_done(1, 8, 300);
+        a.add_rail_done(7, 8, 300); // ignored
         let s = read_slot(&t[0], 0).unwrap();
         assert_eq!(
             (s.state, s.generation, s.info),
             (ConnectionState::Active, 1, info(1))
         );
         assert_eq!((s.rail_bytes, s.closed_ns), ([5, 8], 0));
+        assert_eq!((s.rail_done_bytes, s.rail_busy_ns), ([0, 8], [0, 300]));
         a.close();
         let s = read_slot(&t[0], 0).unwrap();
         assert_eq!(s.state, ConnectionState::Closed);

@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 1;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 0;
+pub const ABI_MINOR: u16 = 1;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
@@ -73,7 +73,9 @@ pub(crate) struct RegionDesc {
 pub(crate) struct RailDesc {
     pub(crate) device: [u8; NAME_LEN],
     pub(crate) port: u32,
-    pub(crate) _reserved: [u8; 60],
+    /// Link speed in Mbps as the device reports it (0: unknown). Minor 1.
+    pub(crate) speed_mbps: u32,
+    pub(crate) _reserved: [u8; 56],
 }
 
 /// The file header (512 bytes). Immutable once `abi_version` is non-zero, except the atomics.
@@ -144,7 +146,10 @@ pub(crate) struct ProcessBlock {
     pub(crate) transfers_by_mask: [AtomicU64; 4],
     /// `claim_connection` calls that found no free slot (any thread; `fetch_add`).
     pub(crate) claim_failures: AtomicU64,
-    pub(crate) _reserved: [u8; 88],
+    /// Advanced-mode connections that got no hint slot from the agent (absent, stuck, full or
+    /// refusing), and so move all their bytes on SOUT (any thread; `fetch_add`). Minor 1.
+    pub(crate) agent_unavailable: AtomicU64,
+    pub(crate) _reserved: [u8; 80],
 }
 
 /// One connection table slot (Aeron metadata-record style), 128 bytes.
@@ -164,7 +169,12 @@ pub(crate) struct ConnSlot {
     pub(crate) closed_ns: AtomicU64,
     /// Bytes moved per rail; single writer (the connection's progress thread).
     pub(crate) rail_bytes: [AtomicU64; MAX_RAILS],
-    pub(crate) _reserved: [u8; 72],
+    /// Time each rail had at least one of the connection's parts in flight, ns; single writer.
+    /// Minor 1 (what the policy agent divides completed bytes by).
+    pub(crate) rail_busy_ns: [AtomicU64; MAX_RAILS],
+    /// Bytes per rail whose completion was seen; single writer. Minor 1.
+    pub(crate) rail_done_bytes: [AtomicU64; MAX_RAILS],
+    pub(crate) _reserved: [u8; 40],
 }
 
 /// One event record: a sequence word and 15 payload words, 128 bytes.
@@ -233,6 +243,7 @@ pub(crate) const REGION_TABLE: [RegionDesc; REGION_COUNT] = {
 const _: () = {
     assert!(size_of::<RegionDesc>() == 16 && align_of::<RegionDesc>() == 4);
     assert!(size_of::<RailDesc>() == 128 && offset_of!(RailDesc, port) == 64);
+    assert!(offset_of!(RailDesc, speed_mbps) == 68);
     assert!(size_of::<Header>() == HEADER_LEN && align_of::<Header>() == 128);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, abi_version) == 8);
@@ -278,6 +289,7 @@ const _: () = {
 const _: () = {
     assert!(size_of::<ProcessBlock>() == 128 && align_of::<ProcessBlock>() == 128);
     assert!(offset_of!(ProcessBlock, claim_failures) == 32);
+    assert!(offset_of!(ProcessBlock, agent_unavailable) == 40);
     assert!(size_of::<ConnSlot>() == 128 && align_of::<ConnSlot>() == 128);
     assert!(offset_of!(ConnSlot, state) == 0);
     assert!(offset_of!(ConnSlot, peer_ipv4) == 8);
@@ -289,7 +301,9 @@ const _: () = {
     assert!(offset_of!(ConnSlot, opened_ns) == 24);
     assert!(offset_of!(ConnSlot, closed_ns) == 32);
     assert!(offset_of!(ConnSlot, rail_bytes) == 40);
-    assert!(offset_of!(ConnSlot, _reserved) == 56);
+    assert!(offset_of!(ConnSlot, rail_busy_ns) == 56);
+    assert!(offset_of!(ConnSlot, rail_done_bytes) == 72);
+    assert!(offset_of!(ConnSlot, _reserved) == 88);
     assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
     assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
     assert!(EVENT_CAPACITY.is_power_of_two());

@@ -24,7 +24,8 @@
 //!    512   1792  Rail blocks, 2 x 896 (rail 0 = SOUT, rail 1 = SUP)
 //!                  +0   counters: 15 x u64 single-writer + reserved -> 256
 //!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
-//!   2304    128  Process block: transfers_by_mask[4] u64, claim_failures u64, reserved
+//!   2304    128  Process block: transfers_by_mask[4] u64, claim_failures u64,
+//!                agent_unavailable u64 (1.1), reserved
 //!   2432   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
 //!                peer ipv4/port, direction, path class, mode, hint slot, opened/closed ns,
 //!                bytes per rail
@@ -43,8 +44,8 @@
 //! use mpib_probes::{LoadState, ProbesFile, ProbesReader, RailInfo, WriterInfo};
 //! # fn main() -> std::io::Result<()> {
 //! let rails = vec![
-//!     RailInfo { device: "mlx5_0".into(), port: 1 },
-//!     RailInfo { device: "mlx5_1".into(), port: 1 },
+//!     RailInfo { device: "mlx5_0".into(), port: 1, speed_mbps: 200_000 },
+//!     RailInfo { device: "mlx5_1".into(), port: 1, speed_mbps: 400_000 },
 //! ];
 //! let probes = ProbesFile::create("/dev/shm/mpib".as_ref(), &WriterInfo::for_this_process(rails))?;
 //! let sout = probes.rail(0);

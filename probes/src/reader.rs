@@ -171,6 +171,8 @@ pub struct Snapshot {
     pub transfers: TransferCounts,
     /// Connection claims refused because the table was full.
     pub claim_failures: u64,
+    /// Advanced-mode connections that got no hint slot from the agent (0 in files of minor 0).
+    pub agent_unavailable: u64,
     /// Active and closed connections.
     pub connections: Vec<ConnectionSnapshot>,
     /// Event records written so far (including overwritten ones).
@@ -327,6 +329,7 @@ impl ProbesReader {
                 both,
             },
             claim_failures: load(&process.claim_failures),
+            agent_unavailable: load(&process.agent_unavailable),
             connections,
             events_written: self.ring().map_or(0, |r| r.written()),
         }
@@ -398,6 +401,7 @@ fn file_info(header: &Header, version: u32) -> FileInfo {
         .map(|r| RailInfo {
             device: decode_name(&r.device),
             port: r.port,
+            speed_mbps: r.speed_mbps,
         })
         .collect();
     FileInfo {

@@ -42,10 +42,12 @@ fn info() -> WriterInfo {
             RailInfo {
                 device: "mlx5_0".into(),
                 port: 1,
+                speed_mbps: 200_000,
             },
             RailInfo {
                 device: "mlx5_3".into(),
                 port: 2,
+                speed_mbps: 400_000,
             },
         ],
         slow_threshold_ns: 500_000,
@@ -84,7 +86,7 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x00, 0x00, 0x01, 0x00, // abi_version 1.0
+        0x01, 0x00, 0x01, 0x00, // abi_version 1.1
         0x00, 0x02, 0x00, 0x00, // header_len 512
         0x00, 0x2a, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 141824
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
@@ -113,6 +115,7 @@ fn golden_header_bytes() {
     assert_eq!(&bytes[192..199], b"node-a\0");
     assert_eq!(&bytes[256..263], b"mlx5_0\0");
     assert_eq!(le32(&bytes, 256 + 64), 1);
+    assert_eq!(le32(&bytes, 256 + 68), 200_000, "rail 0 speed_mbps (1.1)");
     assert_eq!(&bytes[384..391], b"mlx5_3\0");
     assert_eq!(le32(&bytes, 384 + 64), 2);
     assert!(bytes[512..].iter().all(|b| *b == 0), "regions start zeroed");
@@ -156,6 +159,7 @@ fn counters_round_trip_through_a_file() {
         (4242, "node-a", ABI_VERSION)
     );
     assert_eq!(info.rails[1].device, "mlx5_3");
+    assert_eq!(info.rails[1].speed_mbps, 400_000);
     let snap = reader.snapshot();
     assert_eq!((snap.pid, snap.heartbeat_ns, snap.closed_ns), (4242, 99, 0));
     let c = snap.rails[0].counters;
@@ -250,11 +254,14 @@ fn connection_claim_and_release_through_a_file() {
         "table full"
     );
     held[3].add_split([100, 200]);
+    probes.inc_agent_unavailable();
+    probes.inc_agent_unavailable();
     let snap = reader.snapshot();
     assert_eq!(
         (snap.connections.len(), snap.claim_failures),
         (CONNECTION_SLOTS, 1)
     );
+    assert_eq!(snap.agent_unavailable, 2);
     let c3 = snap.connections[3];
     assert_eq!(
         (c3.index, c3.info, c3.rail_bytes),
@@ -315,7 +322,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("2.3".into(), "1.0".into())
+                ("2.3".into(), "1.1".into())
             );
         }
         other => panic!("{other:?}"),

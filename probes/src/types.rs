@@ -23,6 +23,8 @@ pub struct RailInfo {
     pub device: String,
     /// Port number on that device (1-based, as in sysfs).
     pub port: u32,
+    /// Link speed in Mbps as the device reports it; 0 when unknown (and in files of minor 0).
+    pub speed_mbps: u32,
 }
 
 /// What the writer puts in the header when it creates a probes file.

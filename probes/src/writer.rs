@@ -189,6 +189,17 @@ impl ProbesFile {
         claimed
     }
 
+    /// Count an advanced-mode connection the agent gave no hint slot (any thread).
+    pub fn inc_agent_unavailable(&self) {
+        if self.is_enabled() {
+            let image = self.image();
+            image
+                .process
+                .agent_unavailable
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Append a slow (or sampled) transfer to the event ring, overwriting the oldest record
     /// when full. Never blocks. Single writer (module docs).
     #[inline]
@@ -247,7 +258,8 @@ fn header_image(info: &WriterInfo) -> Header {
     let rail = |i: usize| RailDesc {
         device: encode_name(info.rails.get(i).map_or("", |r| r.device.as_str())),
         port: info.rails.get(i).map_or(0, |r| r.port),
-        _reserved: [0; 60],
+        speed_mbps: info.rails.get(i).map_or(0, |r| r.speed_mbps),
+        _reserved: [0; 56],
     };
     Header {
         magic: MAGIC,

@@ -74,10 +74,12 @@ fn run_writer(dir: &Path) {
         RailInfo {
             device: "mlx5_0".into(),
             port: 1,
+            speed_mbps: 0,
         },
         RailInfo {
             device: "mlx5_1".into(),
             port: 1,
+            speed_mbps: 0,
         },
     ];
     let probes = ProbesFile::create(dir, &WriterInfo::for_this_process(rails)).unwrap();

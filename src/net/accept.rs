@@ -192,7 +192,8 @@ impl Acceptance {
                     self.stage = Stage::Registering(pending);
                 }
                 Stage::Registering(pending) => {
-                    return match PendingRegistration::poll_stage(pending) {
+                    let telemetry = &ctx.plugin.telemetry;
+                    return match PendingRegistration::poll_stage(pending, telemetry) {
                         None => Ok(None),
                         Some(agent) => self.finish(ctx, agent).map(Some),
                     };

@@ -144,7 +144,8 @@ impl Connector {
                     self.stage = Stage::Registering(self.start_registration()?);
                 }
                 Stage::Registering(pending) => {
-                    return match PendingRegistration::poll_stage(pending) {
+                    let telemetry = &self.ctx.plugin.telemetry;
+                    return match PendingRegistration::poll_stage(pending, telemetry) {
                         None => Ok(None),
                         Some(agent) => self.finish(agent).map(Some),
                     };

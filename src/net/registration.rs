@@ -13,7 +13,7 @@
 //! job if the agent closed its end first.
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
@@ -25,11 +25,30 @@ use crate::proto::agent_wire::{
 };
 use crate::proto::hint::HINT_MAX_ENTRIES;
 
+use super::telemetry::Telemetry;
+
 /// How long a connection waits, across calls, for the agent's answer (it is local: an answer
 /// takes microseconds; this only bounds a stuck agent).
 pub(crate) const AGENT_DEADLINE: Duration = Duration::from_millis(500);
 
 static CONNECTION_COUNTER: AtomicU16 = AtomicU16::new(0);
+
+/// Whether a connection without a slot was already reported at WARN in this process.
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The first connection left without a hint slot is a WARN; the next ones are INFO (a job of
+/// thousands of connections must not flood the log), all counted in the probes file.
+fn report_without_slot(message: std::fmt::Arguments<'_>) {
+    if WARNED.swap(true, Ordering::Relaxed) {
+        info!(log::NET, "{message}");
+    } else {
+        warn!(
+            log::NET,
+            "{message} (further connections without a slot: INFO, and counted in the probes \
+             file's agent_unavailable)"
+        );
+    }
+}
 
 /// A registered connection; deregistered (without waiting) on drop.
 #[derive(Debug)]
@@ -91,12 +110,11 @@ impl PendingRegistration {
                 flow,
             }),
             Err(e) => {
-                warn!(
-                    log::NET,
+                report_without_slot(format_args!(
                     "MPIB_MODE=1 but the agent at MPIB_AGENT_SOCKET={} is unavailable ({e}); \
                      connection {flow} goes 100% SOUT",
                     settings.agent_socket
-                );
+                ));
                 None
             }
         }
@@ -118,13 +136,20 @@ impl PendingRegistration {
 
     /// The registration stage of connect/accept: polls `pending` (`None`: no agent was
     /// reachable, so the stage is over without a registration). `None` while still in flight.
+    /// A connection that ends the stage without a slot is counted in the probes file
+    /// (`agent_unavailable`).
     pub(crate) fn poll_stage(
         pending: &mut Option<PendingRegistration>,
+        telemetry: &Telemetry,
     ) -> Option<Option<AgentRegistration>> {
-        match pending {
+        let outcome = match pending {
             None => Some(None),
             Some(pending) => pending.poll(),
+        };
+        if let Some(None) = outcome {
+            telemetry.agent_unavailable();
         }
+        outcome
     }
 
     /// Sends what is left of the request, then reads what has arrived of the answer.
@@ -183,12 +208,10 @@ impl PendingRegistration {
     }
 
     fn give_up(&self, why: &str) -> Option<AgentRegistration> {
-        warn!(
-            log::NET,
+        report_without_slot(format_args!(
             "agent at {} did not register connection {} ({why}); its transfers go 100% SOUT",
-            self.socket_path,
-            self.flow
-        );
+            self.socket_path, self.flow
+        ));
         None
     }
 }

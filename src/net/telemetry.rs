@@ -51,6 +51,7 @@ impl Telemetry {
             .map(|d| RailInfo {
                 device: d.info().name.clone(),
                 port: u32::from(d.info().port),
+                speed_mbps: d.info().speed_mbps,
             })
             .collect();
         let mut info = WriterInfo::for_this_process(rails);
@@ -124,6 +125,11 @@ impl Telemetry {
     #[inline]
     pub(crate) fn record(&self, transfer: &SlowTransfer) {
         self.file.record_slow_transfer(transfer);
+    }
+
+    /// Counts an advanced-mode connection that got no hint slot from the agent.
+    pub(crate) fn agent_unavailable(&self) {
+        self.file.inc_agent_unavailable();
     }
 
     /// Removes the file (clean shutdown); dropping the last reference does it too.
@@ -204,6 +210,12 @@ impl ConnectionTelemetry {
     #[inline]
     pub(crate) fn index(&self) -> u32 {
         self.probe.index()
+    }
+
+    /// A part of `bytes` completed on `rail` after `busy_ns` more of busy time.
+    #[inline]
+    pub(crate) fn add_rail_done(&self, rail: Rail, bytes: u64, busy_ns: u64) {
+        self.probe.add_rail_done(rail.index(), bytes, busy_ns);
     }
 
     /// Bytes this connection moved per rail.

@@ -56,10 +56,12 @@ pub fn rails() -> Vec<RailInfo> {
         RailInfo {
             device: "mlx5_0".into(),
             port: 1,
+            speed_mbps: 200_000,
         },
         RailInfo {
             device: "mlx5_1".into(),
             port: 2,
+            speed_mbps: 400_000,
         },
     ]
 }

@@ -16,7 +16,10 @@ use crate::proto::cts::{
 use crate::proto::rail_mask::RailMask;
 use crate::proto::wr_id::{WrId, WrKind};
 
+mod busy;
 mod post;
+
+use busy::BusyClock;
 
 use super::agent::HintReader;
 use super::comm::{ConnectionInfo, SEND_MAGIC};
@@ -118,6 +121,8 @@ pub(crate) struct SendData {
     fifo_head: u64,
     post_head: u64,
     slots: Box<[SendSlot]>,
+    /// Per-rail busy time (probes: what the policy agent divides completed bytes by).
+    busy: [BusyClock; 2],
     pool: RequestPool,
     failure: Option<Error>,
 }
@@ -149,6 +154,7 @@ impl SendData {
             fifo_head: 0,
             post_head: 0,
             slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+            busy: [BusyClock::default(); 2],
             pool: RequestPool::new(),
             failure: None,
         }
@@ -355,6 +361,9 @@ impl SendComm {
         probe.inc_send_cqes();
         probe.record_latency_ns(now.saturating_sub(state.post_ns));
         state.done_ns[rail.index()] = now;
+        let busy_ns = data.busy[rail.index()].completed(now);
+        data.telemetry
+            .add_rail_done(rail, state.rail_bytes[rail.index()], busy_ns);
         state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
         if self.info.profiler.is_some() {
             for index in &state.requests[..state.nreqs as usize] {

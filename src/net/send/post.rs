@@ -203,10 +203,14 @@ impl SendComm {
         data.telemetry.add_split(rail_bytes);
         data.transfers += 1;
         self.start_profiler_events(data, slot, mask, qp_indices, lengths, &rail_bytes);
+        let now = now_ns();
+        for rail in mask.rails() {
+            data.busy[rail.index()].posted(now);
+        }
         let state = &mut data.slots[slot];
         state.pending = mask;
         state.phase = Phase::InFlight;
-        state.post_ns = now_ns();
+        state.post_ns = now;
         state.done_ns = [0; 2];
         state.rail_bytes = rail_bytes;
         state.sup_bw = sup_bw;

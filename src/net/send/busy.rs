@@ -1,0 +1,52 @@
+//! Per-rail busy time of one send connection, for the policy agent (probes layout 1.1).
+//!
+//! Why: the `adaptive` policy balances the rails by their rates *while busy* (completed bytes
+//! divided by the time the rail had at least one of the connection's parts in flight). Wall time
+//! would charge a rail for the idle gaps of a bursty job; summing each part's post-to-completion
+//! time would count overlapping parts twice. The clock accrues at every completion, so a rail
+//! that never goes idle still reports its busy time as it goes (docs/PROBES_LAYOUT.md).
+
+/// The busy clock of one rail of one connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BusyClock {
+    in_flight: u32,
+    since_ns: u64,
+}
+
+impl BusyClock {
+    /// A part was posted at `now_ns`.
+    pub(crate) fn posted(&mut self, now_ns: u64) {
+        if self.in_flight == 0 {
+            self.since_ns = now_ns;
+        }
+        self.in_flight = self.in_flight.saturating_add(1);
+    }
+
+    /// A part completed at `now_ns`: the busy time accrued since the last mark.
+    pub(crate) fn completed(&mut self, now_ns: u64) -> u64 {
+        if self.in_flight == 0 {
+            return 0;
+        }
+        let busy = now_ns.saturating_sub(self.since_ns);
+        self.since_ns = now_ns;
+        self.in_flight -= 1;
+        busy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BusyClock;
+
+    #[test]
+    fn overlapping_parts_count_once_and_gaps_not_at_all() {
+        let mut clock = BusyClock::default();
+        clock.posted(100);
+        clock.posted(150);
+        assert_eq!(clock.completed(300), 200, "first completion: 100..300");
+        assert_eq!(clock.completed(400), 100, "second: 300..400, not 150..400");
+        assert_eq!(clock.completed(500), 0, "a stray completion adds nothing");
+        clock.posted(1_000);
+        assert_eq!(clock.completed(1_010), 10, "the idle 400..1000 is not busy");
+    }
+}
