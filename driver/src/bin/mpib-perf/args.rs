@@ -14,7 +14,7 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
                  [--listen [ADDR:]PORT | --peer HOST:PORT]
                  [--min-size BYTES] [--max-size BYTES] [--step-factor F]
                  [--iters N] [--warmup N] [--window N] [--group N] [--verify]
-                 [--sup-bw N[,N...]] [--json | --csv] [--timeout S]
+                 [--sup-bw N[,N...]] [--repeat N] [--json | --csv] [--timeout S]
 
   --plugin PATH      the ncclNet plugin to load (default: the built MPIB plugin)
   --abi N            drive ncclNetPlugin_vN, 7..12 (default: the newest it exports)
@@ -32,6 +32,8 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
   --verify           fill a pattern per message and check every byte on the receiver
   --sup-bw LIST      MPIB advanced mode: run a test agent and set the SUP share (parts per 1024,
                      0..1024) to each value in turn, one table block each
+  --repeat N         N rows per size, one after the other (a time series: with MPIB_MODE=1 and
+                     no --sup-bw, watch mpib-agent move the split; the at_ms column says when)
   --json             one JSON object per row on stdout (the header goes to stderr)
   --csv              a CSV header line and one line per row on stdout (the header to stderr)
   --timeout S        bound on every wait: TCP handshake, connect/accept, one size (default 60)
@@ -170,7 +172,7 @@ fn seconds(text: &str) -> Result<Duration, Failure> {
 }
 
 /// Flags that shape the sweep (a `--listen` side takes them from the sender instead).
-const SWEEP_FLAGS: [&str; 11] = [
+const SWEEP_FLAGS: [&str; 12] = [
     "--min-size",
     "--max-size",
     "--step-factor",
@@ -179,6 +181,7 @@ const SWEEP_FLAGS: [&str; 11] = [
     "--window",
     "--group",
     "--verify",
+    "--repeat",
     "--sup-bw",
     "--json",
     "--csv",
@@ -206,6 +209,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, Failure> 
             window: 8,
             group: 1,
             verify: false,
+            repeat: 1,
         },
         format: Format::Table,
         timeout: Duration::from_secs(60),
@@ -267,6 +271,7 @@ fn apply(
         "--window" => s.window = parse_number(flag, &value()?, 1, sweep::MAX_WINDOW)?,
         "--group" => s.group = parse_number(flag, &value()?, 1, 8)?,
         "--verify" => s.verify = true,
+        "--repeat" => s.repeat = parse_number(flag, &value()?, 1, 100_000)?,
         "--sup-bw" => s.splits = parse_splits(&value()?)?,
         "--json" => set_format(&mut a.format, Format::Json)?,
         "--csv" => set_format(&mut a.format, Format::Csv)?,

@@ -36,6 +36,8 @@ pub struct Row {
     /// (SOUT, SUP) bytes.
     pub rails: Option<(u64, u64)>,
     pub verified: bool,
+    /// End of the timed pass, since the first row started.
+    pub at: Duration,
 }
 
 impl Row {
@@ -96,6 +98,7 @@ fn fields(row: &Row) -> Vec<(&'static str, Value)> {
             row.sup_share().map_or(Value::Null, |s| Value::Float(s, 1)),
         ),
         ("verified", Value::Bool(row.verified)),
+        ("at_ms", Value::Float(row.at.as_secs_f64() * 1e3, 1)),
     ]
 }
 
@@ -145,6 +148,7 @@ impl Row {
             recv_p99: Duration::ZERO,
             rails: None,
             verified: false,
+            at: Duration::ZERO,
         }
     }
 }
@@ -314,7 +318,7 @@ mod tests {
         );
         assert!(line.contains("\"gbps\":10.485760,"), "{line}");
         assert!(
-            line.contains("\"sup_share\":512.0,\"verified\":true}"),
+            line.contains("\"sup_share\":512.0,\"verified\":true,\"at_ms\":0.0}"),
             "{line}"
         );
         let header = csv_header();

@@ -125,6 +125,7 @@ fn send_rows(
     let rows = ctx.sweep.rows();
     let mut summary = Summary { rows: 0, bytes: 0 };
     let mut split = None;
+    let started = std::time::Instant::now();
     for spec in &rows {
         if let (Some(agent), Some(share)) = (ctx.agent, spec.split) {
             if split != Some(share) {
@@ -154,7 +155,10 @@ fn send_rows(
         }
         let rails = before.zip(after).map(|(b, a)| (a.0 - b.0, a.1 - b.1));
         printer
-            .row(&make_row(ctx.sweep, spec, &timing, &stats, rails))
+            .row(&Row {
+                at: started.elapsed(),
+                ..make_row(ctx.sweep, spec, &timing, &stats, rails)
+            })
             .map_err(Error::Io)?;
         summary.rows += 1;
         summary.bytes += timing.bytes;
@@ -199,6 +203,7 @@ fn make_row(
         recv_p99: Duration::from_nanos(stats.p99_ns),
         rails,
         verified: sweep.verify,
+        at: Duration::ZERO,
     }
 }
 

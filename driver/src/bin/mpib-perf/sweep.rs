@@ -42,6 +42,8 @@ pub struct Sweep {
     pub group: usize,
     /// Fill a pattern per message and check every byte on the receiver.
     pub verify: bool,
+    /// Rows per size (a time series when > 1: watch a policy agent move the split).
+    pub repeat: usize,
 }
 
 /// One row of the table: a size within a split block.
@@ -97,12 +99,14 @@ impl Sweep {
         let mut rows = Vec::with_capacity(self.splits.len() * self.sizes.len());
         for &split in &self.splits {
             for &size in &self.sizes {
-                rows.push(RowSpec {
-                    index: rows.len(),
-                    split,
-                    size,
-                    iters: self.iters_for(size),
-                });
+                for _ in 0..self.repeat.max(1) {
+                    rows.push(RowSpec {
+                        index: rows.len(),
+                        split,
+                        size,
+                        iters: self.iters_for(size),
+                    });
+                }
             }
         }
         rows
@@ -196,6 +200,7 @@ impl Sweep {
         let _ = writeln!(text, "window={}", self.window);
         let _ = writeln!(text, "group={}", self.group);
         let _ = writeln!(text, "verify={}", u8::from(self.verify));
+        let _ = writeln!(text, "repeat={}", self.repeat);
         text
     }
 
@@ -234,6 +239,10 @@ impl Sweep {
             window: number("window", fields.get("window")?)?,
             group: number("group", fields.get("group")?)?,
             verify: fields.get("verify")? == "1",
+            repeat: match fields.get("repeat") {
+                Ok(n) => number("repeat", n)?,
+                Err(_) => 1,
+            },
         };
         if sweep.sizes.is_empty() || sweep.sizes.len() > MAX_SIZES || sweep.window == 0 {
             return Err("the peer sent an empty sweep or a zero window".into());
@@ -303,6 +312,7 @@ mod tests {
             window: 8,
             group: 2,
             verify: true,
+            repeat: 1,
         }
     }
 
@@ -324,6 +334,7 @@ mod tests {
             splits: vec![None],
             iters: Some(7),
             verify: false,
+            repeat: 1,
             ..s
         };
         assert_eq!(Sweep::decode(&env.encode()), Ok(env));
@@ -347,6 +358,7 @@ mod tests {
         assert_eq!((s.recv_len(), s.send_len()), (16 << 20, 8 << 20));
         let plain = Sweep {
             verify: false,
+            repeat: 1,
             ..sweep()
         };
         assert_eq!((plain.recv_len(), plain.send_len()), (2 << 20, 2 << 20));
