@@ -81,6 +81,11 @@ pub const PARAMS: &[Param] = &[
         doc: "Advanced mode: several agents on one host; the default paths become /tmp/mpib/TAG/hints and /tmp/mpib/TAG/agent.sock.",
     },
     Param {
+        name: "MPIB_AGENT_CONFIG",
+        default: "",
+        doc: "`mpib-agent` only: its TOML configuration file (policies and rules; reloaded on SIGHUP). Unset: built-in defaults.",
+    },
+    Param {
         name: "MPIB_HINT_PATH",
         default: "/tmp/mpib/hints",
         doc: "Advanced mode: the agent's hint SHM file (seqlock entries, parts per 1024).",

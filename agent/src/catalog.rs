@@ -1,0 +1,122 @@
+//! The agent's metric catalog: every family its Prometheus endpoint exports, as one static table.
+//!
+//! This table is a contract, like the collector's: the dashboard panels and the alert rules are
+//! written against these names and labels (`tests/dashboards.rs` reads this file), and the
+//! renderer in [`crate::metrics`] only writes families listed here.
+
+/// How a family behaves in Prometheus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+impl Kind {
+    /// The `# TYPE` word.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        }
+    }
+}
+
+/// One metric family.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MetricSpec {
+    /// Full Prometheus name (counters end in `_total`).
+    pub name: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// The `# HELP` text.
+    pub help: &'static str,
+    /// Label names, in the order the renderer writes them.
+    pub labels: &'static [&'static str],
+}
+
+/// Labels of agent-wide families.
+pub const AGENT_LABELS: &[&str] = &["host"];
+const INFO_LABELS: &[&str] = &["host", "version", "policy"];
+const RESULT_LABELS: &[&str] = &["host", "result"];
+const REASON_LABELS: &[&str] = &["host", "reason"];
+const DECISION_LABELS: &[&str] = &["host", "policy", "reason"];
+/// Labels of per-flow families: the hint slot and the flow's SOUT address pair.
+pub const FLOW_LABELS: &[&str] = &["host", "flow", "sout_src", "sout_dst"];
+/// Labels of per-flow, per-rail families.
+pub const FLOW_RAIL_LABELS: &[&str] = &["host", "flow", "sout_src", "sout_dst", "rail"];
+
+macro_rules! specs {
+    ($($(#[$doc:meta])* $id:ident = $name:literal, $kind:ident, $labels:expr, $help:literal;)+) => {
+        $(
+            $(#[$doc])*
+            pub static $id: MetricSpec = MetricSpec {
+                name: $name,
+                kind: Kind::$kind,
+                help: $help,
+                labels: $labels,
+            };
+        )+
+        /// Every family, in documentation order.
+        pub static CATALOG: &[&MetricSpec] = &[$(&$id),+];
+    };
+}
+
+specs! {
+    /// Build and configuration.
+    INFO = "mpib_agent_info", Gauge, INFO_LABELS,
+        "Always 1; the labels carry the agent's version and default policy.";
+    /// Hint slots in use.
+    SLOTS_USED = "mpib_agent_slots_used", Gauge, AGENT_LABELS,
+        "Hint slots in use (one per SOUT address pair with a registered connection).";
+    /// Hint slots in the file.
+    SLOTS_TOTAL = "mpib_agent_slots_total", Gauge, AGENT_LABELS,
+        "Hint slots in the hint file (256 in this layout).";
+    /// Registered connections.
+    CONNECTIONS = "mpib_agent_connections", Gauge, AGENT_LABELS,
+        "Connections registered and not yet deregistered or reclaimed.";
+    /// Registration requests by outcome.
+    REGISTRATIONS = "mpib_agent_registrations_total", Counter, RESULT_LABELS,
+        "Register requests answered, by result: ok, no_free_slots, invalid.";
+    /// Deregistration requests by outcome.
+    DEREGISTRATIONS = "mpib_agent_deregistrations_total", Counter, RESULT_LABELS,
+        "Deregister requests answered, by result: ok, unknown, invalid.";
+    /// Malformed or silent clients.
+    BAD_CLIENTS = "mpib_agent_bad_clients_total", Counter, REASON_LABELS,
+        "Client connections closed for bad input: short, wrong_magic, wrong_type, wrong_length, \
+         silent, busy.";
+    /// Slots freed without a deregistration.
+    RECLAIMED = "mpib_agent_reclaimed_connections_total", Counter, REASON_LABELS,
+        "Connections dropped without a deregistration: process_exited, orphan_unused.";
+    /// Policy decisions that changed a flow's share.
+    DECISIONS = "mpib_agent_decisions_total", Counter, DECISION_LABELS,
+        "Changes of a flow's SUP share, by policy and reason.";
+    /// Writes to the hint file by another process.
+    EXTERNAL_WRITES = "mpib_agent_external_writes_total", Counter, AGENT_LABELS,
+        "Hint entries found changed by another writer (the flow is then pinned to that value).";
+    /// Configuration reloads.
+    RELOADS = "mpib_agent_config_reloads_total", Counter, RESULT_LABELS,
+        "Configuration reloads (SIGHUP), by result: ok, error (the old configuration stays).";
+    /// Probes files read.
+    PROBES_FILES = "mpib_agent_probes_files", Gauge, AGENT_LABELS,
+        "Live probes files the agent read on its last tick.";
+    /// The share asked of each flow.
+    FLOW_SUP_RATIO = "mpib_agent_flow_sup_ratio", Gauge, FLOW_LABELS,
+        "SUP share the agent asks of the flow (sup_bw / 1024).";
+    /// The share the flow's bytes actually took.
+    FLOW_MEASURED_SUP_RATIO = "mpib_agent_flow_measured_sup_ratio", Gauge, FLOW_LABELS,
+        "SUP share of the bytes the flow's senders moved over the last measuring interval.";
+    /// Bytes per second over both rails.
+    FLOW_THROUGHPUT = "mpib_agent_flow_throughput_bytes_per_second", Gauge, FLOW_LABELS,
+        "Bytes per second the flow's senders completed over the last measuring interval.";
+    /// Rate of each rail while it carried the flow's data.
+    FLOW_RAIL_RATE = "mpib_agent_flow_rail_rate_bytes_per_second", Gauge, FLOW_RAIL_LABELS,
+        "Bytes per second of the rail's part while it was busy (the policy's input).";
+    /// Operator pin.
+    FLOW_PINNED = "mpib_agent_flow_pinned", Gauge, FLOW_LABELS,
+        "1 when an operator (mpib-agent set) or another writer fixed the flow's share.";
+    /// Age of the flow's telemetry.
+    FLOW_TELEMETRY_AGE = "mpib_agent_flow_telemetry_age_seconds", Gauge, FLOW_LABELS,
+        "Seconds since the flow's senders last moved data the agent saw in a probes file.";
+}

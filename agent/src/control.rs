@@ -1,0 +1,144 @@
+//! The operators' control socket: `status` and `set`, one line in, text out.
+//!
+//! Why a separate socket: the registration socket speaks the reference interface byte for byte
+//! and must stay open to every job; changing a flow's share is an operator's act, so the control
+//! socket is created mode 0600 (the agent's user only). `mpib-agent status` and `mpib-agent set`
+//! are its clients.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::log;
+use crate::server::Shared;
+use crate::status;
+
+/// A command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// The status view.
+    Status,
+    /// Pin a flow (`None`: every flow) to a share, or (`None` share) hand it back to its policy.
+    Set(Option<u32>, Option<u32>),
+}
+
+impl Command {
+    /// Parses `status`, `set FLOW|all SUP_BW|auto`.
+    pub fn parse(line: &str) -> Result<Command, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["status"] => Ok(Command::Status),
+            ["set", flow, share] => {
+                let flow = match *flow {
+                    "all" | "--all" => None,
+                    text => Some(text.parse::<u32>().map_err(|_| {
+                        format!("flow {text:?}: expected a slot number from `status`, or --all")
+                    })?),
+                };
+                let share = match *share {
+                    "auto" => None,
+                    text => Some(text.parse::<u32>().ok().filter(|v| *v <= 1024).ok_or_else(
+                        || format!("share {text:?}: expected 0..1024 (parts per 1024) or auto"),
+                    )?),
+                };
+                Ok(Command::Set(flow, share))
+            }
+            _ => Err(format!(
+                "unknown command {line:?}: expected `status` or `set FLOW|all SUP_BW|auto`"
+            )),
+        }
+    }
+
+    /// The line a client sends.
+    pub fn encode(&self) -> String {
+        match self {
+            Command::Status => "status\n".into(),
+            Command::Set(flow, share) => format!(
+                "set {} {}\n",
+                flow.map_or("all".to_string(), |f| f.to_string()),
+                share.map_or("auto".to_string(), |s| s.to_string())
+            ),
+        }
+    }
+}
+
+/// Serves the control socket until stop.
+pub fn serve(listener: UnixListener, shared: Shared, describe: String) {
+    let _ = listener.set_nonblocking(true);
+    while !shared.stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => answer(stream, &shared, &describe),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn answer(stream: UnixStream, shared: &Shared, describe: &str) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut line = String::new();
+    let mut reader = BufReader::new(std::io::Read::take(&stream, 256));
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let reply = match Command::parse(line.trim()) {
+        Ok(Command::Status) => {
+            let policies = shared.policies.load();
+            status::render(&shared.lock(), &policies, describe)
+        }
+        Ok(Command::Set(flow, share)) => match shared.lock().pin(flow, share) {
+            Ok(n) => {
+                let what = share.map_or("its policy".to_string(), |s| format!("sup_bw {s}"));
+                log::info(&format!("operator: {n} flow(s) set to {what}"));
+                format!("ok: {n} flow(s) set to {what}\n")
+            }
+            Err(e) => format!("error: {e}\n"),
+        },
+        Err(e) => format!("error: {e}\n"),
+    };
+    let mut stream = stream;
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+/// Sends `command` to the agent's control socket at `path` and returns its reply.
+pub fn request(path: &Path, command: Command) -> Result<String, String> {
+    let name = path.display();
+    let mut stream = UnixStream::connect(path).map_err(|e| {
+        format!("control socket {name}: cannot connect ({e}); is mpib-agent running?")
+    })?;
+    let timeout = Some(Duration::from_secs(5));
+    let _ = stream.set_read_timeout(timeout);
+    let _ = stream.set_write_timeout(timeout);
+    stream
+        .write_all(command.encode().as_bytes())
+        .map_err(|e| format!("control socket {name}: {e}"))?;
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply)
+        .map_err(|e| format!("control socket {name}: {e}"))?;
+    Ok(reply)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::Command;
+
+    #[test]
+    fn commands_round_trip_and_bad_ones_say_why() {
+        for c in [
+            Command::Status,
+            Command::Set(Some(3), Some(512)),
+            Command::Set(None, None),
+        ] {
+            assert_eq!(Command::parse(c.encode().trim()).unwrap(), c);
+        }
+        assert!(Command::parse("set 3 2000")
+            .unwrap_err()
+            .contains("0..1024"));
+        assert!(Command::parse("set x 1").unwrap_err().contains("flow"));
+        assert!(Command::parse("reboot").unwrap_err().contains("unknown"));
+    }
+}

@@ -1,0 +1,235 @@
+//! `mpib-agent run`: open the hint file, bind the sockets, serve, and run the policy every
+//! interval until SIGTERM or SIGINT; SIGHUP reloads the configuration file.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Paths, Policies};
+use crate::measure::{pid_alive, start_ticks, Measurer};
+use crate::policy::PolicyKind;
+use crate::server::Shared;
+use crate::shm::{create_private_dir, HintFile, Opened};
+use crate::slots::Process;
+use crate::state::State;
+use crate::{control, log, metrics, server};
+
+/// Everything `run` needs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Where things are.
+    pub paths: Paths,
+    /// The configuration file, if any.
+    pub config_path: Option<PathBuf>,
+    /// `--policy`: overrides the file's default policy (kept across reloads).
+    pub policy: Option<PolicyKind>,
+    /// `--interval-ms`: overrides the file's interval (kept across reloads).
+    pub interval_ms: Option<u64>,
+}
+
+impl Options {
+    /// The configuration: the file (or the defaults) with the flags applied.
+    pub fn load_policies(&self) -> Result<Policies, String> {
+        let mut policies = match &self.config_path {
+            Some(path) => Policies::load(path)?,
+            None => Policies::default(),
+        };
+        if let Some(policy) = self.policy {
+            policies.default = policy;
+        }
+        if let Some(ms) = self.interval_ms {
+            policies.interval_ms = ms;
+        }
+        Ok(policies)
+    }
+}
+
+/// Runs the agent until a stop signal. Errors name what could not be set up.
+pub fn run(options: &Options) -> Result<(), String> {
+    let policies = options.load_policies()?;
+    let paths = &options.paths;
+    let (hints, opened) = HintFile::open(&paths.hint_path)?;
+    let how = match opened {
+        Opened::Created => "created",
+        Opened::Reused => "reused (entries kept)",
+        Opened::Repaired => "repaired (it was truncated or not a hint file)",
+    };
+    log::info(&format!("hint file {}: {how}", paths.hint_path.display()));
+    let registration = bind_unix(&paths.socket_path, 0o666)?;
+    let control_socket = bind_unix(&paths.control_path, 0o600)?;
+    let metrics_listener = match paths.metrics_listen {
+        Some(address) => Some(
+            std::net::TcpListener::bind(address)
+                .map_err(|e| format!("metrics endpoint {address}: cannot listen: {e}"))?,
+        ),
+        None => None,
+    };
+    let state = State::new(hints, &policies);
+    if state.slots.used() > 0 {
+        log::info(&format!(
+            "took back {} flow(s) from the hint file; running jobs keep their slots",
+            state.slots.used()
+        ));
+    }
+    let shared = Shared {
+        state: Arc::new(Mutex::new(state)),
+        policies: Arc::new(ArcSwap::from_pointee(policies)),
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    let reload = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&shared.stop))
+            .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
+    }
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
+        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    let describe = format!(
+        "hint file {}, socket {}, probes {}, metrics {}",
+        paths.hint_path.display(),
+        paths.socket_path.display(),
+        paths.probes_dir.display(),
+        paths
+            .metrics_listen
+            .map_or("off".to_string(), |a| format!("http://{a}/metrics"))
+    );
+    log::info(&format!("serving: {describe}"));
+    let mut threads = Vec::new();
+    let s = shared.clone();
+    threads.push(spawn("mpib-agent-reg", move || {
+        server::serve(registration, s)
+    })?);
+    let s = shared.clone();
+    threads.push(spawn("mpib-agent-ctl", move || {
+        control::serve(control_socket, s, describe)
+    })?);
+    if let Some(listener) = metrics_listener {
+        let (s, host) = (shared.clone(), host_name());
+        threads.push(spawn("mpib-agent-http", move || {
+            metrics::serve(listener, s, host)
+        })?);
+    }
+    policy_loop(options, &shared, &reload);
+    shared.stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    for path in [&paths.socket_path, &paths.control_path] {
+        let _ = std::fs::remove_file(path);
+    }
+    log::info("stopped; the hint file stays for running jobs");
+    Ok(())
+}
+
+fn spawn(
+    name: &str,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, String> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(body)
+        .map_err(|e| format!("cannot start thread {name}: {e}"))
+}
+
+/// Measures and decides every interval until stop.
+fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
+    let paths = &options.paths;
+    let mut measurer = Measurer::new(&paths.probes_dir, &paths.sysfs_root);
+    let mut last = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let interval = shared.policies.load().interval();
+        while last.elapsed() < interval && !shared.stop.load(Ordering::Relaxed) {
+            std::thread::sleep((interval - last.elapsed()).min(Duration::from_millis(20)));
+        }
+        if reload.swap(false, Ordering::Relaxed) {
+            reload_policies(options, shared);
+        }
+        let interval_ns = last.elapsed().as_nanos() as u64;
+        last = Instant::now();
+        let (measured, in_use) = measurer.measure(interval_ns);
+        let policies = shared.policies.load();
+        let mut state = shared.lock();
+        state.probes_files = measurer.files;
+        let (dropped, freed) = state.slots.reclaim_exited(process_alive);
+        for slot in freed {
+            state.release(slot);
+        }
+        if dropped > 0 {
+            log::info(&format!(
+                "{dropped} connection(s) of exited processes reclaimed"
+            ));
+            state.reclaimed("process_exited", dropped);
+        }
+        state.in_use = Some(in_use);
+        state.tick(&measured, &policies, interval_ns);
+    }
+}
+
+fn reload_policies(options: &Options, shared: &Shared) {
+    match options.load_policies() {
+        Ok(policies) => {
+            log::info(&format!(
+                "configuration reloaded: default policy {}, {} rule(s), interval {} ms",
+                policies.default.name(),
+                policies.rules.len(),
+                policies.interval_ms
+            ));
+            shared.policies.store(Arc::new(policies));
+            shared.lock().reloaded(true);
+        }
+        Err(e) => {
+            log::error(&format!(
+                "reload refused, the previous configuration stays: {e}"
+            ));
+            shared.lock().reloaded(false);
+        }
+    }
+}
+
+/// Alive and the same process (a pid reused by a later process does not count).
+fn process_alive(process: Process) -> bool {
+    if !pid_alive(process.pid) {
+        return false;
+    }
+    let now = start_ticks(process.pid);
+    process.start_ticks == 0 || now == 0 || now == process.start_ticks
+}
+
+/// Binds a Unix socket at `path` with `mode`; a stale socket file (nobody accepting) is
+/// replaced, a live one means another agent runs there.
+fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, String> {
+    let name = path.display();
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "{name}: exists and is not a socket; not touching it"
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(format!(
+                "{name}: another agent is serving there (use another MPIB_AGENT_TAG or stop it)"
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("{name}: cannot remove stale socket: {e}"))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|e| format!("{name}: cannot bind: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("{name}: cannot set mode {mode:o}: {e}"))?;
+    Ok(listener)
+}
+
+/// The kernel's host name, for the metrics' `host` label.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,216 @@
+//! The `mpib-agent` command: `run` (the daemon, the default), `status`, `set`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use mpib_agent::config::Paths;
+use mpib_agent::control::{self, Command};
+use mpib_agent::daemon::{self, Options};
+use mpib_agent::policy::PolicyKind;
+
+const USAGE: &str = "\
+usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--interval-ms N]
+                  [--hint-path PATH] [--socket PATH] [--control PATH] [--probes-dir DIR]
+                  [--metrics-listen ADDR:PORT|off] [--sysfs-root DIR]
+       mpib-agent status [--control PATH]
+       mpib-agent set FLOW|--all SUP_BW|auto [--control PATH]
+
+  run               serve registrations and set each flow's SUP share (SIGHUP reloads --config,
+                    SIGTERM/SIGINT stop)
+  status            print the flows: policy, share asked and measured, per-rail rates
+  set               pin a flow (a slot number from status) or every flow to SUP_BW parts per
+                    1024, or hand it back to its policy with `auto`
+
+  --config PATH     TOML policies and rules [env: MPIB_AGENT_CONFIG]
+  --policy NAME     default policy, overriding the file [default: capacity]
+  --interval-ms N   measuring and deciding interval, overriding the file [default: 100]
+  --hint-path PATH  hint file [env: MPIB_HINT_PATH, MPIB_AGENT_TAG; default /tmp/mpib/hints]
+  --socket PATH     registration socket [env: MPIB_AGENT_SOCKET, MPIB_AGENT_TAG;
+                    default /tmp/mpib/agent.sock]
+  --control PATH    operators' socket [default: the registration socket's path, .control]
+  --probes-dir DIR  the plugins' probes files [env: MPIB_PROBES_DIR; default /dev/shm/mpib]
+  --metrics-listen  Prometheus endpoint [default: 127.0.0.1:9465; off: none]
+  --sysfs-root DIR  RDMA devices' sysfs [default: /sys/class/infiniband]
+
+Exit status: 0 stopped cleanly or command done, 1 failed, 2 bad arguments or configuration.";
+
+enum Action {
+    Run(Box<Options>),
+    Status(PathBuf),
+    Set(PathBuf, Command),
+    Help,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let action = match parse(&args) {
+        Ok(action) => action,
+        Err(message) => {
+            eprintln!("mpib-agent: {message}\n(see mpib-agent --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match action {
+        Action::Help => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Action::Run(options) => match daemon::run(&options) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("mpib-agent ERROR {message}");
+                ExitCode::from(if message.starts_with("config") { 2 } else { 1 })
+            }
+        },
+        Action::Status(path) => print_reply(control::request(&path, Command::Status)),
+        Action::Set(path, command) => print_reply(control::request(&path, command)),
+    }
+}
+
+fn print_reply(reply: Result<String, String>) -> ExitCode {
+    match reply {
+        Ok(text) if text.starts_with("error:") => {
+            eprint!("mpib-agent: {}", &text["error: ".len()..]);
+            ExitCode::from(1)
+        }
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("mpib-agent: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The paths the plugin would use, from the same variables and parser.
+fn plugin_paths() -> Result<(PathBuf, PathBuf, PathBuf), String> {
+    let settings = mpib::params::Settings::from_lookup(|name| std::env::var(name).ok())
+        .map_err(|e| e.to_string())?;
+    Ok((
+        settings.hint_path.into(),
+        settings.agent_socket.into(),
+        settings.probes_dir.into(),
+    ))
+}
+
+fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
+    *i += 1;
+    args.get(*i)
+        .map(String::as_str)
+        .ok_or_else(|| format!("{flag} needs a value"))
+}
+
+fn parse(args: &[String]) -> Result<Action, String> {
+    let (hint, socket, probes) = plugin_paths()?;
+    let mut paths = Paths {
+        control_path: socket.with_extension("control"),
+        hint_path: hint,
+        socket_path: socket,
+        probes_dir: probes,
+        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9465))),
+        sysfs_root: PathBuf::from("/sys/class/infiniband"),
+    };
+    let mut options = Options {
+        paths: paths.clone(),
+        config_path: std::env::var_os("MPIB_AGENT_CONFIG").map(PathBuf::from),
+        policy: None,
+        interval_ms: None,
+    };
+    let mut command = None::<&str>;
+    let mut positional: Vec<&str> = Vec::new();
+    let mut control_given = false;
+    let (mut metrics_given, mut sysfs_given) = (false, false);
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        match arg {
+            "-h" | "--help" => return Ok(Action::Help),
+            "--config" => options.config_path = Some(value(args, &mut i, arg)?.into()),
+            "--policy" => options.policy = Some(parse_policy(value(args, &mut i, arg)?)?),
+            "--interval-ms" => {
+                let text = value(args, &mut i, arg)?;
+                let ms = text
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|v| (10..=60_000).contains(v));
+                options.interval_ms =
+                    Some(ms.ok_or_else(|| format!("--interval-ms {text:?}: expected 10..60000"))?);
+            }
+            "--hint-path" => paths.hint_path = value(args, &mut i, arg)?.into(),
+            "--socket" => {
+                paths.socket_path = value(args, &mut i, arg)?.into();
+                if !control_given {
+                    paths.control_path = paths.socket_path.with_extension("control");
+                }
+            }
+            "--control" => {
+                paths.control_path = value(args, &mut i, arg)?.into();
+                control_given = true;
+            }
+            "--probes-dir" => paths.probes_dir = value(args, &mut i, arg)?.into(),
+            "--metrics-listen" => {
+                paths.metrics_listen = parse_listen(value(args, &mut i, arg)?)?;
+                metrics_given = true;
+            }
+            "--sysfs-root" => {
+                paths.sysfs_root = value(args, &mut i, arg)?.into();
+                sysfs_given = true;
+            }
+            "--all" => positional.push("all"),
+            flag if flag.starts_with('-') && flag.len() > 1 && flag.parse::<i64>().is_err() => {
+                return Err(format!("unknown flag {flag:?}"))
+            }
+            word if command.is_none() && ["run", "status", "set"].contains(&word) => {
+                command = Some(word)
+            }
+            word => positional.push(word),
+        }
+        i += 1;
+    }
+    // Start-only settings the file may give when no flag did.
+    if let Ok(policies) = options.load_policies() {
+        if let (false, Some(text)) = (metrics_given, &policies.metrics_listen) {
+            paths.metrics_listen = parse_listen(text)?;
+        }
+        if let (false, Some(path)) = (control_given, &policies.control_path) {
+            paths.control_path = path.clone();
+        }
+        if let (false, Some(path)) = (sysfs_given, &policies.sysfs_root) {
+            paths.sysfs_root = path.clone();
+        }
+    }
+    options.paths = paths.clone();
+    match (command.unwrap_or("run"), positional.as_slice()) {
+        ("run", []) => Ok(Action::Run(Box::new(options))),
+        ("status", []) => Ok(Action::Status(paths.control_path)),
+        ("set", [flow, share]) => {
+            let command = Command::parse(&format!("set {flow} {share}"))?;
+            Ok(Action::Set(paths.control_path, command))
+        }
+        ("set", _) => Err("set needs FLOW (or --all) and SUP_BW (0..1024 or auto)".into()),
+        (name, extra) => Err(format!("{name}: unexpected argument(s) {extra:?}")),
+    }
+}
+
+fn parse_policy(text: &str) -> Result<PolicyKind, String> {
+    match text {
+        "static" => Ok(PolicyKind::Static),
+        "capacity" => Ok(PolicyKind::Capacity),
+        "adaptive" => Ok(PolicyKind::Adaptive),
+        _ => Err(format!(
+            "--policy {text:?}: expected static, capacity or adaptive"
+        )),
+    }
+}
+
+fn parse_listen(text: &str) -> Result<Option<SocketAddr>, String> {
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse::<SocketAddr>().map(Some).map_err(|_| {
+        format!("metrics listen {text:?}: expected ADDR:PORT like 127.0.0.1:9465, or off")
+    })
+}

@@ -1,0 +1,369 @@
+//! The agent's state behind one lock: the slot table, the hint file, each flow's policy state and
+//! the counters the metrics and `status` report. Registrations, operator commands and the
+//! policy tick each take the lock briefly; none of them does I/O other than the mapped file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use mpib::proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
+
+use crate::config::{Policies, Subnet};
+use crate::measure::FlowMeasurement;
+use crate::policy::{Adaptive, Decision, FlowPolicy, PolicyKind};
+use crate::shm::HintFile;
+use crate::slots::{ConnectionKey, Pair, Process, Registered, SlotTable};
+
+/// One flow's agent-side state.
+#[derive(Clone, Debug)]
+pub struct FlowState {
+    /// Its policy and the policy's state.
+    pub policy: FlowPolicy,
+    /// The share last written.
+    pub sup_bw: u32,
+    /// Fixed by an operator or another writer; the policy is not consulted.
+    pub pinned: Option<u32>,
+    /// The last interval's measurement.
+    pub measured: FlowMeasurement,
+    /// Seconds since the flow last moved data the agent saw.
+    pub idle_s: f64,
+}
+
+/// Counters for the metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// Registrations by result.
+    pub registrations: BTreeMap<&'static str, u64>,
+    /// Deregistrations by result.
+    pub deregistrations: BTreeMap<&'static str, u64>,
+    /// Bad clients by reason.
+    pub bad_clients: BTreeMap<&'static str, u64>,
+    /// Connections reclaimed by reason.
+    pub reclaimed: BTreeMap<&'static str, u64>,
+    /// Share changes by (policy, reason).
+    pub decisions: BTreeMap<(&'static str, &'static str), u64>,
+    /// Entries changed by another writer.
+    pub external_writes: u64,
+    /// Reloads by result.
+    pub reloads: BTreeMap<&'static str, u64>,
+}
+
+/// Everything behind the lock.
+pub struct State {
+    /// Flows and connections.
+    pub slots: SlotTable,
+    /// The mapped hint file.
+    pub hints: HintFile,
+    /// Per-flow state by slot.
+    pub flows: BTreeMap<u32, FlowState>,
+    /// Counters.
+    pub counters: Counters,
+    /// Live probes files on the last tick.
+    pub probes_files: usize,
+    /// When the agent started.
+    pub started: Instant,
+    /// Slots a live connection reads, per the probes files of the last tick (`None` until they
+    /// have been read once after a start).
+    pub in_use: Option<BTreeSet<u32>>,
+}
+
+impl Counters {
+    /// Every known label value at 0, so that each series exists from the start (a `rate()` or
+    /// an alert on the first increase then sees it).
+    pub fn zeroed() -> Counters {
+        let zeros = |keys: &[&'static str]| keys.iter().map(|k| (*k, 0)).collect();
+        Counters {
+            registrations: zeros(&["ok", "no_free_slots", "invalid"]),
+            deregistrations: zeros(&["ok", "unknown"]),
+            bad_clients: zeros(&[
+                "short",
+                "wrong_magic",
+                "wrong_type",
+                "wrong_length",
+                "silent",
+                "busy",
+                "no_credentials",
+            ]),
+            reclaimed: zeros(&["process_exited", "orphan_unused"]),
+            reloads: zeros(&["ok", "error"]),
+            ..Counters::default()
+        }
+    }
+}
+
+fn bump<K: Ord>(map: &mut BTreeMap<K, u64>, key: K) {
+    *map.entry(key).or_default() += 1;
+}
+
+impl State {
+    /// State over `hints`, taking back the flows the file names (a restart).
+    pub fn new(hints: HintFile, policies: &Policies) -> State {
+        let mut state = State {
+            slots: SlotTable::default(),
+            hints,
+            flows: BTreeMap::new(),
+            counters: Counters::zeroed(),
+            probes_files: 0,
+            started: Instant::now(),
+            in_use: None,
+        };
+        for (slot, entry) in state.hints.flows() {
+            let slot = slot as u32;
+            let pair = Pair {
+                src: entry.src,
+                dst: entry.dst,
+            };
+            state.slots.recover(slot, pair);
+            let mut policy = choose(policies, pair, None);
+            if let FlowPolicy::Adaptive(adaptive) = &mut policy {
+                adaptive.adopt(entry.sup_bw);
+            }
+            state.flows.insert(slot, flow_state(policy, entry.sup_bw));
+        }
+        state
+    }
+
+    /// Answers one request from `process`.
+    pub fn handle(
+        &mut self,
+        process: Process,
+        request: AgentRequest,
+        policies: &Policies,
+    ) -> AgentResponse {
+        match request {
+            AgentRequest::Register {
+                conn_id,
+                sout_src,
+                sout_dst,
+                sup_src,
+                sup_dst,
+            } => self.register(
+                ConnectionKey { process, conn_id },
+                Pair {
+                    src: Ipv4Addr::from(sout_src),
+                    dst: Ipv4Addr::from(sout_dst),
+                },
+                Pair {
+                    src: Ipv4Addr::from(sup_src),
+                    dst: Ipv4Addr::from(sup_dst),
+                },
+                policies,
+            ),
+            AgentRequest::Deregister { conn_id } => self.deregister(process.pid, conn_id),
+        }
+    }
+
+    fn register(
+        &mut self,
+        key: ConnectionKey,
+        pair: Pair,
+        sup: Pair,
+        policies: &Policies,
+    ) -> AgentResponse {
+        if pair.src.is_unspecified() || pair.dst.is_unspecified() {
+            bump(&mut self.counters.registrations, "invalid");
+            return AgentResponse::Register {
+                status: AgentStatus::InvalidRequest,
+                hint_slot: 0,
+            };
+        }
+        let registered = self.slots.register(key, pair, sup).or_else(|| {
+            // Full: only now give up flows taken back after a restart that no live connection
+            // reads (freeing them early could hand a slot a running job still reads to another
+            // pair, should that job's probes be off).
+            let unused = self.slots.free_unused_recovered(self.in_use.as_ref()?);
+            for slot in &unused {
+                self.release(*slot);
+            }
+            self.reclaimed("orphan_unused", unused.len());
+            self.slots.register(key, pair, sup)
+        });
+        let Some(registered) = registered else {
+            bump(&mut self.counters.registrations, "no_free_slots");
+            return AgentResponse::Register {
+                status: AgentStatus::NoFreeSlots,
+                hint_slot: 0,
+            };
+        };
+        let slot = registered.slot();
+        if let Registered::NewFlow(_) = registered {
+            let policy = choose(policies, pair, None);
+            let rates = configured_rates(policies);
+            let share = policy.initial(rates);
+            self.hints.write_flow(slot as usize, pair.src, pair.dst);
+            self.hints.write_sup_bw(slot as usize, share);
+            self.flows.insert(slot, flow_state(policy, share));
+        }
+        bump(&mut self.counters.registrations, "ok");
+        AgentResponse::Register {
+            status: AgentStatus::Success,
+            hint_slot: slot,
+        }
+    }
+
+    fn deregister(&mut self, pid: u32, conn_id: u32) -> AgentResponse {
+        let Some(key) = self.slots.find(pid, conn_id) else {
+            bump(&mut self.counters.deregistrations, "unknown");
+            return AgentResponse::Deregister {
+                status: AgentStatus::InvalidRequest,
+            };
+        };
+        if let Some((slot, true)) = self.slots.deregister(key) {
+            self.release(slot);
+        }
+        bump(&mut self.counters.deregistrations, "ok");
+        AgentResponse::Deregister {
+            status: AgentStatus::Success,
+        }
+    }
+
+    /// Clears a freed slot's entry.
+    pub fn release(&mut self, slot: u32) {
+        self.flows.remove(&slot);
+        self.hints.write_sup_bw(slot as usize, 0);
+        self.hints
+            .write_flow(slot as usize, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED);
+    }
+
+    /// Counts a client closed for bad input.
+    pub fn bad_client(&mut self, reason: &'static str) {
+        bump(&mut self.counters.bad_clients, reason);
+    }
+
+    /// Counts reclaimed connections.
+    pub fn reclaimed(&mut self, reason: &'static str, count: usize) {
+        *self.counters.reclaimed.entry(reason).or_default() += count as u64;
+    }
+
+    /// Counts a reload.
+    pub fn reloaded(&mut self, ok: bool) {
+        bump(&mut self.counters.reloads, if ok { "ok" } else { "error" });
+    }
+
+    /// An operator's `set`: pins `slot` (or every flow) to `share`, or with `None` hands it back
+    /// to its policy. Returns the number of flows changed, or an error naming the flow.
+    pub fn pin(&mut self, slot: Option<u32>, share: Option<u32>) -> Result<usize, String> {
+        let slots: Vec<u32> = match slot {
+            Some(s) if self.flows.contains_key(&s) => vec![s],
+            Some(s) => return Err(format!("no flow in slot {s} (see mpib-agent status)")),
+            None => self.flows.keys().copied().collect(),
+        };
+        for s in &slots {
+            let Some(flow) = self.flows.get_mut(s) else {
+                continue;
+            };
+            flow.pinned = share;
+            if let Some(share) = share {
+                flow.sup_bw = share;
+                self.hints.write_sup_bw(*s as usize, share);
+            } else if let FlowPolicy::Adaptive(adaptive) = &mut flow.policy {
+                adaptive.adopt(flow.sup_bw);
+            }
+        }
+        Ok(slots.len())
+    }
+
+    /// One policy interval over the measured flows.
+    pub fn tick(
+        &mut self,
+        measured: &BTreeMap<u32, FlowMeasurement>,
+        policies: &Policies,
+        interval_ns: u64,
+    ) {
+        let slots: Vec<(u32, Pair)> = self.slots.flows().map(|f| (f.slot, f.pair)).collect();
+        for (slot, pair) in slots {
+            let mut measurement = measured.get(&slot).copied().unwrap_or_default();
+            measurement.sample.interval_ns = interval_ns;
+            let rates = configured_rates(policies);
+            for (link, configured) in measurement.sample.link_rate.iter_mut().zip(rates) {
+                if configured > 0.0 {
+                    *link = configured;
+                }
+            }
+            let entry = self.hints.entry(slot as usize);
+            let Some(flow) = self.flows.get_mut(&slot) else {
+                continue;
+            };
+            flow.measured = measurement;
+            flow.idle_s = if measurement.sample.fresh() {
+                0.0
+            } else {
+                flow.idle_s + interval_ns as f64 / 1e9
+            };
+            if entry.seq % 2 == 0 && entry.sup_bw != flow.sup_bw {
+                // Someone else wrote the entry (a third-party tool): respect it.
+                self.counters.external_writes += 1;
+                flow.pinned = Some(entry.sup_bw);
+                flow.sup_bw = entry.sup_bw;
+            }
+            if flow.pinned.is_some() {
+                continue;
+            }
+            let class = (measurement.connections > 0).then_some(measurement.intra_island > 0);
+            let wanted = choose(policies, pair, class);
+            if !same_policy(&wanted, &flow.policy) {
+                flow.policy = wanted;
+                if let FlowPolicy::Adaptive(adaptive) = &mut flow.policy {
+                    adaptive.adopt(flow.sup_bw);
+                }
+            }
+            let decision = flow
+                .policy
+                .decide(flow.sup_bw, &measurement.sample, &policies.adaptive);
+            if let Decision::Set { sup_bw, reason } = decision {
+                flow.sup_bw = sup_bw;
+                self.hints.write_sup_bw(slot as usize, sup_bw);
+                let key = (flow.policy.kind().name(), reason);
+                *self.counters.decisions.entry(key).or_default() += 1;
+            }
+        }
+    }
+}
+
+fn flow_state(policy: FlowPolicy, share: u32) -> FlowState {
+    FlowState {
+        policy,
+        sup_bw: share,
+        pinned: None,
+        measured: FlowMeasurement::default(),
+        idle_s: 0.0,
+    }
+}
+
+fn same_policy(a: &FlowPolicy, b: &FlowPolicy) -> bool {
+    match (a, b) {
+        (FlowPolicy::Static(x), FlowPolicy::Static(y)) => x == y,
+        _ => a.kind() == b.kind(),
+    }
+}
+
+/// Configured link rates, bytes per second (0 when not configured).
+pub fn configured_rates(policies: &Policies) -> [f64; 2] {
+    [
+        policies.rates.sout_gbps * 1e9 / 8.0,
+        policies.rates.sup_gbps * 1e9 / 8.0,
+    ]
+}
+
+/// The policy of a flow: the first rule whose subnets (and class, when `intra` is known) match,
+/// else the default.
+pub fn choose(policies: &Policies, pair: Pair, intra: Option<bool>) -> FlowPolicy {
+    let matches = |subnet: &Option<String>, address: Ipv4Addr| {
+        subnet.as_deref().map_or(true, |text| {
+            Subnet::parse(text).is_ok_and(|s| s.contains(address))
+        })
+    };
+    let rule = policies.rules.iter().find(|rule| {
+        let class_ok = matches!(
+            (rule.class.as_deref(), intra),
+            (None, _) | (Some("intra"), Some(true)) | (Some("inter"), Some(false))
+        );
+        class_ok && matches(&rule.src, pair.src) && matches(&rule.dst, pair.dst)
+    });
+    let (kind, value) = rule.map_or((policies.default, None), |r| (r.policy, r.sup_bw));
+    match kind {
+        PolicyKind::Static => FlowPolicy::Static(value.unwrap_or(0)),
+        PolicyKind::Capacity => FlowPolicy::Capacity,
+        PolicyKind::Adaptive => FlowPolicy::Adaptive(Adaptive::new(&policies.adaptive)),
+    }
+}

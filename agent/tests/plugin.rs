@@ -1,0 +1,221 @@
+//! The agent with the real plugin: `mpib-perf` (built by the workspace) moves data through the
+//! loopback fabric in advanced mode, registered with a running `mpib-agent`; the rows it prints
+//! say what share the plugin applied.
+//!
+//! These check behaviour (which split the plugin ends up applying), not speed: the rails are
+//! modelled slowly enough (200 and 400 MB/s) that a debug build keeps up. The throughput targets
+//! are measured by `scripts/perf` into docs/PERFORMANCE.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::{eventually, temp_dir, workspace_binary, Agent};
+
+/// One `mpib-perf` row: (sup_share in parts per 1024, at_ms).
+fn parse_row(header: &[String], line: &str) -> (f64, f64) {
+    let cells: Vec<&str> = line.split(',').collect();
+    let column = |name: &str| -> f64 {
+        let at = header
+            .iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no {name} column"));
+        cells[at]
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} in {line:?}"))
+    };
+    (column("sup_share"), column("at_ms"))
+}
+
+struct Perf {
+    child: Child,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+    header: Vec<String>,
+    stderr: PathBuf,
+}
+
+impl Perf {
+    /// `mpib-perf` in one process, advanced mode, on loopback rails of 200 and 400 MB/s
+    /// (`rails` overrides), registering with `agent`: 1 MiB messages, `repeat` rows.
+    fn start(agent: &Agent, rails: &str, repeat: u32) -> Perf {
+        let stderr = agent.dir.join("perf.err");
+        let mut child = Command::new(workspace_binary("mpib-perf"))
+            .args([
+                "--min-size",
+                "1M",
+                "--max-size",
+                "1M",
+                "--iters",
+                "16",
+                "--warmup",
+                "0",
+            ])
+            .args(["--repeat", &repeat.to_string(), "--csv", "--timeout", "60"])
+            .env("MPIB_FABRIC", "loopback")
+            .env("MPIB_MODE", "1")
+            .env("MPIB_LOOPBACK_RAILS", rails)
+            .env("MPIB_HINT_PATH", agent.hints())
+            .env("MPIB_AGENT_SOCKET", agent.socket())
+            .env("MPIB_PROBES_DIR", agent.dir.join("probes"))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start mpib-perf");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let header = match lines.next() {
+            Some(Ok(line)) => line.split(',').map(str::to_string).collect(),
+            _ => panic!(
+                "mpib-perf printed no header: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            ),
+        };
+        Perf {
+            child,
+            lines,
+            header,
+            stderr,
+        }
+    }
+
+    /// The next row, `None` at the end.
+    fn row(&mut self) -> Option<(f64, f64)> {
+        let line = self.lines.next()?.ok()?;
+        Some(parse_row(&self.header, &line))
+    }
+
+    fn finish(mut self) {
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "mpib-perf failed: {}",
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for Perf {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
+    let dir = temp_dir("adaptive");
+    let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
+    let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 60);
+    let mut rows = Vec::new();
+    while let Some(row) = perf.row() {
+        rows.push(row);
+    }
+    perf.finish();
+    assert_eq!(rows.len(), 60);
+    assert!(rows[0].0 < 100.0, "starts on the safe side: {rows:?}");
+    // Equal finish times on 200 and 400 MB/s rails: 400 / 600 of 1024 = 683.
+    for (share, at) in &rows[50..] {
+        assert!(
+            (640.0..=726.0).contains(share),
+            "at {at} ms share {share}: {rows:?}"
+        );
+    }
+    let status = agent.status();
+    assert!(status.contains("adaptive"), "{status}");
+}
+
+#[test]
+fn the_mixing_penalty_puts_the_flow_on_the_faster_rail() {
+    let dir = temp_dir("mixing");
+    let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
+    let rails = "sout=200MB/s,sup=400MB/s,latency=5us,mixed=150MB/s";
+    let mut perf = Perf::start(&agent, rails, 50);
+    let mut rows = Vec::new();
+    while let Some(row) = perf.row() {
+        rows.push(row);
+    }
+    perf.finish();
+    let last: Vec<f64> = rows[40..].iter().map(|r| r.0).collect();
+    assert!(
+        last.iter().all(|s| *s == 1024.0),
+        "all on SUP at the end: {rows:?}"
+    );
+}
+
+/// Compiles tests/c/agent_client.c against include/mpib_agent.h.
+fn build_c_client(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = dir.join("agent_client");
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&compiler)
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-I",
+        ])
+        .arg(root.join("include"))
+        .arg(root.join("tests/c/agent_client.c"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{compiler}`: {e}"));
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    out
+}
+
+#[test]
+fn a_c_program_registers_writes_a_hint_and_the_plugin_follows_it() {
+    let dir = temp_dir("c-client");
+    let client = build_c_client(&dir);
+    let agent = Agent::start(&dir, &["--policy", "static", "--interval-ms", "50"]);
+    let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 2000);
+    let (first, _) = perf.row().expect("a first row");
+    assert_eq!(first, 0.0, "the static policy's default share");
+    let (_, _, src, dst) = agent.entry(0);
+    assert!(!src.is_unspecified(), "the plugin's flow is in slot 0");
+    let out = Command::new(&client)
+        .arg(agent.socket())
+        .arg(agent.hints())
+        .args([src.to_string(), dst.to_string()])
+        .args([
+            Ipv4Addr::new(10, 1, 0, 1).to_string(),
+            Ipv4Addr::new(10, 1, 0, 2).to_string(),
+        ])
+        .arg("512")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "slot 0\nwrote 512\nderegistered status 0\n");
+    let mut followed = false;
+    for _ in 0..100 {
+        let Some((share, _)) = perf.row() else { break };
+        if share == 512.0 {
+            followed = true;
+            break;
+        }
+    }
+    assert!(followed, "the plugin's transfers never took the hint 512");
+    assert!(
+        eventually(Duration::from_secs(3), || agent.status().contains("pinned")),
+        "the agent keeps another writer's value: {}",
+        agent.status()
+    );
+    assert_eq!(agent.entry(0).0, 512);
+}
