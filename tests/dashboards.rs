@@ -1,12 +1,14 @@
 //! Lint of `dashboards/` without a Grafana or Prometheus server: the dashboard's shape (stable
 //! uid, `$datasource` everywhere, the template variables), every metric name its PromQL uses
-//! and every metric name the alert rules use is in the collector's catalog (and every label a
-//! selector matches on is one of that family's labels), and the rules pass `promtool check
-//! rules` and their unit tests (`promtool test rules`).
+//! and every metric name the alert rules use is in the collector's or the policy agent's
+//! catalog (and every label a selector matches on is one of that family's labels), and the
+//! rules pass `promtool check rules` and their unit tests (`promtool test rules`).
 //!
-//! The catalog is read from `collector/src/catalog.rs` (the string literals starting with
-//! `mpib_`, and the label constants of its `specs!` table), else from `docs/OBSERVABILITY.md`
-//! (names only), else from the contract list in `common/dashboards/catalog.rs` (names only).
+//! The collector's catalog is read from `collector/src/catalog.rs` (the string literals
+//! starting with `mpib_`, and the label constants of its `specs!` table), else from
+//! `docs/OBSERVABILITY.md` (names only), else from the contract list in
+//! `common/dashboards/catalog.rs` (names only). The agent's (`mpib_agent_*`, names and labels)
+//! is merged in from `agent/src/catalog.rs`.
 //!
 //! promtool comes from Debian's `prometheus` package (`scripts/test` installs it). The live
 //! check against a real Prometheus scraping the collector is `dashboards/e2e/run.sh`.
@@ -71,6 +73,15 @@ fn promql_metric_extraction() {
     assert_eq!(
         labels["mpib_a_total"],
         ["host", "pid"].iter().map(|s| s.to_string()).collect()
+    );
+    // The agent's table: `pub const` labels, and no unit field.
+    let labels = catalog_labels(
+        "pub const L: &[&str] = &[\"host\", \"flow\"];\n\
+         specs! { A = \"mpib_agent_a\", Gauge, L, \"help, with commas\"; }",
+    );
+    assert_eq!(
+        labels["mpib_agent_a"],
+        ["host", "flow"].iter().map(|s| s.to_string()).collect()
     );
     let literals = string_literals("m(\"mpib_a_total\", '\"', \"x\\\"y\"); // \"mpib_no\"");
     assert_eq!(literals, vec!["mpib_a_total", "x\\\"y"]);
@@ -270,6 +281,9 @@ fn alert_metrics_are_in_the_catalog() {
         "MpibRailSplitFarFromHint",
         "MpibProtocolErrors",
         "MpibWriterStale",
+        "MpibAgentSlotsShort",
+        "MpibAgentSlotsExhausted",
+        "MpibAgentTelemetryStale",
     ] {
         assert!(
             exprs.iter().any(|(name, _)| name == alert),

@@ -251,7 +251,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dashboard")
     ap.add_argument("--prometheus", required=True, help="Prometheus base URL")
-    ap.add_argument("--metrics", required=True, help="the exporter's /metrics URL")
+    ap.add_argument("--metrics", required=True, action="append",
+                    help="an exporter's /metrics URL (repeat for several: the collector, mpib-agent)")
     ap.add_argument("--start", type=float, help="start of the checked window (unix s; default T-5m)")
     ap.add_argument("--rate-interval", default="1m", help="value of $__rate_interval (default 1m)")
     ap.add_argument("--step", type=int, default=2, help="query_range step in s (default 2)")
@@ -363,16 +364,20 @@ def main():
         m, l = scan(expr)
         for name in m:
             used_metrics.setdefault(name, set()).update(l.get(name, set()))
-    print(f"metric names against the scrape ({args.metrics}):")
-    try:
-        families = scrape_families(http_get(args.metrics))
-    except (urllib.error.URLError, OSError) as e:
-        families = None
-        res.fail("scrape", f"GET {args.metrics}: {e}")
+    print(f"metric names against the scrapes ({', '.join(args.metrics)}):")
+    families = {}
+    for url in args.metrics:
+        try:
+            for name, labels in scrape_families(http_get(url)).items():
+                families.setdefault(name, set()).update(labels)
+        except (urllib.error.URLError, OSError) as e:
+            families = None
+            res.fail("scrape", f"GET {url}: {e}")
+            break
     if families is not None:
         for name in sorted(used_metrics):
             if name not in families:
-                res.fail(f"metric {name}", "not in the collector's scrape")
+                res.fail(f"metric {name}", "in no exporter's scrape")
                 continue
             missing = sorted(used_metrics[name] - families[name] - {"__name__"})
             if missing:

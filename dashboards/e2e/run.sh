@@ -14,6 +14,9 @@
 #   5. while it runs: dashboards/e2e/check_panels.py runs every panel target and template
 #      variable of dashboards/mpib.json against Prometheus' HTTP API, checks the metric names
 #      against the collector's /metrics, the recording rule, and that no error alert fires;
+#   5b. beside it, for the policy agent's panels: mpib-agent (adaptive policy, its own hint
+#      file, socket and probes directory, its /metrics scraped too) serving mpib-perf in
+#      advanced mode on modelled loopback rails of 200 and 400 MB/s, until the checks are done;
 #   6. after it: a short mpib-demo --mode vanilla run (no agent, MPIB_MODE=0, all bytes on SUP
 #      over loopback), checking that Prometheus then has mode="vanilla" series too.
 #
@@ -92,14 +95,32 @@ wait_for() {
 
 # The normal target directory (target/), or CARGO_TARGET_DIR where the caller set one.
 bin="${CARGO_TARGET_DIR:-target}/release"
-echo "==> cargo build --release (plugin, mpib-demo, mpib-collector)"
-cargo build --release --locked -p mpib -p mpib-driver -p mpib-collector 2>&1 | tail -n 2
+echo "==> cargo build --release (plugin, mpib-demo, mpib-perf, mpib-collector, mpib-agent)"
+cargo build --release --locked -p mpib -p mpib-driver -p mpib-collector -p mpib-agent 2>&1 | tail -n 2
 t_built=$(date +%s)
 
 collector_port="$(free_port)"
 prom_port="$(free_port)"
+agent_port="$(free_port)"
 metrics_url="http://127.0.0.1:$collector_port/metrics"
+agent_url="http://127.0.0.1:$agent_port/metrics"
 prom_url="http://127.0.0.1:$prom_port"
+
+echo "==> mpib-agent on $agent_url (adaptive; socket, hints and probes under $work/agent)"
+mkdir -p "$work/agent/probes"
+"$bin"/mpib-agent --policy adaptive --hint-path "$work/agent/hints" \
+    --socket "$work/agent/agent.sock" --probes-dir "$work/agent/probes" \
+    --metrics-listen "127.0.0.1:$agent_port" >"$work/agent.log" 2>&1 &
+started+=("$!")
+wait_for 30 "the agent's /metrics" curl -fsS "$agent_url"
+echo "==> mpib-perf, advanced mode with mpib-agent (loopback rails 200 and 400 MB/s)"
+MPIB_FABRIC=loopback MPIB_MODE=1 MPIB_LOOPBACK_RAILS="sout=200MB/s,sup=400MB/s,latency=5us" \
+    MPIB_HINT_PATH="$work/agent/hints" MPIB_AGENT_SOCKET="$work/agent/agent.sock" \
+    MPIB_PROBES_DIR="$work/agent/probes" \
+    "$bin"/mpib-perf --min-size 1M --max-size 1M --iters 16 --warmup 0 --repeat 100000 --csv \
+    >"$work/perf.csv" 2>"$work/perf.log" &
+perf=$!
+started+=("$perf")
 
 echo "==> mpib-collector on $metrics_url (probes in $work/probes)"
 # The demo's test agent writes its hint file under $work/tmp (its TMPDIR), in a directory
@@ -123,6 +144,9 @@ scrape_configs:
   - job_name: mpib-collector
     static_configs:
       - targets: ["127.0.0.1:$collector_port"]
+  - job_name: mpib-agent
+    static_configs:
+      - targets: ["127.0.0.1:$agent_port"]
 EOF
 promtool check config "$work/prometheus.yml" >/dev/null
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom" \
@@ -192,12 +216,19 @@ else
 fi
 set +e
 python3 dashboards/e2e/check_panels.py dashboards/mpib.json \
-    --prometheus "$prom_url" --metrics "$scrape" --start "$window_start" \
+    --prometheus "$prom_url" --metrics "$scrape" --metrics "$agent_url" --start "$window_start" \
     --rate-interval 1m --rules dashboards/alerts.yml \
     --no-fire MpibMaskMismatch,MpibErrorCompletions,MpibProtocolErrors,MpibWriterStale
 check=$?
 set -e
 t_checked=$(date +%s)
+if ! kill -0 "$perf" 2>/dev/null; then
+    echo "error: mpib-perf (advanced mode with mpib-agent) ended early: $(tail -n 3 "$work/perf.log")" >&2
+    exit 1
+fi
+kill "$perf"
+echo "    mpib-perf with mpib-agent: $(($(wc -l <"$work/perf.csv") - 1)) rows, last SUP share" \
+    "$(tail -n 1 "$work/perf.csv" | awk -F, '{print $16}') of 1024"
 
 demo_deadline=$((SECONDS + 300))
 while kill -0 "$demo" 2>/dev/null && [ "$SECONDS" -lt "$demo_deadline" ]; do

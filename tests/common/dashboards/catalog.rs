@@ -1,6 +1,7 @@
-//! The collector's metric catalog, for the dashboard lint (`tests/dashboards.rs`): the metric
-//! names and, per family, the label names, read from `collector/src/catalog.rs`, else from
-//! `docs/OBSERVABILITY.md` (names only), else from the contract list below (names only).
+//! The metric catalog, for the dashboard lint (`tests/dashboards.rs`): the metric names and, per
+//! family, the label names. The collector's are read from `collector/src/catalog.rs`, else from
+//! `docs/OBSERVABILITY.md` (names only), else from the contract list below (names only); the
+//! policy agent's (`mpib_agent_*`) are merged in from `agent/src/catalog.rs`, names and labels.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,7 +45,40 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// The collector's catalog, plus the agent's families when `agent/src/catalog.rs` exists.
+    /// A name in neither is unknown.
     pub fn load() -> Catalog {
+        let mut catalog = Catalog::load_collector();
+        catalog.merge_agent();
+        catalog
+    }
+
+    /// Merges the agent's families (string literals starting with `mpib_agent_`, and the label
+    /// constants of its `specs!` table) from `agent/src/catalog.rs`, if that file exists.
+    fn merge_agent(&mut self) {
+        let agent_rs = crate::root().join("agent/src/catalog.rs");
+        let Ok(text) = std::fs::read_to_string(&agent_rs) else {
+            return;
+        };
+        let names = string_literals(&text)
+            .into_iter()
+            .filter(|s| s.starts_with("mpib_agent_") && is_metric_name(s))
+            .collect::<BTreeSet<_>>();
+        assert!(
+            !names.is_empty(),
+            "{} has no \"mpib_agent_...\" string literal",
+            agent_rs.display()
+        );
+        for (name, labels) in catalog_labels(&text) {
+            if names.contains(&name) {
+                self.labels.insert(name, labels);
+            }
+        }
+        self.names.extend(names);
+        self.source = format!("{} and agent/src/catalog.rs", self.source);
+    }
+
+    fn load_collector() -> Catalog {
         let catalog_rs = crate::root().join("collector/src/catalog.rs");
         let doc = crate::root().join("docs/OBSERVABILITY.md");
         if let Ok(text) = std::fs::read_to_string(&catalog_rs) {
@@ -125,8 +159,9 @@ impl Catalog {
     }
 }
 
-/// `{family: label names}` from the catalog's source: each `specs!` entry reads
-/// `ID = "name", Kind, Unit, LABELS_CONST,` and each `const LABELS_CONST: &[&str] = &[...];`
+/// `{family: label names}` from a catalog's source: each `specs!` entry reads
+/// `ID = "name", Kind, Unit, LABELS_CONST,` (the collector's) or `ID = "name", Kind,
+/// LABELS_CONST,` (the agent's, no unit), and each `[pub] const LABELS_CONST: &[&str] = &[...];`
 /// lists the label names. Entries that do not parse are left out (no label check for them).
 pub fn catalog_labels(src: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut consts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -159,7 +194,14 @@ pub fn catalog_labels(src: &str) -> BTreeMap<String, BTreeSet<String>> {
         };
         let name = &rest[..close];
         let fields: Vec<&str> = rest[close + 1..].splitn(5, ',').map(str::trim).collect();
-        if let Some(labels) = fields.get(3).and_then(|ident| consts.get(*ident)) {
+        // fields[0] is empty (the comma right after the name), fields[1] the kind; the label
+        // constant is the next field (agent) or the one after the unit (collector).
+        if let Some(labels) = fields
+            .iter()
+            .skip(2)
+            .take(2)
+            .find_map(|ident| consts.get(*ident))
+        {
             out.insert(name.to_string(), labels.clone());
         }
     }
