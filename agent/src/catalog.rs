@@ -81,14 +81,17 @@ specs! {
         "Register requests answered, by result: ok, no_free_slots, invalid.";
     /// Deregistration requests by outcome.
     DEREGISTRATIONS = "mpib_agent_deregistrations_total", Counter, RESULT_LABELS,
-        "Deregister requests answered, by result: ok, unknown, invalid.";
+        "Deregister requests answered, by result: ok, unknown (no such connection: already \
+         reclaimed, or registered before an agent restart).";
     /// Malformed or silent clients.
     BAD_CLIENTS = "mpib_agent_bad_clients_total", Counter, REASON_LABELS,
         "Client connections closed for bad input: short, wrong_magic, wrong_type, wrong_length, \
-         silent, busy.";
+         silent, busy (past the client cap), no_credentials.";
     /// Slots freed without a deregistration.
-    RECLAIMED = "mpib_agent_reclaimed_connections_total", Counter, REASON_LABELS,
-        "Connections dropped without a deregistration: process_exited, orphan_unused.";
+    RECLAIMED = "mpib_agent_reclaimed_total", Counter, REASON_LABELS,
+        "Registrations dropped without a deregistration: process_exited (connections of a process \
+         that exited), orphan_unused (flows taken back after a restart that nothing read, given \
+         up when the table was full).";
     /// Policy decisions that changed a flow's share.
     DECISIONS = "mpib_agent_decisions_total", Counter, DECISION_LABELS,
         "Changes of a flow's SUP share, by policy and reason.";
@@ -112,7 +115,8 @@ specs! {
         "Bytes per second the flow's senders completed over the last measuring interval.";
     /// Rate of each rail while it carried the flow's data.
     FLOW_RAIL_RATE = "mpib_agent_flow_rail_rate_bytes_per_second", Gauge, FLOW_RAIL_LABELS,
-        "Bytes per second of the rail's part while it was busy (the policy's input).";
+        "Completed bytes over busy time on the rail, per connection of the flow (the policy's input: \
+         with N connections sharing a rail each sees about 1/N of its rate).";
     /// Operator pin.
     FLOW_PINNED = "mpib_agent_flow_pinned", Gauge, FLOW_LABELS,
         "1 when an operator (mpib-agent set) or another writer fixed the flow's share.";

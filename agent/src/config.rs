@@ -2,7 +2,9 @@
 //! that override them, and a TOML file of policies and rules that SIGHUP reloads.
 //!
 //! Why the plugin's variables: an agent and the jobs it serves must name the same hint file and
-//! socket. Reading `MPIB_HINT_PATH`, `MPIB_AGENT_SOCKET`, `MPIB_AGENT_TAG` and `MPIB_PROBES_DIR`
+//! socket. A reload (SIGHUP) applies the policies, rules, rates, tuning and interval; the paths,
+//! the control socket, the metrics address and the sysfs root are read at start only (a reload
+//! that changes them logs that a restart is needed). Reading `MPIB_HINT_PATH`, `MPIB_AGENT_SOCKET`, `MPIB_AGENT_TAG` and `MPIB_PROBES_DIR`
 //! through the plugin's own parser (`mpib::params`) means one definition of their defaults.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -13,7 +15,8 @@ use serde::Deserialize;
 
 use crate::policy::PolicyKind;
 
-/// Where things are; fixed for the life of the process (a reload that changes them is refused).
+/// Where things are; fixed for the life of the process (a reload that changes them says a
+/// restart is needed and keeps them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Paths {
     /// The hint file.
@@ -91,7 +94,8 @@ pub struct AdaptiveTuning {
     pub min_gain: f64,
     /// Share given to a rail that has no measurement yet, to measure it.
     pub probe_step: u32,
-    /// Both rails together must beat the best single rail by this fraction, else one rail.
+    /// When both rails together are more than this fraction below the best single rail, the flow
+    /// goes to that rail.
     pub mixing_margin: f64,
     /// How long a single-rail or overload decision holds before the loop tries again, ms.
     pub hold_ms: u64,
@@ -101,6 +105,9 @@ pub struct AdaptiveTuning {
     /// A rail whose rate falls below this fraction of its recent rate right after its share
     /// grew is treated as overloaded (a finish-time outlier).
     pub collapse_ratio: f64,
+    /// NIC retransmissions per GB the flow completed on a rail above which the rail is treated
+    /// as overloaded (the port's counters are shared with other flows: a few are noise).
+    pub overload_retransmissions_per_gb: f64,
 }
 
 impl Default for AdaptiveTuning {
@@ -114,6 +121,7 @@ impl Default for AdaptiveTuning {
             hold_ms: 10_000,
             stale_ms: 2_000,
             collapse_ratio: 0.5,
+            overload_retransmissions_per_gb: 100.0,
         }
     }
 }
@@ -211,6 +219,14 @@ impl Policies {
                 "adaptive: mixing_margin, collapse_ratio and min_gain must be in [0, 1)".into(),
             );
         }
+        const DAY_MS: u64 = 86_400_000;
+        if tuning.hold_ms > DAY_MS || tuning.stale_ms > DAY_MS {
+            return Err("adaptive: hold_ms and stale_ms must be at most 86400000 (a day)".into());
+        }
+        let threshold = tuning.overload_retransmissions_per_gb;
+        if threshold.is_nan() || threshold < 0.0 {
+            return Err("adaptive: overload_retransmissions_per_gb must be 0 or more".into());
+        }
         if self.rates.sout_gbps < 0.0 || self.rates.sup_gbps < 0.0 {
             return Err("rates: sout_gbps and sup_gbps must not be negative".into());
         }
@@ -283,6 +299,18 @@ mod tests {
         assert!(Subnet::parse("0.0.0.0/0")
             .unwrap()
             .contains(Ipv4Addr::new(1, 2, 3, 4)));
+    }
+
+    #[test]
+    fn the_packaged_example_parses_to_the_defaults() {
+        let text = include_str!("../../packaging/agent.toml");
+        let example = Policies::from_toml(text).unwrap();
+        let defaults = Policies {
+            metrics_listen: Some("127.0.0.1:9465".into()),
+            sysfs_root: Some("/sys/class/infiniband".into()),
+            ..Policies::default()
+        };
+        assert_eq!(example, defaults);
     }
 
     #[test]

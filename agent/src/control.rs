@@ -87,9 +87,10 @@ fn answer(stream: UnixStream, shared: &Shared, describe: &str) {
     let reply = match Command::parse(line.trim()) {
         Ok(Command::Status) => {
             let policies = shared.policies.load();
-            status::render(&shared.lock(), &policies, describe)
+            let state = shared.lock();
+            status::render(&state, &policies, describe)
         }
-        Ok(Command::Set(flow, share)) => match shared.lock().pin(flow, share) {
+        Ok(Command::Set(flow, share)) => match pin(shared, flow, share) {
             Ok(n) => {
                 let what = share.map_or("its policy".to_string(), |s| format!("sup_bw {s}"));
                 log::info(&format!("operator: {n} flow(s) set to {what}"));
@@ -101,6 +102,11 @@ fn answer(stream: UnixStream, shared: &Shared, describe: &str) {
     };
     let mut stream = stream;
     let _ = stream.write_all(reply.as_bytes());
+}
+
+/// Pins under the lock and returns before anything is logged.
+fn pin(shared: &Shared, flow: Option<u32>, share: Option<u32>) -> Result<usize, String> {
+    shared.lock().pin(flow, share)
 }
 
 /// Sends `command` to the agent's control socket at `path` and returns its reply.

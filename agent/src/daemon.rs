@@ -150,28 +150,49 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
         }
         let interval_ns = last.elapsed().as_nanos() as u64;
         last = Instant::now();
-        let (measured, in_use) = measurer.measure(interval_ns);
+        let users = shared.lock().slots.users();
+        let (measured, in_use) = measurer.measure(interval_ns, &users);
         let policies = shared.policies.load();
+        // /proc is read without the lock: registrations never wait on it.
+        let processes = shared.lock().slots.processes();
+        let gone: Vec<Process> = processes
+            .into_iter()
+            .filter(|p| !process_alive(*p))
+            .collect();
         let mut state = shared.lock();
         state.probes_files = measurer.files;
-        let (dropped, freed) = state.slots.reclaim_exited(process_alive);
+        let (dropped, freed) = state.slots.reclaim_exited(&gone);
         for slot in freed {
             state.release(slot);
         }
-        if dropped > 0 {
-            log::info(&format!(
-                "{dropped} connection(s) of exited processes reclaimed"
-            ));
-            state.reclaimed("process_exited", dropped);
-        }
+        state.reclaimed("process_exited", dropped);
         state.in_use = Some(in_use);
         state.tick(&measured, &policies, interval_ns);
+        drop(state);
+        if dropped > 0 {
+            log::info(&format!(
+                "{dropped} connection(s) of {} exited process(es) reclaimed",
+                gone.len()
+            ));
+        }
     }
 }
 
 fn reload_policies(options: &Options, shared: &Shared) {
     match options.load_policies() {
         Ok(policies) => {
+            let old = shared.policies.load();
+            let start_only = (
+                &policies.metrics_listen,
+                &policies.control_path,
+                &policies.sysfs_root,
+            );
+            if start_only != (&old.metrics_listen, &old.control_path, &old.sysfs_root) {
+                log::warn(
+                    "metrics_listen, control_path and sysfs_root are read at start only: \
+                     restart mpib-agent to apply their change",
+                );
+            }
             log::info(&format!(
                 "configuration reloaded: default policy {}, {} rule(s), interval {} ms",
                 policies.default.name(),

@@ -103,9 +103,23 @@ fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, S
         .ok_or_else(|| format!("{flag} needs a value"))
 }
 
+/// What the flags said, before the configuration file fills the start-only settings.
+struct Flags<'a> {
+    options: Options,
+    command: Option<&'a str>,
+    positional: Vec<&'a str>,
+    /// Start-only settings given on the command line (the file does not override them).
+    control_given: bool,
+    metrics_given: bool,
+    sysfs_given: bool,
+}
+
 fn parse(args: &[String]) -> Result<Action, String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Ok(Action::Help);
+    }
     let (hint, socket, probes) = plugin_paths()?;
-    let mut paths = Paths {
+    let paths = Paths {
         control_path: socket.with_extension("control"),
         hint_path: hint,
         socket_path: socket,
@@ -113,86 +127,109 @@ fn parse(args: &[String]) -> Result<Action, String> {
         metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9465))),
         sysfs_root: PathBuf::from("/sys/class/infiniband"),
     };
-    let mut options = Options {
-        paths: paths.clone(),
-        config_path: std::env::var_os("MPIB_AGENT_CONFIG").map(PathBuf::from),
-        policy: None,
-        interval_ms: None,
+    let mut flags = Flags {
+        options: Options {
+            paths,
+            config_path: std::env::var_os("MPIB_AGENT_CONFIG").map(PathBuf::from),
+            policy: None,
+            interval_ms: None,
+        },
+        command: None,
+        positional: Vec::new(),
+        control_given: false,
+        metrics_given: false,
+        sysfs_given: false,
     };
-    let mut command = None::<&str>;
-    let mut positional: Vec<&str> = Vec::new();
-    let mut control_given = false;
-    let (mut metrics_given, mut sysfs_given) = (false, false);
     let mut i = 0;
     while i < args.len() {
-        let arg = args[i].as_str();
-        match arg {
-            "-h" | "--help" => return Ok(Action::Help),
-            "--config" => options.config_path = Some(value(args, &mut i, arg)?.into()),
-            "--policy" => options.policy = Some(parse_policy(value(args, &mut i, arg)?)?),
-            "--interval-ms" => {
-                let text = value(args, &mut i, arg)?;
-                let ms = text
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|v| (10..=60_000).contains(v));
-                options.interval_ms =
-                    Some(ms.ok_or_else(|| format!("--interval-ms {text:?}: expected 10..60000"))?);
-            }
-            "--hint-path" => paths.hint_path = value(args, &mut i, arg)?.into(),
-            "--socket" => {
-                paths.socket_path = value(args, &mut i, arg)?.into();
-                if !control_given {
-                    paths.control_path = paths.socket_path.with_extension("control");
-                }
-            }
-            "--control" => {
-                paths.control_path = value(args, &mut i, arg)?.into();
-                control_given = true;
-            }
-            "--probes-dir" => paths.probes_dir = value(args, &mut i, arg)?.into(),
-            "--metrics-listen" => {
-                paths.metrics_listen = parse_listen(value(args, &mut i, arg)?)?;
-                metrics_given = true;
-            }
-            "--sysfs-root" => {
-                paths.sysfs_root = value(args, &mut i, arg)?.into();
-                sysfs_given = true;
-            }
-            "--all" => positional.push("all"),
-            flag if flag.starts_with('-') && flag.len() > 1 && flag.parse::<i64>().is_err() => {
-                return Err(format!("unknown flag {flag:?}"))
-            }
-            word if command.is_none() && ["run", "status", "set"].contains(&word) => {
-                command = Some(word)
-            }
-            word => positional.push(word),
-        }
+        read_flag(args, &mut i, &mut flags)?;
         i += 1;
     }
-    // Start-only settings the file may give when no flag did.
-    if let Ok(policies) = options.load_policies() {
-        if let (false, Some(text)) = (metrics_given, &policies.metrics_listen) {
-            paths.metrics_listen = parse_listen(text)?;
-        }
-        if let (false, Some(path)) = (control_given, &policies.control_path) {
-            paths.control_path = path.clone();
-        }
-        if let (false, Some(path)) = (sysfs_given, &policies.sysfs_root) {
-            paths.sysfs_root = path.clone();
-        }
-    }
-    options.paths = paths.clone();
+    apply_file_settings(&mut flags)?;
+    let Flags {
+        options,
+        command,
+        positional,
+        ..
+    } = flags;
+    let control = options.paths.control_path.clone();
     match (command.unwrap_or("run"), positional.as_slice()) {
         ("run", []) => Ok(Action::Run(Box::new(options))),
-        ("status", []) => Ok(Action::Status(paths.control_path)),
+        ("status", []) => Ok(Action::Status(control)),
         ("set", [flow, share]) => {
             let command = Command::parse(&format!("set {flow} {share}"))?;
-            Ok(Action::Set(paths.control_path, command))
+            Ok(Action::Set(control, command))
         }
         ("set", _) => Err("set needs FLOW (or --all) and SUP_BW (0..1024 or auto)".into()),
         (name, extra) => Err(format!("{name}: unexpected argument(s) {extra:?}")),
     }
+}
+
+/// One flag (with its value) or word at `args[*i]`.
+fn read_flag<'a>(args: &'a [String], i: &mut usize, flags: &mut Flags<'a>) -> Result<(), String> {
+    let arg = args[*i].as_str();
+    let paths = &mut flags.options.paths;
+    match arg {
+        "--config" => flags.options.config_path = Some(value(args, i, arg)?.into()),
+        "--policy" => flags.options.policy = Some(parse_policy(value(args, i, arg)?)?),
+        "--interval-ms" => {
+            let text = value(args, i, arg)?;
+            let ms = text
+                .parse::<u64>()
+                .ok()
+                .filter(|v| (10..=60_000).contains(v));
+            flags.options.interval_ms =
+                Some(ms.ok_or_else(|| format!("--interval-ms {text:?}: expected 10..60000"))?);
+        }
+        "--hint-path" => paths.hint_path = value(args, i, arg)?.into(),
+        "--socket" => {
+            paths.socket_path = value(args, i, arg)?.into();
+            if !flags.control_given {
+                paths.control_path = paths.socket_path.with_extension("control");
+            }
+        }
+        "--control" => {
+            paths.control_path = value(args, i, arg)?.into();
+            flags.control_given = true;
+        }
+        "--probes-dir" => paths.probes_dir = value(args, i, arg)?.into(),
+        "--metrics-listen" => {
+            paths.metrics_listen = parse_listen(value(args, i, arg)?)?;
+            flags.metrics_given = true;
+        }
+        "--sysfs-root" => {
+            paths.sysfs_root = value(args, i, arg)?.into();
+            flags.sysfs_given = true;
+        }
+        "--all" => flags.positional.push("all"),
+        flag if flag.starts_with('-') && flag.len() > 1 && flag.parse::<i64>().is_err() => {
+            return Err(format!("unknown flag {flag:?}"))
+        }
+        word if flags.command.is_none() && ["run", "status", "set"].contains(&word) => {
+            flags.command = Some(word)
+        }
+        word => flags.positional.push(word),
+    }
+    Ok(())
+}
+
+/// The start-only settings the configuration file gives where no flag did (a file that does not
+/// load is reported by `run`).
+fn apply_file_settings(flags: &mut Flags<'_>) -> Result<(), String> {
+    let Ok(policies) = flags.options.load_policies() else {
+        return Ok(());
+    };
+    let paths = &mut flags.options.paths;
+    if let (false, Some(text)) = (flags.metrics_given, &policies.metrics_listen) {
+        paths.metrics_listen = parse_listen(text)?;
+    }
+    if let (false, Some(path)) = (flags.control_given, &policies.control_path) {
+        paths.control_path = path.clone();
+    }
+    if let (false, Some(path)) = (flags.sysfs_given, &policies.sysfs_root) {
+        paths.sysfs_root = path.clone();
+    }
+    Ok(())
 }
 
 fn parse_policy(text: &str) -> Result<PolicyKind, String> {

@@ -5,8 +5,18 @@
 //! advanced-mode send connection whose `hint_slot` is the flow's slot, in every live probes file
 //! in the directory: all the processes on the host that share the rails (8 ranks on a node, or
 //! 8 communicators in one process) are seen together.
+//!
+//! Trust: a probes file counts for a flow only when its owner is the user of one of the flow's
+//! registered connections (from the socket's peer credentials), or the agent's own user or root:
+//! another local user cannot steer a flow by writing a file that names its slot. A connection
+//! first seen after it opened (an agent restart, a file found late) gives a baseline, not one
+//! interval's worth of its whole history. Files are opened only when they are regular files, so a
+//! FIFO put in the directory cannot block the loop. (A file its owner truncates while mapped can
+//! still end the agent with SIGBUS: the shared-file hardening of the plugin's other readers is
+//! separate work.)
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use mpib_probes::{ConnectionState, Direction, LoadState, Mode, ProbesReader};
@@ -29,7 +39,17 @@ pub const RETRANSMISSION_COUNTERS: &[&str] = &[
 struct Counters {
     done: [u64; 2],
     busy: [u64; 2],
+    /// The tick it was last seen at.
+    seen: u64,
 }
+
+/// Ticks a connection's last counters are kept while it is not seen (a missed read must not
+/// make its next reading count its history again).
+const FORGET_AFTER_TICKS: u64 = 50;
+
+/// A heartbeat this recent keeps a file live even when its pid is not visible here (a job in
+/// another pid namespace), ns.
+const HEARTBEAT_LIVE_NS: u64 = 30_000_000_000;
 
 /// One flow's measurement over the interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -46,9 +66,14 @@ pub struct FlowMeasurement {
 pub struct Measurer {
     dir: PathBuf,
     sysfs_root: PathBuf,
-    readers: BTreeMap<PathBuf, ProbesReader>,
+    /// Open files and their owners.
+    readers: BTreeMap<PathBuf, (ProbesReader, u32)>,
     previous: BTreeMap<(PathBuf, u32, u32), Counters>,
+    /// Every device seen so far and its counters' last total.
     nic_previous: BTreeMap<(String, u32), u64>,
+    tick: u64,
+    last_ns: u64,
+    own_uid: u32,
     /// Live probes files on the last read.
     pub files: usize,
 }
@@ -62,22 +87,36 @@ impl Measurer {
             readers: BTreeMap::new(),
             previous: BTreeMap::new(),
             nic_previous: BTreeMap::new(),
+            tick: 0,
+            last_ns: 0,
+            // SAFETY: geteuid has no preconditions.
+            own_uid: unsafe { libc::geteuid() },
             files: 0,
         }
     }
 
-    /// Reads everything once; `interval_ns` is the time since the previous call. Returns each
-    /// flow's measurement by slot, and every slot a live connection reads.
-    pub fn measure(&mut self, interval_ns: u64) -> (BTreeMap<u32, FlowMeasurement>, BTreeSet<u32>) {
+    fn trusted(&self, owner: u32, slot: u32, users: &BTreeMap<u32, BTreeSet<u32>>) -> bool {
+        owner == self.own_uid || owner == 0 || users.get(&slot).is_some_and(|u| u.contains(&owner))
+    }
+
+    /// Reads everything once; `interval_ns` is the time since the previous call, `users` the
+    /// users of each slot's registered connections. Returns each flow's measurement by slot,
+    /// and every slot a live connection reads.
+    pub fn measure(
+        &mut self,
+        interval_ns: u64,
+        users: &BTreeMap<u32, BTreeSet<u32>>,
+    ) -> (BTreeMap<u32, FlowMeasurement>, BTreeSet<u32>) {
         self.refresh_files();
+        self.tick += 1;
+        let previous_ns = std::mem::replace(&mut self.last_ns, mpib_probes::now_ns());
         let mut flows: BTreeMap<u32, FlowMeasurement> = BTreeMap::new();
         let mut in_use = BTreeSet::new();
-        let mut seen = BTreeSet::new();
         let mut devices: BTreeMap<u32, BTreeSet<(usize, String, u32)>> = BTreeMap::new();
-        for (path, reader) in &self.readers {
-            let info = reader.info();
-            let snapshot = reader.snapshot();
-            for conn in &snapshot.connections {
+        let mut readings = Vec::new();
+        for (path, (reader, owner)) in &self.readers {
+            let rails = &reader.info().rails;
+            for conn in reader.snapshot().connections {
                 let slot = conn.info.hint_slot;
                 if conn.info.mode != Mode::Advanced || slot == u32::MAX {
                     continue;
@@ -85,29 +124,16 @@ impl Measurer {
                 if conn.state == ConnectionState::Active {
                     in_use.insert(slot);
                 }
-                if conn.info.direction != Direction::Send {
+                if conn.info.direction != Direction::Send || !self.trusted(*owner, slot, users) {
                     continue;
                 }
-                let key = (path.clone(), conn.index, conn.generation);
-                let now = Counters {
-                    done: conn.rail_done_bytes,
-                    busy: conn.rail_busy_ns,
-                };
-                let before = self.previous.get(&key).copied().unwrap_or_default();
-                seen.insert(key.clone());
-                self.previous.insert(key, now);
                 let flow = flows.entry(slot).or_default();
                 flow.sample.interval_ns = interval_ns;
-                for rail in [SOUT, SUP] {
-                    flow.sample.done_bytes[rail] +=
-                        now.done[rail].saturating_sub(before.done[rail]);
-                    flow.sample.busy_ns[rail] += now.busy[rail].saturating_sub(before.busy[rail]);
-                    if let Some(desc) = info.rails.get(rail) {
-                        let rate = f64::from(desc.speed_mbps) * 1e6 / 8.0;
-                        flow.sample.link_rate[rail] = flow.sample.link_rate[rail].max(rate);
-                        let device = (rail, desc.device.clone(), desc.port);
-                        devices.entry(slot).or_default().insert(device);
-                    }
+                for (rail, desc) in rails.iter().enumerate().take(2) {
+                    let rate = f64::from(desc.speed_mbps) * 1e6 / 8.0;
+                    flow.sample.link_rate[rail] = flow.sample.link_rate[rail].max(rate);
+                    let device = (rail, desc.device.clone(), desc.port);
+                    devices.entry(slot).or_default().insert(device);
                 }
                 if conn.state == ConnectionState::Active {
                     flow.connections += 1;
@@ -115,11 +141,51 @@ impl Measurer {
                         flow.intra_island += 1;
                     }
                 }
+                readings.push(((path.clone(), conn.index, conn.generation), conn));
             }
         }
-        self.previous.retain(|key, _| seen.contains(key));
+        for (key, conn) in readings {
+            let slot = conn.info.hint_slot;
+            let (done, busy) = self.increase(key, &conn, previous_ns);
+            if let Some(flow) = flows.get_mut(&slot) {
+                for rail in [SOUT, SUP] {
+                    let sample = &mut flow.sample;
+                    sample.done_bytes[rail] = sample.done_bytes[rail].saturating_add(done[rail]);
+                    sample.busy_ns[rail] = sample.busy_ns[rail].saturating_add(busy[rail]);
+                }
+            }
+        }
+        let tick = self.tick;
+        self.previous
+            .retain(|_, counters| tick - counters.seen <= FORGET_AFTER_TICKS);
         self.add_retransmissions(&mut flows, &devices);
         (flows, in_use)
+    }
+
+    /// A connection's (completed bytes, busy ns) per rail since its previous reading. First seen
+    /// but opened before the previous read (an agent restart, a file found late): a baseline,
+    /// since its history is no interval's.
+    fn increase(
+        &mut self,
+        key: (PathBuf, u32, u32),
+        conn: &mpib_probes::ConnectionSnapshot,
+        previous_ns: u64,
+    ) -> ([u64; 2], [u64; 2]) {
+        let now = Counters {
+            done: conn.rail_done_bytes,
+            busy: conn.rail_busy_ns,
+            seen: self.tick,
+        };
+        let before = match self.previous.get(&key) {
+            Some(before) => *before,
+            None if previous_ns == 0 || conn.opened_ns < previous_ns => now,
+            None => Counters::default(),
+        };
+        self.previous.insert(key, now);
+        (
+            core::array::from_fn(|r| now.done[r].saturating_sub(before.done[r])),
+            core::array::from_fn(|r| now.busy[r].saturating_sub(before.busy[r])),
+        )
     }
 
     fn refresh_files(&mut self) {
@@ -132,16 +198,24 @@ impl Measurer {
                 .collect(),
             Err(_) => BTreeSet::new(),
         };
-        self.readers.retain(|path, reader| {
-            listed.contains(path) && reader.closed_ns() == 0 && pid_alive(reader.info().pid)
-        });
+        let now = mpib_probes::now_ns();
+        self.readers
+            .retain(|path, (reader, _)| listed.contains(path) && live(reader, now));
         for path in listed {
             if self.readers.contains_key(&path) {
                 continue;
             }
+            // A regular file only, checked without following a link: opening a FIFO would
+            // block the loop.
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.file_type().is_file() {
+                continue;
+            }
             if let Ok(LoadState::Ready(reader)) = ProbesReader::open(&path) {
-                if reader.closed_ns() == 0 && pid_alive(reader.info().pid) {
-                    self.readers.insert(path, reader);
+                if live(&reader, now) {
+                    self.readers.insert(path, (reader, meta.uid()));
                 }
             }
         }
@@ -155,11 +229,14 @@ impl Measurer {
         devices: &BTreeMap<u32, BTreeSet<(usize, String, u32)>>,
     ) {
         let mut increase: BTreeMap<(String, u32), u64> = BTreeMap::new();
-        let all: BTreeSet<(String, u32)> = devices
+        let mut all: BTreeSet<(String, u32)> = devices
             .values()
             .flatten()
             .map(|(_, d, p)| (d.clone(), *p))
             .collect();
+        // Every device ever seen is read every tick, so a quiet period's increase is not charged
+        // to the next busy interval.
+        all.extend(self.nic_previous.keys().cloned());
         for (device, port) in all {
             let Some(total) = self.nic_total(&device, port) else {
                 continue;
@@ -172,7 +249,9 @@ impl Measurer {
             if let Some(flow) = flows.get_mut(slot) {
                 for (rail, device, port) in rails {
                     let key = (device.clone(), *port);
-                    flow.sample.retransmissions[*rail] += increase.get(&key).copied().unwrap_or(0);
+                    let more = increase.get(&key).copied().unwrap_or(0);
+                    let total = &mut flow.sample.retransmissions[*rail];
+                    *total = total.saturating_add(more);
                 }
             }
         }
@@ -197,6 +276,14 @@ impl Measurer {
         }
         any.then_some(total)
     }
+}
+
+/// A probes file still written: not closed, and its writer's pid alive here or its heartbeat
+/// recent (a job in another pid namespace).
+fn live(reader: &ProbesReader, now_ns: u64) -> bool {
+    reader.closed_ns() == 0
+        && (pid_alive(reader.info().pid)
+            || now_ns.saturating_sub(reader.heartbeat_ns()) < HEARTBEAT_LIVE_NS)
 }
 
 /// Whether `pid` exists (`/proc/PID`); an error other than "not found" counts as alive.

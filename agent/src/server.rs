@@ -3,7 +3,9 @@
 //!
 //! Why a thread per client with timeouts: a client that connects and says nothing, or sends half
 //! a message, must never stall the others (plugins register from NCCL's proxy thread with a
-//! 500 ms budget). Each client's reads time out after [`CLIENT_TIMEOUT`]; past
+//! 500 ms budget). Each message must arrive whole within [`CLIENT_TIMEOUT`] (a deadline per
+//! message, not per read, so a byte every 0.9 s does not hold a thread), and an idle client is
+//! closed after the same time; past
 //! [`MAX_CLIENTS`] at once, new ones are closed at once. Bad input is answered with status 2
 //! (invalid request) where a response shape is known, and the connection is closed.
 //!
@@ -16,7 +18,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use mpib::proto::agent_wire::{
@@ -29,7 +31,7 @@ use crate::measure::start_ticks;
 use crate::slots::Process;
 use crate::state::State;
 
-/// How long a client may take to send each message.
+/// How long a client may take to send each whole message (and may stay idle between two).
 pub const CLIENT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Clients served at once.
 pub const MAX_CLIENTS: usize = 64;
@@ -82,14 +84,15 @@ pub fn serve(listener: UnixListener, shared: Shared) {
             shared.lock().bad_client("busy");
             continue;
         }
-        let (shared, active) = (shared.clone(), Arc::clone(&active));
+        let (client_shared, client_active) = (shared.clone(), Arc::clone(&active));
         let spawned = std::thread::Builder::new()
             .name("mpib-agent-client".into())
             .spawn(move || {
-                serve_client(stream, &shared);
-                active.fetch_sub(1, Ordering::AcqRel);
+                serve_client(stream, &client_shared);
+                client_active.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::AcqRel);
             log::warn(&format!(
                 "registration socket: cannot start a client thread: {e}"
             ));
@@ -100,22 +103,20 @@ pub fn serve(listener: UnixListener, shared: Shared) {
 /// Serves one client's messages until it closes, misbehaves or stalls.
 fn serve_client(mut stream: UnixStream, shared: &Shared) {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
     let process = peer_process(&stream);
     let mut messages = 0u64;
     loop {
         let mut buffer = [0u8; MAX_MESSAGE_LEN];
-        match read_full(&mut stream, &mut buffer[..HEADER_LEN]) {
+        let deadline = Instant::now() + CLIENT_TIMEOUT;
+        match read_full(&mut stream, &mut buffer[..HEADER_LEN], deadline) {
             Ok(0) if messages > 0 => return,
             Ok(0) => return shared.lock().bad_client("silent"),
             Ok(n) if n < HEADER_LEN => return shared.lock().bad_client("short"),
             Ok(_) => {}
-            Err(_) => {
-                return shared
-                    .lock()
-                    .bad_client(if messages > 0 { "short" } else { "silent" })
-            }
+            // Idle after a good message: an ordinary close, not a bad client.
+            Err(_) if messages > 0 => return,
+            Err(_) => return shared.lock().bad_client("silent"),
         }
         let header = match Header::decode(&buffer[..HEADER_LEN]) {
             Ok(header) => header,
@@ -127,7 +128,7 @@ fn serve_client(mut stream: UnixStream, shared: &Shared) {
         if usize::from(header.msg_len) != expected {
             return refuse(&mut stream, shared, header.msg_type, "wrong_length");
         }
-        match read_full(&mut stream, &mut buffer[HEADER_LEN..expected]) {
+        match read_full(&mut stream, &mut buffer[HEADER_LEN..expected], deadline) {
             Ok(n) if n == expected - HEADER_LEN => {}
             _ => return shared.lock().bad_client("short"),
         }
@@ -163,11 +164,23 @@ fn refuse(stream: &mut UnixStream, shared: &Shared, msg_type: u8, reason: &'stat
     let _ = stream.write_all(response.encode().as_bytes());
 }
 
-/// Reads until `buffer` is full, EOF or an error; returns the bytes read (an error only when
-/// nothing was read).
-fn read_full(stream: &mut UnixStream, buffer: &mut [u8]) -> std::io::Result<usize> {
+/// Reads until `buffer` is full, EOF, an error or `deadline`; returns the bytes read (an error
+/// only when nothing was read).
+fn read_full(
+    stream: &mut UnixStream,
+    buffer: &mut [u8],
+    deadline: Instant,
+) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buffer.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            if filled == 0 {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            break;
+        }
+        stream.set_read_timeout(Some(left))?;
         match stream.read(&mut buffer[filled..]) {
             Ok(0) => break,
             Ok(n) => filled += n,
@@ -205,5 +218,6 @@ fn peer_process(stream: &UnixStream) -> Option<Process> {
     Some(Process {
         pid,
         start_ticks: start_ticks(pid),
+        uid: credentials.uid,
     })
 }

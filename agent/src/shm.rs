@@ -12,6 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
@@ -38,6 +39,9 @@ pub struct Entry {
 pub struct HintFile {
     map: MmapMut,
     path: PathBuf,
+    /// Held open with an exclusive `flock`: one agent per hint file (two would hand out the same
+    /// slots and each take the other's writes for an operator's).
+    _lock: File,
 }
 
 /// How the file was obtained.
@@ -144,6 +148,17 @@ impl HintFile {
     }
 
     fn map(file: &File, path: &Path) -> Result<HintFile, String> {
+        let lock = file
+            .try_clone()
+            .map_err(|e| format!("hint file {}: {e}", path.display()))?;
+        // SAFETY: flock on a valid descriptor; non-blocking.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(format!(
+                "hint file {}: another mpib-agent holds it (one agent per hint file; use \
+                 another MPIB_HINT_PATH or MPIB_AGENT_TAG)",
+                path.display()
+            ));
+        }
         // SAFETY: a shared writable mapping of a file this process owns, at least HINT_FILE_LEN
         // long (checked or set by the callers); the agent never shrinks it. Plugins map it
         // read-only and every field is accessed through atomics on both sides.
@@ -159,6 +174,7 @@ impl HintFile {
         Ok(HintFile {
             map,
             path: path.to_path_buf(),
+            _lock: lock,
         })
     }
 
@@ -203,11 +219,13 @@ impl HintFile {
 
     /// Marks `slot` as the flow `src -> dst` (addresses as on the wire, network order).
     pub fn write_flow(&self, slot: usize, src: Ipv4Addr, dst: Ipv4Addr) {
-        let relaxed = Ordering::Release;
+        // Outside the seqlock: the plugin never reads the addresses (they are for agents and
+        // tools, and for a restarted agent to take its flows back).
+        let release = Ordering::Release;
         self.word(slot, SRC_IP_OFFSET)
-            .store(u32::from_ne_bytes(src.octets()), relaxed);
+            .store(u32::from_ne_bytes(src.octets()), release);
         self.word(slot, DST_IP_OFFSET)
-            .store(u32::from_ne_bytes(dst.octets()), relaxed);
+            .store(u32::from_ne_bytes(dst.octets()), release);
     }
 
     /// The slots that name a flow (a non-zero address pair): what a restarted agent takes back.

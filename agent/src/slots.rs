@@ -19,6 +19,8 @@ pub struct Process {
     pub pid: u32,
     /// Its start time (clock ticks since boot, `/proc/PID/stat` field 22), 0 when unknown.
     pub start_ticks: u64,
+    /// Its user (from the socket's peer credentials): whose probes files describe its flows.
+    pub uid: u32,
 }
 
 /// One registered connection.
@@ -78,12 +80,22 @@ impl Registered {
     }
 }
 
+/// Connections one process may hold registered: the plugin's `conn_id` counter is 16 bits, so
+/// a well-behaved process never has more live at once; a client past it is refused rather than
+/// allowed to grow the table without bound.
+pub const MAX_CONNECTIONS_PER_PROCESS: usize = 1 << 16;
+
 /// Every slot's flow.
 #[derive(Clone, Debug)]
 pub struct SlotTable {
     flows: BTreeMap<u32, Flow>,
     by_pair: BTreeMap<Pair, u32>,
+    /// Ordered by process then `conn_id`: a process's connections are one range.
     by_connection: BTreeMap<ConnectionKey, u32>,
+    per_process: BTreeMap<Process, usize>,
+    /// Slots freed as a side effect of a registration (a key moved to another pair), for the
+    /// caller to clear ([`SlotTable::take_freed`]).
+    freed: Vec<u32>,
     capacity: usize,
 }
 
@@ -100,14 +112,17 @@ impl SlotTable {
             flows: BTreeMap::new(),
             by_pair: BTreeMap::new(),
             by_connection: BTreeMap::new(),
+            per_process: BTreeMap::new(),
+            freed: Vec::new(),
             capacity: capacity.min(HINT_MAX_ENTRIES),
         }
     }
 
-    /// Takes back a flow found in the file after a restart.
-    pub fn recover(&mut self, slot: u32, pair: Pair) {
+    /// Takes back a flow found in the file after a restart; false when the slot is out of range
+    /// or its pair already has a slot (the entry is then stale).
+    pub fn recover(&mut self, slot: u32, pair: Pair) -> bool {
         if (slot as usize) >= self.capacity || self.by_pair.contains_key(&pair) {
-            return;
+            return false;
         }
         self.by_pair.insert(pair, slot);
         let unspecified = Pair {
@@ -124,23 +139,38 @@ impl SlotTable {
                 recovered: true,
             },
         );
+        true
     }
 
-    /// Registers a connection of `pair`; `None` when every slot is taken by another pair.
-    /// Registering a key twice moves it to the new pair.
+    /// Registers a connection of `pair`; `None` when every slot is taken by another pair or the
+    /// process holds [`MAX_CONNECTIONS_PER_PROCESS`]. Registering a key again on the same pair
+    /// keeps it; on another pair moves it (a slot freed so is in [`SlotTable::take_freed`]).
     pub fn register(&mut self, key: ConnectionKey, pair: Pair, sup: Pair) -> Option<Registered> {
-        self.deregister(key);
+        match self.by_connection.get(&key) {
+            Some(slot) if self.flows.get(slot).is_some_and(|f| f.pair == pair) => {
+                return Some(Registered::Joined(*slot));
+            }
+            Some(_) => {
+                if let Some((slot, true)) = self.deregister(key) {
+                    self.freed.push(slot);
+                }
+            }
+            None => {}
+        }
+        if self.per_process.get(&key.process).copied().unwrap_or(0) >= MAX_CONNECTIONS_PER_PROCESS {
+            return None;
+        }
         if let Some(&slot) = self.by_pair.get(&pair) {
             let flow = self.flows.get_mut(&slot)?;
             flow.connections.insert(key);
             flow.sup = sup;
             flow.recovered = false;
-            self.by_connection.insert(key, slot);
+            self.index(key, slot);
             return Some(Registered::Joined(slot));
         }
         let slot = (0..self.capacity as u32).find(|s| !self.flows.contains_key(s))?;
         self.by_pair.insert(pair, slot);
-        self.by_connection.insert(key, slot);
+        self.index(key, slot);
         self.flows.insert(
             slot,
             Flow {
@@ -154,10 +184,31 @@ impl SlotTable {
         Some(Registered::NewFlow(slot))
     }
 
+    fn index(&mut self, key: ConnectionKey, slot: u32) {
+        self.by_connection.insert(key, slot);
+        *self.per_process.entry(key.process).or_default() += 1;
+    }
+
+    fn unindex(&mut self, key: &ConnectionKey) -> Option<u32> {
+        let slot = self.by_connection.remove(key)?;
+        if let Some(count) = self.per_process.get_mut(&key.process) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_process.remove(&key.process);
+            }
+        }
+        Some(slot)
+    }
+
+    /// Slots freed by registrations since the last call.
+    pub fn take_freed(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.freed)
+    }
+
     /// Removes a connection; `Some((slot, freed))` when it was registered, `freed` when its
     /// flow had no other connection and the slot is free again.
     pub fn deregister(&mut self, key: ConnectionKey) -> Option<(u32, bool)> {
-        let slot = self.by_connection.remove(&key)?;
+        let slot = self.unindex(&key)?;
         let flow = self.flows.get_mut(&slot)?;
         flow.connections.remove(&key);
         if !flow.connections.is_empty() {
@@ -167,30 +218,50 @@ impl SlotTable {
         Some((slot, true))
     }
 
-    /// Finds a connection by pid and `conn_id` (a deregistration carries no start time).
+    /// Finds a connection by pid and `conn_id` (a deregistration carries no start time): a
+    /// scan of that pid's processes only (normally one).
     pub fn find(&self, pid: u32, conn_id: u32) -> Option<ConnectionKey> {
-        self.by_connection
+        self.per_process
             .keys()
-            .find(|k| k.process.pid == pid && k.conn_id == conn_id)
-            .copied()
+            .filter(|p| p.pid == pid)
+            .map(|&process| ConnectionKey { process, conn_id })
+            .find(|key| self.by_connection.contains_key(key))
     }
 
     fn free(&mut self, slot: u32) {
         if let Some(flow) = self.flows.remove(&slot) {
             self.by_pair.remove(&flow.pair);
             for key in flow.connections {
-                self.by_connection.remove(&key);
+                self.unindex(&key);
             }
         }
     }
 
-    /// Drops the connections of processes `alive` says are gone; returns the number dropped and
-    /// the slots freed.
-    pub fn reclaim_exited(&mut self, alive: impl Fn(Process) -> bool) -> (usize, Vec<u32>) {
+    /// Per slot, the users of its registered connections.
+    pub fn users(&self) -> BTreeMap<u32, BTreeSet<u32>> {
+        self.flows
+            .values()
+            .map(|f| {
+                (
+                    f.slot,
+                    f.connections.iter().map(|k| k.process.uid).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// The processes holding connections.
+    pub fn processes(&self) -> Vec<Process> {
+        self.per_process.keys().copied().collect()
+    }
+
+    /// Drops the connections of the processes in `gone`; returns the number dropped and the
+    /// slots freed.
+    pub fn reclaim_exited(&mut self, gone: &[Process]) -> (usize, Vec<u32>) {
         let gone: Vec<ConnectionKey> = self
             .by_connection
             .keys()
-            .filter(|k| !alive(k.process))
+            .filter(|k| gone.contains(&k.process))
             .copied()
             .collect();
         let mut freed = Vec::new();
@@ -260,6 +331,7 @@ mod tests {
             process: Process {
                 pid,
                 start_ticks: 1,
+                uid: 1000,
             },
             conn_id: id,
         }
@@ -281,6 +353,20 @@ mod tests {
             Some(Registered::NewFlow(1))
         );
         assert_eq!(t.register(key(1, 3), pair(1, 4), pair(5, 8)), None, "full");
+        assert_eq!(
+            t.register(key(2, 1), pair(1, 2), pair(5, 6)),
+            Some(Registered::Joined(0)),
+            "the same key again stays"
+        );
+        assert_eq!(t.connections(), 3);
+        // Key (1, 2) moves from pair 1->3 (its only connection) to 1->2: slot 1 is freed.
+        assert_eq!(
+            t.register(key(1, 2), pair(1, 2), pair(5, 6)),
+            Some(Registered::Joined(0))
+        );
+        assert_eq!(t.take_freed(), vec![1]);
+        assert_eq!(t.find(1, 2), Some(key(1, 2)));
+        assert_eq!(t.deregister(key(1, 2)), Some((0, false)));
         assert_eq!(t.deregister(key(1, 1)), Some((0, false)));
         assert_eq!(t.deregister(key(2, 1)), Some((0, true)));
         assert_eq!(t.deregister(key(2, 1)), None, "twice");
@@ -288,7 +374,7 @@ mod tests {
             t.register(key(1, 3), pair(1, 4), pair(5, 8)),
             Some(Registered::NewFlow(0))
         );
-        assert_eq!((t.used(), t.connections()), (2, 2));
+        assert_eq!((t.used(), t.connections()), (1, 1));
     }
 
     #[test]
@@ -297,7 +383,8 @@ mod tests {
         t.register(key(1, 1), pair(1, 2), pair(5, 6));
         t.register(key(2, 1), pair(1, 2), pair(5, 6));
         t.register(key(2, 2), pair(1, 3), pair(5, 7));
-        let (dropped, freed) = t.reclaim_exited(|p| p.pid != 2);
+        let gone: Vec<Process> = t.processes().into_iter().filter(|p| p.pid == 2).collect();
+        let (dropped, freed) = t.reclaim_exited(&gone);
         assert_eq!((dropped, freed), (2, vec![1]));
         assert_eq!(t.flow(0).unwrap().connections.len(), 1);
     }
@@ -329,13 +416,18 @@ mod tests {
                 match op {
                     0 => { t.register(key(pid, u32::from(b)), pair(1, b), pair(5, b)); }
                     1 => { t.deregister(key(pid, u32::from(b))); }
-                    _ => { t.reclaim_exited(|p| p.pid != pid); }
+                    _ => {
+                        let gone: Vec<Process> = t.processes().into_iter().filter(|p| p.pid == pid).collect();
+                        t.reclaim_exited(&gone);
+                    }
                 }
                 let pairs: BTreeSet<Pair> = t.flows().map(|f| f.pair).collect();
                 prop_assert_eq!(pairs.len(), t.used());
                 prop_assert!(t.used() <= 3);
                 let total: usize = t.flows().map(|f| f.connections.len()).sum();
                 prop_assert_eq!(total, t.connections());
+                prop_assert_eq!(t.per_process.values().sum::<usize>(), t.connections());
+                prop_assert!(t.take_freed().iter().all(|s| t.flow(*s).is_none()));
                 for f in t.flows() {
                     prop_assert!(!f.connections.is_empty());
                 }

@@ -27,6 +27,9 @@ pub struct FlowState {
     pub measured: FlowMeasurement,
     /// Seconds since the flow last moved data the agent saw.
     pub idle_s: f64,
+    /// Whether its connections are intra-island, once a probes file said (kept while none is
+    /// seen, so rules by class do not flip the policy when the flow goes idle).
+    pub intra: Option<bool>,
 }
 
 /// Counters for the metrics.
@@ -108,12 +111,21 @@ impl State {
             in_use: None,
         };
         for (slot, entry) in state.hints.flows() {
+            if entry.seq % 2 == 1 {
+                // An agent died in the middle of this write: complete it, or readers would keep
+                // failing the seqlock and stay all SOUT.
+                state.hints.write_sup_bw(slot, entry.sup_bw);
+            }
             let slot = slot as u32;
             let pair = Pair {
                 src: entry.src,
                 dst: entry.dst,
             };
-            state.slots.recover(slot, pair);
+            if !state.slots.recover(slot, pair) {
+                // A second entry for a pair that already has one: stale, cleared.
+                state.release(slot);
+                continue;
+            }
             let mut policy = choose(policies, pair, None);
             if let FlowPolicy::Adaptive(adaptive) = &mut policy {
                 adaptive.adopt(entry.sup_bw);
@@ -178,6 +190,9 @@ impl State {
             self.reclaimed("orphan_unused", unused.len());
             self.slots.register(key, pair, sup)
         });
+        for slot in self.slots.take_freed() {
+            self.release(slot);
+        }
         let Some(registered) = registered else {
             bump(&mut self.counters.registrations, "no_free_slots");
             return AgentResponse::Register {
@@ -299,8 +314,10 @@ impl State {
             if flow.pinned.is_some() {
                 continue;
             }
-            let class = (measurement.connections > 0).then_some(measurement.intra_island > 0);
-            let wanted = choose(policies, pair, class);
+            if measurement.connections > 0 {
+                flow.intra = Some(measurement.intra_island > 0);
+            }
+            let wanted = choose(policies, pair, flow.intra);
             if !same_policy(&wanted, &flow.policy) {
                 flow.policy = wanted;
                 if let FlowPolicy::Adaptive(adaptive) = &mut flow.policy {
@@ -327,6 +344,7 @@ fn flow_state(policy: FlowPolicy, share: u32) -> FlowState {
         pinned: None,
         measured: FlowMeasurement::default(),
         idle_s: 0.0,
+        intra: None,
     }
 }
 
@@ -345,7 +363,8 @@ pub fn configured_rates(policies: &Policies) -> [f64; 2] {
     ]
 }
 
-/// The policy of a flow: the first rule whose subnets (and class, when `intra` is known) match,
+/// The policy of a flow: the first rule whose subnets match and, for a rule that names a class,
+/// whose class is the flow's (a rule with a class does not match while the class is unknown),
 /// else the default.
 pub fn choose(policies: &Policies, pair: Pair, intra: Option<bool>) -> FlowPolicy {
     let matches = |subnet: &Option<String>, address: Ipv4Addr| {
@@ -364,6 +383,6 @@ pub fn choose(policies: &Policies, pair: Pair, intra: Option<bool>) -> FlowPolic
     match kind {
         PolicyKind::Static => FlowPolicy::Static(value.unwrap_or(0)),
         PolicyKind::Capacity => FlowPolicy::Capacity,
-        PolicyKind::Adaptive => FlowPolicy::Adaptive(Adaptive::new(&policies.adaptive)),
+        PolicyKind::Adaptive => FlowPolicy::Adaptive(Box::new(Adaptive::new(&policies.adaptive))),
     }
 }

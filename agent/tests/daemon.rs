@@ -373,6 +373,15 @@ fn a_second_agent_on_the_same_socket_is_refused() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another mpib-agent holds it"), "{err}");
+    // Another hint file but the same socket: refused at the socket.
+    let out = Command::new(env!("CARGO_BIN_EXE_mpib-agent"))
+        .args(["--socket", dir.join("agent.sock").to_str().unwrap()])
+        .args(["--hint-path", dir.join("hints2").to_str().unwrap()])
+        .args(["--metrics-listen", "off"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another agent is serving there"), "{err}");
 }
 

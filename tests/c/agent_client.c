@@ -59,8 +59,8 @@
 #error "mpib_agent.h messages are little-endian; convert the fields on this host"
 #endif
 
-/* Not in mpib_agent.h: the upper bound of sup_bw ("parts per 1024", 1024 = all SUP). */
-#define SUP_BW_MAX 1024u
+/* The upper bound of sup_bw ("parts per 1024", 1024 = all SUP). */
+#define SUP_BW_MAX MPIB_HINT_SUP_BW_MAX
 
 /* Exit statuses (see the top comment). */
 enum {

@@ -14,9 +14,11 @@
 //!   interval all on it), then puts the flow on the best single rail and holds there `hold_ms`
 //!   before trying both again.
 //! - **overload** (the cliff: a rail pushed past its capacity drops packets and every drop costs
-//!   an RC retransmission timeout): retransmission counters growing on a rail, or its rate
-//!   collapsing below `collapse_ratio` of its recent value right after its share grew, move the
-//!   share away from that rail by `max_step` and cap it there for `hold_ms`.
+//!   an RC retransmission timeout): the NIC's retransmission counters growing faster than
+//!   `overload_retransmissions_per_gb` of the flow's bytes on a rail, or its rate collapsing below
+//!   `collapse_ratio` of its recent value right after its share grew, move the share away from
+//!   that rail by `max_step` and cap that rail there for `hold_ms` (one cap per rail; the worse
+//!   rail when both show it). While a cap holds, the mixing-penalty check is skipped.
 //! - **stale telemetry**: nothing measured, the share holds; after twice `stale_ms`, the loop
 //!   falls back to the `capacity` share until data flows again.
 //!
@@ -28,14 +30,15 @@ use crate::config::AdaptiveTuning;
 /// Weight of a new rate measurement in the running estimate.
 const NEW_WEIGHT: f64 = 0.75;
 
-/// A hold in force.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Hold {
-    /// The flow is on this rail alone (mixing penalty).
-    Single(usize),
-    /// This rail's share may not exceed the bound (overload), parts per 1024 of that rail.
-    Cap(usize, u32),
-}
+/// A rail that carried at most this fraction of the bytes counts as idle for a single-rail
+/// measurement (transfers posted before a switch still complete on the old rail).
+const SOLO_TOLERANCE: f64 = 0.02;
+
+/// Consecutive collapsed intervals that count as overload (one can be a measuring artefact).
+const COLLAPSE_INTERVALS: u8 = 2;
+
+/// Intervals a single-rail probe may wait for a clean measurement.
+const PROBE_INTERVALS: u8 = 3;
 
 /// One flow's loop.
 #[derive(Clone, Debug)]
@@ -45,11 +48,17 @@ pub struct Adaptive {
     solo: [Option<f64>; 2],
     /// Both rails' rate sum when last measured together.
     mixed: Option<f64>,
-    hold: Option<(Hold, u64)>,
-    /// The rail being measured alone after a suspected mixing penalty.
-    probing: Option<usize>,
+    /// The flow is on this rail alone until the time (mixing penalty).
+    single: Option<(usize, u64)>,
+    /// Per rail: its share may not exceed the bound (parts per 1024 of that rail) until the
+    /// time (overload).
+    caps: [Option<(u32, u64)>; 2],
+    /// The rail being measured alone after a suspected mixing penalty, and intervals left.
+    probing: Option<(usize, u8)>,
     /// The rail whose share grew in the last step.
     grew: Option<usize>,
+    /// Per rail: consecutive intervals its rate stayed collapsed after its share grew.
+    collapsed: [u8; 2],
     clock_ns: u64,
     stale_ns: u64,
 }
@@ -79,6 +88,10 @@ fn predicted(a: f64, b: f64, share: u32) -> f64 {
     1.0 / ((1.0 - s) / a).max(s / b)
 }
 
+fn ms_to_ns(ms: u64) -> u64 {
+    ms.saturating_mul(1_000_000)
+}
+
 impl Adaptive {
     /// A loop starting at `tuning.start_sup_bw`.
     pub fn new(tuning: &AdaptiveTuning) -> Adaptive {
@@ -87,9 +100,11 @@ impl Adaptive {
             rate: [None; 2],
             solo: [None; 2],
             mixed: None,
-            hold: None,
+            single: None,
+            caps: [None; 2],
             probing: None,
             grew: None,
+            collapsed: [0; 2],
             clock_ns: 0,
             stale_ns: 0,
         }
@@ -113,23 +128,25 @@ impl Adaptive {
 
     /// One interval.
     pub fn step(&mut self, sample: &Sample, tuning: &AdaptiveTuning) -> Decision {
-        self.clock_ns += sample.interval_ns;
+        self.clock_ns = self.clock_ns.saturating_add(sample.interval_ns);
         if !sample.fresh() {
             return self.stale(sample, tuning);
         }
         self.stale_ns = 0;
-        if let Some(hold) = self.hold.filter(|(_, until)| self.clock_ns >= *until) {
-            let _ = hold;
-            self.hold = None;
+        let now = self.clock_ns;
+        self.single = self.single.filter(|(_, until)| now < *until);
+        for cap in &mut self.caps {
+            *cap = cap.filter(|(_, until)| now < *until);
         }
+        self.track_collapse(sample, tuning);
         if let Some(rail) = self.overloaded(sample, tuning) {
             return self.back_off(rail, tuning);
         }
         self.measure(sample);
-        if let Some(rail) = self.probing.take() {
-            return self.after_probe(rail, tuning);
+        if let Some(decision) = self.probe_result(sample, tuning) {
+            return decision;
         }
-        if let Some((Hold::Single(_), _)) = self.hold {
+        if self.single.is_some() {
             return Decision::Keep;
         }
         if let Some(decision) = self.mixing_penalty(tuning) {
@@ -139,43 +156,78 @@ impl Adaptive {
     }
 
     fn stale(&mut self, sample: &Sample, tuning: &AdaptiveTuning) -> Decision {
-        self.stale_ns += sample.interval_ns;
-        if self.stale_ns < 2 * tuning.stale_ms * 1_000_000 {
+        self.stale_ns = self.stale_ns.saturating_add(sample.interval_ns);
+        if self.stale_ns < ms_to_ns(tuning.stale_ms).saturating_mul(2) {
             return Decision::Keep;
         }
-        match capacity::share(sample.link_rate) {
+        let decision = match capacity::share(sample.link_rate) {
             Some(target) if target != self.share => self.set(target, "stale_fallback"),
             _ => Decision::Keep,
+        };
+        // Not a step of the loop: a rate on resuming is no sign that this move overloaded a rail.
+        self.grew = None;
+        decision
+    }
+
+    /// Retransmissions per GB a rail completed in the interval (the count is the NIC port's,
+    /// shared with every other user of the port: it is normalised by this flow's bytes).
+    fn retransmission_rate(sample: &Sample, rail: usize) -> f64 {
+        let gigabytes = (sample.done_bytes[rail] as f64 / 1e9).max(1e-6);
+        sample.retransmissions[rail] as f64 / gigabytes
+    }
+
+    /// The rail to back off from, if one shows overload (the worse one when both do).
+    fn overloaded(&self, sample: &Sample, tuning: &AdaptiveTuning) -> Option<usize> {
+        let signal = |rail: usize| -> Option<f64> {
+            if rail_share(rail, self.share) == 0 {
+                return None;
+            }
+            let rate = Self::retransmission_rate(sample, rail);
+            if sample.retransmissions[rail] > 0 && rate > tuning.overload_retransmissions_per_gb {
+                return Some(rate);
+            }
+            (self.collapsed[rail] >= COLLAPSE_INTERVALS).then_some(f64::MAX)
+        };
+        match (signal(SOUT), signal(SUP)) {
+            (Some(a), Some(b)) => Some(if b > a { SUP } else { SOUT }),
+            (Some(_), None) => Some(SOUT),
+            (None, Some(_)) => Some(SUP),
+            (None, None) => None,
         }
     }
 
-    /// The rail to back off from, if one shows overload.
-    fn overloaded(&self, sample: &Sample, tuning: &AdaptiveTuning) -> Option<usize> {
+    /// Counts the intervals a rail's rate stays below `collapse_ratio` of its estimate after
+    /// its share grew (a finish-time outlier: the rail's parts suddenly take far longer). Not
+    /// while a single-rail probe runs: moving all to one rail changes the rates by design.
+    fn track_collapse(&mut self, sample: &Sample, tuning: &AdaptiveTuning) {
         for rail in [SOUT, SUP] {
-            if rail_share(rail, self.share) == 0 {
-                continue;
-            }
-            if sample.retransmissions[rail] > 0 {
-                return Some(rail);
-            }
             let collapsed = match (self.rate[rail], sample.rate(rail)) {
                 (Some(before), Some(now)) => now < tuning.collapse_ratio * before,
                 _ => false,
             };
-            if collapsed && self.grew == Some(rail) {
-                return Some(rail);
-            }
+            let suspect = self.grew == Some(rail) || self.collapsed[rail] > 0;
+            self.collapsed[rail] = if collapsed && suspect && self.probing.is_none() {
+                self.collapsed[rail].saturating_add(1)
+            } else {
+                0
+            };
         }
-        None
     }
 
     fn back_off(&mut self, rail: usize, tuning: &AdaptiveTuning) -> Decision {
+        self.collapsed = [0; 2];
         let part = rail_share(rail, self.share).saturating_sub(tuning.max_step);
-        let until = self.clock_ns + tuning.hold_ms * 1_000_000;
-        self.hold = Some((Hold::Cap(rail, part), until));
+        let until = self.clock_ns.saturating_add(ms_to_ns(tuning.hold_ms));
+        self.caps[rail] = Some((part, until));
+        self.probing = None;
+        if self.single.is_some_and(|(alone, _)| alone == rail) {
+            self.single = None;
+        }
         // The rate measured while overloaded says nothing about the rail's capacity.
         self.rate[rail] = None;
-        self.set(share_for(rail, part), "overload")
+        // Moving away from this rail must not push the other past its own cap.
+        let share = self.capped(share_for(rail, part));
+        self.set(share, "overload")
     }
 
     fn measure(&mut self, sample: &Sample) {
@@ -188,11 +240,13 @@ impl Adaptive {
                 });
             }
         }
+        let total = (sample.done_bytes[SOUT] as f64 + sample.done_bytes[SUP] as f64).max(1.0);
+        let alone = |rail: usize| sample.done_bytes[1 - rail] as f64 / total <= SOLO_TOLERANCE;
         match rates {
-            [Some(alone), None] => self.solo[SOUT] = Some(alone),
-            [None, Some(alone)] => self.solo[SUP] = Some(alone),
+            [Some(a), _] if alone(SOUT) => self.solo[SOUT] = Some(a),
+            [_, Some(b)] if alone(SUP) => self.solo[SUP] = Some(b),
             [Some(a), Some(b)] => self.mixed = Some(a + b),
-            [None, None] => {}
+            _ => {}
         }
     }
 
@@ -203,21 +257,38 @@ impl Adaptive {
             .max_by(|x, y| x.1.total_cmp(&y.1))
     }
 
-    fn after_probe(&mut self, _probed: usize, tuning: &AdaptiveTuning) -> Decision {
+    /// After a single-rail probe: wait (a few intervals at most) for a clean measurement of the
+    /// rail alone, then choose.
+    fn probe_result(&mut self, sample: &Sample, tuning: &AdaptiveTuning) -> Option<Decision> {
+        let (rail, left) = self.probing?;
+        let total = (sample.done_bytes[SOUT] + sample.done_bytes[SUP]).max(1) as f64;
+        let clean = sample.done_bytes[1 - rail] as f64 / total <= SOLO_TOLERANCE;
+        if !clean && left > 1 {
+            self.probing = Some((rail, left - 1));
+            return Some(Decision::Keep);
+        }
+        self.probing = None;
+        Some(self.choose_single(tuning))
+    }
+
+    /// Both rails measured alone and together: the best single rail when together is worse.
+    fn choose_single(&mut self, tuning: &AdaptiveTuning) -> Decision {
         let (Some((best, best_rate)), Some(mixed)) = (self.best_single(), self.mixed) else {
             return self.balance(tuning);
         };
         if mixed >= (1.0 - tuning.mixing_margin) * best_rate {
             return self.balance(tuning);
         }
-        self.hold = Some((
-            Hold::Single(best),
-            self.clock_ns + tuning.hold_ms * 1_000_000,
-        ));
+        let until = self.clock_ns.saturating_add(ms_to_ns(tuning.hold_ms));
+        self.single = Some((best, until));
         self.set(share_for(best, FULL), "mixing_penalty")
     }
 
     fn mixing_penalty(&mut self, tuning: &AdaptiveTuning) -> Option<Decision> {
+        if self.caps.iter().any(Option::is_some) {
+            // A rail is capped for overload: going all on one rail could undo the cap.
+            return None;
+        }
         let (Some(a), Some(b)) = (self.rate[SOUT], self.rate[SUP]) else {
             return None;
         };
@@ -232,10 +303,10 @@ impl Adaptive {
         // Both rails together are slower than one alone: measure the rail never seen alone,
         // else go to the best one.
         if let Some(unseen) = [SOUT, SUP].into_iter().find(|r| self.solo[*r].is_none()) {
-            self.probing = Some(unseen);
+            self.probing = Some((unseen, PROBE_INTERVALS));
             return Some(self.set(share_for(unseen, FULL), "probe_single_rail"));
         }
-        Some(self.after_probe(SOUT, tuning))
+        Some(self.choose_single(tuning))
     }
 
     fn balance(&mut self, tuning: &AdaptiveTuning) -> Decision {
@@ -262,13 +333,16 @@ impl Adaptive {
         self.set(next, "balance")
     }
 
-    fn capped(&self, target: u32) -> u32 {
-        match self.hold {
-            Some((Hold::Cap(rail, part), _)) if rail_share(rail, target) > part => {
-                share_for(rail, part)
+    /// `target` within every rail's cap.
+    fn capped(&self, mut target: u32) -> u32 {
+        for rail in [SOUT, SUP] {
+            if let Some((part, _)) = self.caps[rail] {
+                if rail_share(rail, target) > part {
+                    target = share_for(rail, part);
+                }
             }
-            _ => target,
         }
+        target
     }
 
     fn set(&mut self, share: u32, reason: &'static str) -> Decision {

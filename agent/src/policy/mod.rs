@@ -104,8 +104,8 @@ pub enum FlowPolicy {
     Static(u32),
     /// From the link rates.
     Capacity,
-    /// The loop's state.
-    Adaptive(Adaptive),
+    /// The loop's state (boxed: much larger than the other variants).
+    Adaptive(Box<Adaptive>),
 }
 
 impl FlowPolicy {

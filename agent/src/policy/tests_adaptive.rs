@@ -159,8 +159,12 @@ fn retransmissions_back_off_and_cap_the_rail() {
     let rails = independent();
     run(&mut flow, rails, 20);
     let at = flow.current();
+    // A few retransmissions on the port (another flow's, or noise) are not overload.
+    let mut noise = rails.sample(at);
+    noise.retransmissions = [3, 3];
+    assert_eq!(flow.step(&noise, &tuning), Decision::Keep);
     let mut sample = rails.sample(at);
-    sample.retransmissions[SUP] = 3;
+    sample.retransmissions[SUP] = 1000;
     assert_eq!(
         flow.step(&sample, &tuning),
         Decision::Set {
@@ -178,6 +182,56 @@ fn retransmissions_back_off_and_cap_the_rail() {
         flow.current() > at - tuning.max_step,
         "free again after the hold"
     );
+}
+
+#[test]
+fn both_rails_overloaded_backs_off_the_worse_and_keeps_both_caps() {
+    let tuning = AdaptiveTuning::default();
+    let mut flow = Adaptive::new(&tuning);
+    let rails = independent();
+    run(&mut flow, rails, 20);
+    let at = flow.current();
+    let mut sample = rails.sample(at);
+    sample.retransmissions = [500, 5000];
+    let decision = flow.step(&sample, &tuning);
+    assert_eq!(
+        decision,
+        Decision::Set {
+            sup_bw: at - tuning.max_step,
+            reason: "overload"
+        },
+        "SUP has more per GB"
+    );
+    let mut sample = rails.sample(flow.current());
+    sample.retransmissions = [50_000, 0];
+    // SOUT overloaded too: its cap is set, but moving toward SUP would break SUP's cap.
+    assert_eq!(flow.step(&sample, &tuning), Decision::Keep);
+    run(&mut flow, rails, 50);
+    let share = flow.current();
+    assert!(share <= at - tuning.max_step, "the SUP cap holds: {share}");
+}
+
+#[test]
+fn a_probe_waits_for_transfers_still_on_the_old_rail() {
+    // The mixing case, but every sample after a switch still carries 10 % on the other rail.
+    let rails = Rails {
+        mixed: 1.5 * GB,
+        ..independent()
+    };
+    let tuning = AdaptiveTuning::default();
+    let mut flow = Adaptive::new(&tuning);
+    let mut previous = flow.current();
+    for _ in 0..40 {
+        let mut sample = rails.sample(flow.current());
+        if previous != flow.current() && (flow.current() == 0 || flow.current() == FULL) {
+            let other = if flow.current() == FULL { SOUT } else { SUP };
+            sample.done_bytes[other] = sample.done_bytes[1 - other] / 9;
+            sample.busy_ns[other] = sample.busy_ns[1 - other] / 9;
+        }
+        previous = flow.current();
+        flow.step(&sample, &tuning);
+    }
+    assert_eq!(flow.current(), FULL, "ends on SUP alone");
 }
 
 proptest! {
