@@ -253,6 +253,54 @@ fn split_sweep_rows_show_the_sup_share() {
 }
 
 #[test]
+fn several_connections_move_each_row_together_in_one_row() {
+    let outcome = perf_ok(&[
+        "--comms",
+        "3",
+        "--sup-bw",
+        "512",
+        "--min-size",
+        "1M",
+        "--max-size",
+        "1M",
+        "--iters",
+        "8",
+        "--warmup",
+        "1",
+        "--repeat",
+        "2",
+        "--verify",
+        "--json",
+    ]);
+    let rows: Vec<_> = outcome.stdout.lines().map(parse_row).collect();
+    assert_eq!(
+        rows.len(),
+        2,
+        "one row per repetition: {}",
+        outcome.describe()
+    );
+    for row in &rows {
+        assert_eq!(
+            int(row, "bytes"),
+            (3 * 8) << 20,
+            "all three connections: {row:?}"
+        );
+        assert_eq!(int(row, "count"), 24);
+        assert_eq!(int(row, "sout_bytes") + int(row, "sup_bytes"), (3 * 8) << 20);
+        assert_eq!(int(row, "sup_bytes"), (3 * 8) << 19, "each split at 512");
+    }
+    assert!(field(&rows[1], "at_ms") > field(&rows[0], "at_ms"));
+    assert!(
+        outcome.stderr.contains("3 connections"),
+        "{}",
+        outcome.stderr
+    );
+    let refused = perf(&["--comms", "2", "--peer", "127.0.0.1:1"]);
+    assert_eq!(refused.code, Some(2));
+    assert!(refused.stderr.contains("--comms 2"), "{}", refused.stderr);
+}
+
+#[test]
 fn grouped_receives_and_an_older_abi() {
     let outcome = perf_ok(&[
         "--abi",

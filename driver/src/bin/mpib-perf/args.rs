@@ -14,7 +14,8 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
                  [--listen [ADDR:]PORT | --peer HOST:PORT]
                  [--min-size BYTES] [--max-size BYTES] [--step-factor F]
                  [--iters N] [--warmup N] [--window N] [--group N] [--verify]
-                 [--sup-bw N[,N...]] [--repeat N] [--json | --csv] [--timeout S]
+                 [--sup-bw N[,N...]] [--repeat N] [--comms N] [--json | --csv]
+                 [--timeout S]
 
   --plugin PATH      the ncclNet plugin to load (default: the built MPIB plugin)
   --abi N            drive ncclNetPlugin_vN, 7..12 (default: the newest it exports)
@@ -34,6 +35,9 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
                      0..1024) to each value in turn, one table block each
   --repeat N         N rows per size, one after the other (a time series: with MPIB_MODE=1 and
                      no --sup-bw, watch mpib-agent move the split; the at_ms column says when)
+  --comms N          one process: N connections (1..16), each row moved by all of them at
+                     once; one row for all (bytes summed, the slowest one's time, both rails'
+                     bytes summed over the connections)
   --json             one JSON object per row on stdout (the header goes to stderr)
   --csv              a CSV header line and one line per row on stdout (the header to stderr)
   --timeout S        bound on every wait: TCP handshake, connect/accept, one size (default 60)
@@ -41,6 +45,9 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
 
 Exit status: 0 done, 1 a run failed (the message names the call, size and iteration), 2 bad
 arguments or a library that is not a usable plugin.";
+
+/// Most connections `--comms` runs at once.
+pub const MAX_COMMS: usize = 16;
 
 /// Which side(s) this process runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +83,8 @@ pub struct Args {
     pub timeout: Duration,
     /// Sweep flags given to a `--listen` side (they come from the sender there).
     pub ignored: Vec<String>,
+    /// Connections moving each row together (one process only).
+    pub comms: usize,
 }
 
 /// `--help`, or a run.
@@ -214,6 +223,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, Failure> 
         format: Format::Table,
         timeout: Duration::from_secs(60),
         ignored: Vec::new(),
+        comms: 1,
     };
     let mut raw = Raw {
         min: 8,
@@ -276,6 +286,7 @@ fn apply(
         "--json" => set_format(&mut a.format, Format::Json)?,
         "--csv" => set_format(&mut a.format, Format::Csv)?,
         "--timeout" => a.timeout = seconds(&value()?)?,
+        "--comms" => a.comms = parse_number(flag, &value()?, 1, MAX_COMMS)?,
         other => return Err(usage(format!("unknown argument {other:?}"))),
     }
     Ok(())
@@ -326,6 +337,12 @@ fn finish(mut a: Args, raw: &Raw) -> Result<Args, Failure> {
         .map_err(|e| usage(format!("--iters/--warmup: {e}")))?;
     if !matches!(a.role, Role::Listen(_)) {
         a.ignored.clear();
+    }
+    if a.comms > 1 && a.role != Role::OneProcess {
+        return Err(usage(format!(
+            "--comms {}: several connections are run in one process only (no --listen/--peer)",
+            a.comms
+        )));
     }
     Ok(a)
 }

@@ -41,6 +41,7 @@
 //! be loaded, is not an ncclNet plugin, or lacks the requested ABI.
 
 mod args;
+mod group;
 mod link;
 mod output;
 mod pass;
@@ -58,6 +59,7 @@ use mpib_driver::plugin::current_profile;
 use mpib_driver::{locate_built_plugin, Plugin, Version};
 
 use args::{Args, Parsed, Role};
+use group::Group;
 use output::Printer;
 use sender::SendCtx;
 use sides::{Local, Summary};
@@ -144,7 +146,9 @@ fn load(args: &Args) -> Result<(Plugin, String, Version), Failure> {
 
 fn run(args: &Args) -> Result<(), Failure> {
     let need = match args.role {
-        Role::OneProcess => args.sweep.recv_len().saturating_add(args.sweep.send_len()),
+        Role::OneProcess => {
+            (args.sweep.recv_len().saturating_add(args.sweep.send_len())).saturating_mul(args.comms)
+        }
         Role::Peer(_) => args.sweep.send_len(),
         Role::Listen(_) => 0, // the sweep comes from the sender; checked when it arrives
     };
@@ -194,32 +198,82 @@ fn one_process(
     } else {
         None
     };
-    let (mut recv_end, mut send_end) = link::channel_pair();
+    // Leaked like the plugin: a thread of a failed run may outlive this call.
+    let group: &'static Group = Box::leak(Box::new(Group::new(args.comms)));
+    let grouped = (args.comms > 1).then_some(group);
+    let mode = match args.comms {
+        1 => "one process (receiver thread and sender thread)".to_string(),
+        n => format!("one process, {n} connections moving each row together (--comms)"),
+    };
     let (done_tx, done_rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("mpib-perf-recv".into())
-        .spawn(move || {
-            let _ = done_tx.send(sides::receive(local, &mut recv_end, false, None));
-        });
-    spawned.map_err(|e| Failure::Run(format!("start the receiver thread: {e}")))?;
+    let mut followers = Vec::new();
+    let mut leader_end = None;
+    for member in 0..args.comms {
+        let (mut recv_end, send_end) = link::channel_pair();
+        let done = done_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("mpib-perf-recv-{member}"))
+            .spawn(move || {
+                let _ = done.send(sides::receive(local, &mut recv_end, false, None));
+            });
+        spawned.map_err(|e| Failure::Run(format!("start the receiver thread: {e}")))?;
+        if member == 0 {
+            leader_end = Some(send_end);
+            continue;
+        }
+        let (sweep, format, mode) = (args.sweep.clone(), args.format, mode.clone());
+        let follower = std::thread::Builder::new()
+            .name(format!("mpib-perf-send-{member}"))
+            .spawn(move || {
+                let mut send_end = send_end;
+                let ctx = SendCtx {
+                    local,
+                    sweep: &sweep,
+                    agent: None,
+                    mode,
+                    group: grouped.map(|g| (g, member)),
+                };
+                sender::send(&ctx, &mut send_end, &mut Printer::new(format)).map(|_| ())
+            })
+            .map_err(|e| Failure::Run(format!("start a sender thread: {e}")))?;
+        followers.push(follower);
+    }
+    drop(done_tx);
+    let mut send_end = leader_end.ok_or_else(|| Failure::Run("no connection".into()))?;
     let ctx = SendCtx {
         local,
         sweep: &args.sweep,
         agent: agent.as_ref(),
-        mode: "one process (receiver thread and sender thread)".into(),
+        mode,
+        group: grouped.map(|g| (g, 0)),
     };
     let sent = sender::send(&ctx, &mut send_end, printer);
+    let sent = followers.into_iter().fold(sent, |first, follower| {
+        let joined = follower
+            .join()
+            .unwrap_or_else(|_| Err(Failure::Run("a sender thread panicked".into())));
+        match (first, joined) {
+            (Ok(summary), Ok(())) => Ok(summary),
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        }
+    });
     // After a failure the receiver stops at once, except inside `accept`: give it a moment.
     let grace = if sent.is_ok() {
         args.timeout
     } else {
         Duration::from_secs(2)
     };
-    let received = done_rx.recv_timeout(grace).unwrap_or_else(|_| {
-        Err(Failure::Run(
-            "the receiver thread did not finish (it stopped or panicked)".into(),
-        ))
-    });
+    let mut received = Ok(Summary { rows: 0, bytes: 0 });
+    for _ in 0..args.comms {
+        let one = done_rx.recv_timeout(grace).unwrap_or_else(|_| {
+            Err(Failure::Run(
+                "the receiver thread did not finish (it stopped or panicked)".into(),
+            ))
+        });
+        if received.is_ok() {
+            received = one;
+        }
+    }
     match (sent, received) {
         (Ok(summary), Ok(_)) => Ok(summary),
         // The side that failed first has the cause; the other one only says so.
@@ -286,6 +340,7 @@ fn peer(
             "two processes (this sender, the receiver at {})",
             tcp.peer()
         ),
+        group: None,
     };
     sender::send(&ctx, &mut tcp, printer)
 }

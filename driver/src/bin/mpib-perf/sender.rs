@@ -9,6 +9,7 @@ use mpib_driver::rails::{Direction, Probes};
 use mpib_driver::xfer::Sender;
 use mpib_driver::{Agent, Error, Net, Props};
 
+use crate::group::Group;
 use crate::link::{Link, Msg, RecvStats};
 use crate::output::{Printer, Row};
 use crate::pass::Timing;
@@ -23,6 +24,24 @@ pub struct SendCtx<'a> {
     pub agent: Option<&'a Agent>,
     /// The header's "mode" words.
     pub mode: String,
+    /// `--comms`: the connections this one moves its rows with, and its place among them (the
+    /// first prints).
+    pub group: Option<(&'a Group, usize)>,
+}
+
+impl SendCtx<'_> {
+    /// Whether this connection prints (the only one, or the first of a group).
+    fn leads(&self) -> bool {
+        self.group.map_or(true, |(_, member)| member == 0)
+    }
+
+    /// Meets the group's other connections, if any.
+    fn meet(&self, what: &str) -> mpib_driver::Result<()> {
+        match self.group {
+            Some((group, _)) => group.meet(what, self.local.timeout).map_err(Error::Io),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The sending side, to the end of the sweep, printing a row per size. A failure is also sent to
@@ -35,6 +54,9 @@ pub fn send(
     let outcome = send_inner(ctx, link, printer);
     if let Err(e) = &outcome {
         link.fail(e.message());
+        if let Some((group, member)) = ctx.group {
+            group.fail(&format!("connection {member}: {}", e.message()));
+        }
     }
     outcome
 }
@@ -69,8 +91,10 @@ fn send_inner(
             ))
         })?;
     }
-    let probes = rails_probe();
-    printer.header(&header_lines(ctx, &net, &props, probes.as_ref()));
+    let probes = rails_probe(ctx.group.is_some());
+    if ctx.leads() {
+        printer.header(&header_lines(ctx, &net, &props, probes.as_ref()));
+    }
     let summary = sender
         .with_region(ctx.sweep.send_len(), |net, comm, buf, mhandle| {
             let region = Region {
@@ -98,18 +122,31 @@ fn send_inner(
 /// plugins, or `MPIB_PROBES=0`: no rail columns).
 pub struct RailProbe {
     pub probes: Probes,
-    index: u64,
+    /// This connection's slot; `None`: every send connection of the process (`--comms`).
+    index: Option<u64>,
 }
 
 impl RailProbe {
     fn bytes(&self) -> mpib_driver::Result<(u64, u64)> {
-        Ok(self.probes.at(self.index)?.rail_bytes)
+        match self.index {
+            Some(index) => Ok(self.probes.at(index)?.rail_bytes),
+            None => Ok(self
+                .probes
+                .connections()?
+                .iter()
+                .filter(|c| c.direction == Direction::Send)
+                .fold((0, 0), |(a, b), c| (a + c.rail_bytes.0, b + c.rail_bytes.1))),
+        }
     }
 }
 
-fn rails_probe() -> Option<RailProbe> {
+fn rails_probe(all: bool) -> Option<RailProbe> {
     let probes = Probes::open_own().ok()?;
-    let index = probes.only(Direction::Send).ok()?.index;
+    let index = if all {
+        None
+    } else {
+        Some(probes.only(Direction::Send).ok()?.index)
+    };
     Some(RailProbe { probes, index })
 }
 
@@ -133,17 +170,26 @@ fn send_rows(
                 split = Some(share);
             }
         }
-        printer.progress(spec, rows.len());
+        if ctx.leads() {
+            printer.progress(spec, rows.len());
+        }
         let [warmup, timed] = passes(ctx.sweep, *spec, region, ctx.local.timeout);
         let mut watch = || link.peer_failed();
         warmup
             .send(net, comm, &mut watch)
             .map_err(|e| e.context(at(spec, "warmup")))?;
+        ctx.meet(&at(spec, "the start of the timed pass"))?;
         let before = probe.map(RailProbe::bytes).transpose()?;
         let timing = timed
             .send(net, comm, &mut watch)
             .map_err(|e| e.context(at(spec, "timed")))?;
+        if let Some((group, _)) = ctx.group {
+            group.add(spec.index, timing.bytes, timing.elapsed);
+        }
+        ctx.meet(&at(spec, "the end of the timed pass"))?;
         let after = probe.map(RailProbe::bytes).transpose()?;
+        // The first connection has read the rails: the others may start the next warmup.
+        ctx.meet(&at(spec, "the rails' reading"))?;
         let stats = receiver_stats(link, spec, ctx.local.timeout)?;
         if stats.bytes != timing.bytes {
             return Err(Error::Mismatch(format!(
@@ -154,14 +200,21 @@ fn send_rows(
             )));
         }
         let rails = before.zip(after).map(|(b, a)| (a.0 - b.0, a.1 - b.1));
-        printer
-            .row(&Row {
-                at: started.elapsed(),
-                ..make_row(ctx.sweep, spec, &timing, &stats, rails)
-            })
-            .map_err(Error::Io)?;
+        let mut row = Row {
+            at: started.elapsed(),
+            ..make_row(ctx.sweep, spec, &timing, &stats, rails)
+        };
+        if let Some((group, _)) = ctx.group {
+            let totals = group.totals(spec.index);
+            row.bytes = totals.bytes;
+            row.elapsed = totals.elapsed;
+            row.iters = spec.iters * group.members() as u64;
+        }
+        if ctx.leads() {
+            printer.row(&row).map_err(Error::Io)?;
+        }
         summary.rows += 1;
-        summary.bytes += timing.bytes;
+        summary.bytes += row.bytes;
     }
     Ok(summary)
 }
