@@ -102,8 +102,9 @@ pub struct AdaptiveTuning {
     /// Without fresh telemetry for this long the loop holds; twice as long, it falls back to
     /// `capacity`, ms.
     pub stale_ms: u64,
-    /// A rail whose rate falls below this fraction of its recent rate right after its share
-    /// grew is treated as overloaded (a finish-time outlier).
+    /// A rail whose rate relative to the other rail's falls below this fraction of the
+    /// estimates' ratio for two intervals right after its share grew is treated as overloaded
+    /// (a finish-time outlier).
     pub collapse_ratio: f64,
     /// NIC retransmissions per GB the flow completed on a rail above which the rail is treated
     /// as overloaded (the port's counters are shared with other flows: a few are noise).

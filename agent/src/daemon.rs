@@ -143,7 +143,11 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
     while !shared.stop.load(Ordering::Relaxed) {
         let interval = shared.policies.load().interval();
         while last.elapsed() < interval && !shared.stop.load(Ordering::Relaxed) {
-            std::thread::sleep((interval - last.elapsed()).min(Duration::from_millis(20)));
+            std::thread::sleep(
+                interval
+                    .saturating_sub(last.elapsed())
+                    .min(Duration::from_millis(20)),
+            );
         }
         if reload.swap(false, Ordering::Relaxed) {
             reload_policies(options, shared);
@@ -167,8 +171,11 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
         }
         state.reclaimed("process_exited", dropped);
         state.in_use = Some(in_use);
-        state.tick(&measured, &policies, interval_ns);
+        let notable = state.tick(&measured, &policies, interval_ns);
         drop(state);
+        for line in notable {
+            log::info(&line);
+        }
         if dropped > 0 {
             log::info(&format!(
                 "{dropped} connection(s) of {} exited process(es) reclaimed",

@@ -279,12 +279,15 @@ impl State {
     }
 
     /// One policy interval over the measured flows.
+    /// Returns a line for each decision an operator would want to read about (all but the
+    /// routine `balance`, `rule` and `link_rates` moves), for the caller to log after unlocking.
     pub fn tick(
         &mut self,
         measured: &BTreeMap<u32, FlowMeasurement>,
         policies: &Policies,
         interval_ns: u64,
-    ) {
+    ) -> Vec<String> {
+        let mut notable = Vec::new();
         let slots: Vec<(u32, Pair)> = self.slots.flows().map(|f| (f.slot, f.pair)).collect();
         for (slot, pair) in slots {
             let mut measurement = measured.get(&slot).copied().unwrap_or_default();
@@ -328,12 +331,24 @@ impl State {
                 .policy
                 .decide(flow.sup_bw, &measurement.sample, &policies.adaptive);
             if let Decision::Set { sup_bw, reason } = decision {
+                if !matches!(reason, "balance" | "rule" | "link_rates") {
+                    let sample = &measurement.sample;
+                    notable.push(format!(
+                        "flow {slot} ({pair}): sup_bw {} -> {sup_bw} ({reason}; rates while busy \
+                         SOUT {:.0} MB/s, SUP {:.0} MB/s, retransmissions {:?})",
+                        flow.sup_bw,
+                        sample.rate(0).unwrap_or(0.0) / 1e6,
+                        sample.rate(1).unwrap_or(0.0) / 1e6,
+                        sample.retransmissions
+                    ));
+                }
                 flow.sup_bw = sup_bw;
                 self.hints.write_sup_bw(slot as usize, sup_bw);
                 let key = (flow.policy.kind().name(), reason);
                 *self.counters.decisions.entry(key).or_default() += 1;
             }
         }
+        notable
     }
 }
 

@@ -286,7 +286,10 @@ fn several_connections_move_each_row_together_in_one_row() {
             "all three connections: {row:?}"
         );
         assert_eq!(int(row, "count"), 24);
-        assert_eq!(int(row, "sout_bytes") + int(row, "sup_bytes"), (3 * 8) << 20);
+        assert_eq!(
+            int(row, "sout_bytes") + int(row, "sup_bytes"),
+            (3 * 8) << 20
+        );
         assert_eq!(int(row, "sup_bytes"), (3 * 8) << 19, "each split at 512");
     }
     assert!(field(&rows[1], "at_ms") > field(&rows[0], "at_ms"));

@@ -139,8 +139,8 @@ impl Adaptive {
             *cap = cap.filter(|(_, until)| now < *until);
         }
         self.track_collapse(sample, tuning);
-        if let Some(rail) = self.overloaded(sample, tuning) {
-            return self.back_off(rail, tuning);
+        if let Some((rail, sign)) = self.overloaded(sample, tuning) {
+            return self.back_off(rail, sign, tuning);
         }
         self.measure(sample);
         if let Some(decision) = self.probe_result(sample, tuning) {
@@ -176,33 +176,48 @@ impl Adaptive {
         sample.retransmissions[rail] as f64 / gigabytes
     }
 
-    /// The rail to back off from, if one shows overload (the worse one when both do).
-    fn overloaded(&self, sample: &Sample, tuning: &AdaptiveTuning) -> Option<usize> {
-        let signal = |rail: usize| -> Option<f64> {
+    /// The rail to back off from and the sign seen, if one shows overload (the worse one when
+    /// both do).
+    fn overloaded(
+        &self,
+        sample: &Sample,
+        tuning: &AdaptiveTuning,
+    ) -> Option<(usize, &'static str)> {
+        let signal = |rail: usize| -> Option<(f64, &'static str)> {
             if rail_share(rail, self.share) == 0 {
                 return None;
             }
             let rate = Self::retransmission_rate(sample, rail);
             if sample.retransmissions[rail] > 0 && rate > tuning.overload_retransmissions_per_gb {
-                return Some(rate);
+                return Some((rate, "retransmissions"));
             }
-            (self.collapsed[rail] >= COLLAPSE_INTERVALS).then_some(f64::MAX)
+            (self.collapsed[rail] >= COLLAPSE_INTERVALS).then_some((f64::MAX, "rate_collapse"))
         };
         match (signal(SOUT), signal(SUP)) {
-            (Some(a), Some(b)) => Some(if b > a { SUP } else { SOUT }),
-            (Some(_), None) => Some(SOUT),
-            (None, Some(_)) => Some(SUP),
+            (Some(a), Some(b)) if b.0 > a.0 => Some((SUP, b.1)),
+            (Some(a), _) => Some((SOUT, a.1)),
+            (None, Some(b)) => Some((SUP, b.1)),
             (None, None) => None,
         }
     }
 
-    /// Counts the intervals a rail's rate stays below `collapse_ratio` of its estimate after
-    /// its share grew (a finish-time outlier: the rail's parts suddenly take far longer). Not
-    /// while a single-rail probe runs: moving all to one rail changes the rates by design.
+    /// Counts the intervals a rail's rate, relative to the other rail's, stays below
+    /// `collapse_ratio` of the estimates' ratio after its share grew (a finish-time outlier: the
+    /// rail's parts suddenly take far longer than the other's). Relative, because what slows
+    /// both rails alike (more connections sharing the flow, a busy CPU) is no rail's overload.
+    /// Not while a single-rail probe runs: moving all to one rail changes the rates by design.
     fn track_collapse(&mut self, sample: &Sample, tuning: &AdaptiveTuning) {
         for rail in [SOUT, SUP] {
-            let collapsed = match (self.rate[rail], sample.rate(rail)) {
-                (Some(before), Some(now)) => now < tuning.collapse_ratio * before,
+            let other = 1 - rail;
+            let collapsed = match (
+                self.rate[rail],
+                self.rate[other],
+                sample.rate(rail),
+                sample.rate(other),
+            ) {
+                (Some(before), Some(before_other), Some(now), Some(now_other)) => {
+                    now / now_other < tuning.collapse_ratio * (before / before_other)
+                }
                 _ => false,
             };
             let suspect = self.grew == Some(rail) || self.collapsed[rail] > 0;
@@ -214,7 +229,7 @@ impl Adaptive {
         }
     }
 
-    fn back_off(&mut self, rail: usize, tuning: &AdaptiveTuning) -> Decision {
+    fn back_off(&mut self, rail: usize, sign: &'static str, tuning: &AdaptiveTuning) -> Decision {
         self.collapsed = [0; 2];
         let part = rail_share(rail, self.share).saturating_sub(tuning.max_step);
         let until = self.clock_ns.saturating_add(ms_to_ns(tuning.hold_ms));
@@ -227,7 +242,7 @@ impl Adaptive {
         self.rate[rail] = None;
         // Moving away from this rail must not push the other past its own cap.
         let share = self.capped(share_for(rail, part));
-        self.set(share, "overload")
+        self.set(share, sign)
     }
 
     fn measure(&mut self, sample: &Sample) {
@@ -241,7 +256,14 @@ impl Adaptive {
             }
         }
         let total = (sample.done_bytes[SOUT] as f64 + sample.done_bytes[SUP] as f64).max(1.0);
-        let alone = |rail: usize| sample.done_bytes[1 - rail] as f64 / total <= SOLO_TOLERANCE;
+        // Alone only when the share asked for it too: an interval in which the other rail
+        // happened to complete nothing (a slow rail, a short interval) says nothing of how this
+        // one does alone.
+        let share = f64::from(self.share) / f64::from(FULL);
+        let asked = [share <= SOLO_TOLERANCE, share >= 1.0 - SOLO_TOLERANCE];
+        let alone = |rail: usize| {
+            asked[rail] && sample.done_bytes[1 - rail] as f64 / total <= SOLO_TOLERANCE
+        };
         match rates {
             [Some(a), _] if alone(SOUT) => self.solo[SOUT] = Some(a),
             [_, Some(b)] if alone(SUP) => self.solo[SUP] = Some(b),

@@ -169,7 +169,7 @@ fn retransmissions_back_off_and_cap_the_rail() {
         flow.step(&sample, &tuning),
         Decision::Set {
             sup_bw: at - tuning.max_step,
-            reason: "overload"
+            reason: "retransmissions"
         }
     );
     run(&mut flow, rails, 50);
@@ -198,7 +198,7 @@ fn both_rails_overloaded_backs_off_the_worse_and_keeps_both_caps() {
         decision,
         Decision::Set {
             sup_bw: at - tuning.max_step,
-            reason: "overload"
+            reason: "retransmissions"
         },
         "SUP has more per GB"
     );

@@ -37,6 +37,78 @@ for f in "$work"/loopback/records.tsv "$work"/rig/records.tsv; do [ ! -f "$f" ] 
                  (mp == "-") ? mp : sprintf("%.1f", mp), runs[k], failed[k] + 0, lossy[k] + 0,
                  (k in example) ? example[k] : "none", spread(g[k]), errors[k] + 0 } }' > "$medians"
 
+# The agent's records (case, metric, rep, value): median, spread and runs per (case, metric).
+agent_medians=$work/agent-medians.tsv
+if [ -f "$work/agent/records.tsv" ] || [ -f "$work/rig/agent.tsv" ]; then
+  for f in "$work/agent/records.tsv" "$work/rig/agent.tsv"; do [ ! -f "$f" ] || cat "$f"; done | awk -F'\t' '
+    { k = $1 "\t" $2; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+      runs[k]++; if ($4 == "fail") failed[k]++; else v[k] = v[k] " " $4 }
+    function median(list,    a, m, i, j, t) {
+      m = split(list, a, " "); if (m == 0) return "-"
+      for (i = 2; i <= m; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2 }
+    function spread(list,    a, m, i, lo, hi, md) {
+      m = split(list, a, " "); if (m < 2) return "-"
+      lo = hi = a[1] + 0; for (i = 2; i <= m; i++) { if (a[i] + 0 < lo) lo = a[i] + 0; if (a[i] + 0 > hi) hi = a[i] + 0 }
+      md = median(list); return (md + 0 == 0) ? "-" : sprintf("%.1f", 100 * (hi - lo) / md) }
+    END { for (i = 1; i <= n; i++) { k = order[i]; printf "%s\t%s\t%s\t%d\t%d\n", k, median(v[k]), spread(v[k]), runs[k], failed[k] + 0 } }
+  ' > "$agent_medians"
+else
+  : > "$agent_medians"
+fi
+amed() { awk -F'\t' -v c="$1" -v m="$2" -v f="${3:-3}" '$1 == c && $2 == m { print $f; exit }' "$agent_medians"; }
+at_most() { awk -v v="$1" -v t="$2" 'BEGIN { if (v == "" || v == "-") print "not measured"; else if (v + 0 <= t) print "met"; else print "**gap**" }'; }
+
+BALANCED_SHOWN=683
+agent_verdicts() {
+  local a b r
+  a=$(amed independent steady) b=$(amed independent sum_single) r=$(ratio "$a" "$b")
+  echo "| Agent \`adaptive\`, loopback 2 + 4 GB/s, 4 MiB, from all-SOUT: median after 2 s vs SOUT alone + SUP alone | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  a=$(amed independent reach_ms)
+  echo "| … time to reach 0.95 × that sum | ${a:--} ms | | ≤ 2000 ms | $(at_most "$a" 2000) |"
+  a=$(amed degraded steady_after) b=$(amed degraded best_after) r=$(ratio "$a" "$b")
+  echo "| SUP slowed to 0.5 GB/s at 3 s: median from 2 s after vs the new best (SOUT alone + slowed SUP alone) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
+  a=$(amed degraded recover_ms)
+  echo "| … time from the first slowed row to 0.9 × the new best, for good | ${a:--} ms | | ≤ 2000 ms | $(at_most "$a" 2000) |"
+  b=$(amed mixed best_single)
+  a=$(amed mixed adaptive) r=$(ratio "$a" "$b")
+  echo "| Mixing penalty (\`mixed=1.5GB/s\`): \`adaptive\` (second half of its run) vs the best single rail | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  for p in capacity static512; do
+    a=$(amed mixed "$p") r=$(ratio "$a" "$b")
+    local name="\`capacity\`"; [ "$p" = capacity ] || name="a static 512"
+    echo "| … $name beside it, vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
+  done
+  a=$(amed comms8 steady) b=$(amed comms8 sum_single) r=$(ratio "$a" "$b")
+  echo "| 8 connections in one process through one agent, 2 + 4 GB/s: aggregate after 2 s vs the single rails summed (8 connections each) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  [ -n "$(amed rig-adaptive steady)" ] || return 0
+  local z; z=$(sizes_of both | tail -n 1)
+  local ib; ib=$(med both "ib_write_bw x2 (sum)" "$z")
+  a=$(amed rig-adaptive steady) r=$(ratio "$a" "$ib")
+  echo "| Rig, shaped rails 1:2, $(human "$z"): \`adaptive\` from all-SOUT, median row after 20 s vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$ib") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
+  b=$(amed rig-static steady) r=$(ratio "$a" "$b")
+  echo "| … vs the same rows at the fixed split sup_bw $BALANCED_SHOWN (each row pays the window's fill and drain alike) | $(gbs "$a") vs $(gbs "$b") | $r | (≥ 0.95) | $(verdict "$r" 0.95) |"
+  local s0 s1 best
+  s0=$(med single "mpib-perf sout (sup_bw 0)" "$z") s1=$(med single "mpib-perf sup (sup_bw 1024)" "$z")
+  best=$(awk -v a="$s0" -v b="$s1" 'BEGIN { if (a == "" || b == "") print "-"; else print (a + 0 > b + 0) ? a : b }')
+  a=$(amed rig-adaptive slowest_row) r=$(ratio "$a" "$best")
+  echo "| … its slowest row (about 1 s each) after 5 s vs the best single rail | $(gbs "$a") vs $(gbs "$best") | $r | ≥ 1 | $(verdict "$r" 1) |"
+  a=$(amed rig-slowdown move_ms)
+  echo "| … SUP slowed to 40 Mbit/s by tc mid-run: time until the split is within 64 of the new balance (341) | ${a:--} ms | | ≤ 3000 ms | $(at_most "$a" 3000) |"
+  a=$(amed rig-two-processes sum) r=$(ratio "$a" "$ib")
+  echo "| … two sender processes through one agent: their sum vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$ib") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
+}
+
+agent_table() {
+  echo "| case | metric | median | spread | runs |"
+  echo "|---|---|---:|---:|---:|"
+  while IFS=$'\t' read -r c m v sp n f; do
+    local shown; if [[ $m == *_ms ]]; then shown="$v ms"; else shown=$(gbs "$v"); fi
+    local spread="$sp %"; [ "$sp" != - ] || spread=-
+    [ "$f" = 0 ] || shown+=" ($f failed)"
+    echo "| $c | $m | $shown | $spread | $n |"
+  done < "$agent_medians"
+}
+
 med() { awk -F'\t' -v s="$1" -v l="$2" -v z="$3" -v c="${4:-4}" '$1 == s && $2 == l && $3 == z { print $c; exit }' "$medians"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.3f", a / b }'; }
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-") print "-"; else printf "%.6f", a + b }'; }
@@ -145,6 +217,7 @@ cost_table() {
   echo "| what | measured | ratio | target | |"
   echo "|---|---|---:|---|---|"
   for z in $(sizes_of loopback-independent); do loopback_verdicts "$z"; done
+  [ ! -s "$agent_medians" ] || agent_verdicts
   [ ! -s "$work/rig/records.tsv" ] || rig_verdicts
   allocs=$(sed -n 's/^row .*allocs_per_transfer=\([0-9.]*\).*/\1/p' "$work/cost/bench.log" | sort -n | tail -1)
   echo "| Heap allocations per transfer (loopback, probes on and off, 64 B ... 64 KiB) | ${allocs:--} | | 0 | $(awk -v a="${allocs:-x}" 'BEGIN { print (a == "x") ? "not measured" : (a + 0 == 0 ? "met" : "**gap**") }') |"
@@ -166,6 +239,23 @@ cost_table() {
   echo
   sweep_table loopback-mixed
   echo
+  if [ -s "$agent_medians" ]; then
+    echo "## The policy agent"
+    echo
+    echo "Loopback cases (\`scripts/lib/perf/agent.sh\`): a fresh \`mpib-agent\` (default interval 100 ms) per run, \`mpib-perf\`"
+    echo "in advanced mode printing a row every 64 messages of 4 MiB (\`--repeat\`, \`at_ms\`), medians of"
+    echo "$reps. \`sum_single\`, \`best_after\` and \`best_single\` are the same rails measured at fixed shares"
+    echo "0 and 1024 in the same repetition; \`steady\` the median row after 2 s; \`reach_ms\` the first row"
+    echo "at 0.95 of \`sum_single\`; \`recover_ms\` from the first row the slowdown shows in to the first"
+    echo "row after the last one under 0.9 of \`best_after\`. The \`rig-*\` cases come from the rig boot"
+    echo "(\`scripts/lib/perf/rig.sh\`, shaped rails, one agent at a 1 s interval for both processes):"
+    echo "rows of 32 MiB, \`steady\` the median row after 20 s (\`rig-static\`: the same rows at a fixed"
+    echo "683, after 3 s), \`slowest_row\` the slowest row after 5 s, \`move_ms\` from the \`tc\` change to the"
+    echo "first row within 64 of the new balance, \`sum\` two sender processes' medians added."
+    echo
+    agent_table
+    echo
+  fi
   if [ -s "$work/rig/records.tsv" ]; then
     echo "## Shaped Soft-RoCE rails (the rig)"
     echo

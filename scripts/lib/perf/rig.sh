@@ -13,8 +13,14 @@
 #            4.3 s per ACK timeout) and with one QP per rail
 #   reorder  the balanced split with per-CPU receive (the rig's default): packets reordered
 #   lossy    0.1 % of packets lost at random on each shaped rail (netem): the case with drops
+#   agent    mpib-agent's adaptive policy (advanced mode, both processes through one agent,
+#            interval 1 s): a 60 s series from all-SOUT (its median after 20 s, its slowest 1-s
+#            row against the best single rail; the same rows at the fixed split beside it), SUP
+#            slowed to 40 Mbit/s by tc mid-run (how long until the split comes within 64 of
+#            the new balance), and two sender processes at once (their sum)
 #   latency  unshaped rails: ib_write_lat vs mpib-perf's p50, 8 B ... 4 KiB
-# Every measurement appends one tab-separated record to OUT/records.tsv:
+# The agent cases append "case metric rep value" records to OUT/agent.tsv (GB/s, ms for *_ms).
+# Every other measurement appends one tab-separated record to OUT/records.tsv:
 #   section  label  size  rep  GB/s  p50_us  loss-counter deltas ("none" when nothing moved)
 # A measurement that fails records GB/s as "fail" and its log stays under OUT/logs/; in the cases
 # run with PERF_ALLOW_ERRORS=1 (where losses may exhaust the retries), an mpib-perf that ends
@@ -27,7 +33,7 @@ root=$(cd "$here/../../.." && pwd)
 bin=$root/target/release
 records=$out/records.tsv logs=$out/logs
 mkdir -p "$logs"
-: > "$records"
+: > "$records"; : > "$out/agent.tsv"
 for v in $(compgen -e); do case $v in MPIB_*) unset "$v" ;; esac; done
 # retry_cnt 6: rxe treats 7 as "retry forever" (docs/PERFORMANCE.md, rig notes).
 export MPIB_FABRIC=verbs MPIB_IB_RETRY_CNT=6 MPIB_PROBES=1 MPIB_PROBES_DIR=/tmp/perf/probes
@@ -122,6 +128,120 @@ measure_both_ib() { # measure_both_ib SIZE ITERS: two ib_write_bw at once, one p
   record both "ib_write_bw x2 (sup part)" "$size" "$rep" "$g1" - -
 }
 
+# ---- the policy agent: one mpib-agent serves both processes (A's flow and B's)
+agent_dir=/tmp/perf/agent
+agent_start() {
+  rm -rf "$agent_dir"; mkdir -p "$agent_dir"
+  # A 1 s interval: at 30 MB/s a 100 ms one sees a few transfers, too few for a rate.
+  "$bin/mpib-agent" --policy adaptive --interval-ms 1000 --hint-path "$agent_dir/hints" --socket "$agent_dir/agent.sock" \
+    --probes-dir "$MPIB_PROBES_DIR" --metrics-listen off > "$logs/agent-$1.log" 2>&1 &
+  agent_pid=$!
+  for _ in $(seq 100); do [ -S "$agent_dir/agent.sock" ] && break; sleep 0.1; done
+  [ -S "$agent_dir/agent.sock" ] || return 1
+  # Its status every second, for the record (logs/agent-status-REP.log).
+  ( while kill -0 "$agent_pid" 2>/dev/null; do
+      date +%s.%N; "$bin/mpib-agent" status --control "$agent_dir/agent.control" 2>&1 | tail -n +4
+      sleep 1
+    done ) > "$logs/agent-status-$1.log" 2>&1 &
+  agent_watch=$!
+}
+agent_stop() {
+  kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null
+  wait "$agent_watch" 2>/dev/null
+}
+AGENT_ENV=(MPIB_MODE=1 "MPIB_HINT_PATH=$agent_dir/hints" "MPIB_AGENT_SOCKET=$agent_dir/agent.sock")
+
+# agent_series LOG SIZE ITERS REPEAT PORT [EXTRA...]: mpib-perf in advanced mode (no --sup-bw:
+# the agent's shares), a row per ITERS messages; 0 when it ran. (The port is the caller's: two
+# series may run at once in subshells.)
+agent_series() {
+  local log=$1 size=$2 iters=$3 repeat=$4 p=$5
+  shift 5
+  env "${B[@]}" "${AGENT_ENV[@]}" \
+    timeout 600 "$bin/mpib-perf" --listen "10.100.0.2:$p" --timeout 120 > "$log.recv" 2>&1 &
+  local receiver=$!
+  wait_listen "$p" || { kill "$receiver" 2>/dev/null; return 1; }
+  env "${A[@]}" "${AGENT_ENV[@]}" \
+    timeout 600 "$bin/mpib-perf" --peer "10.100.0.2:$p" --min-size "$size" --max-size "$size" \
+    --iters "$iters" --warmup 0 --repeat "$repeat" --timeout 120 --csv "$@" > "$log" 2> "$log.err"
+  local rc=$?
+  wait "$receiver"
+  return "$rc"
+}
+
+agent_record() { printf '%s\t%s\t%s\t%s\n' "$@" >> "$out/agent.tsv"; echo "rig perf: agent $*"; }
+
+# series_stat LOG STAT FROM_MS: over the rows from FROM_MS, the median or the min GB/s.
+series_stat() {
+  awk -F, -v stat="$2" -v from="$3" 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $(col["at_ms"]) + 0 >= from + 0 { v[++n] = $(col["gbps"]) + 0 }
+    END { if (n == 0) { print "fail"; exit }
+          for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+          if (stat == "min") print v[1]; else print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' "$1"
+}
+
+measure_agent() { # measure_agent SIZE: the three agent cases at one size
+  local size=$1 iters log
+  # A row of 32 MiB (about 1 s at 30 MB/s) and at least 16 messages: each row starts and ends
+  # with the window filling and draining, which a short row would pay too often.
+  iters=$((32 * 1048576 / size)); [ "$iters" -ge 16 ] || iters=16
+  # The same rows at the fixed rate-proportional split (a test agent, --sup-bw): what the
+  # adaptive series is compared with beside two ib_write_bw, since every row pays the window's
+  # fill and drain alike.
+  log=$logs/agent-static-$size-$rep.csv
+  next_port
+  if agent_series "$log" "$size" "$iters" 15 "$port" --sup-bw "$BALANCED"; then
+    agent_record rig-static steady "$rep" "$(series_stat "$log" median 3000)"
+  else
+    agent_record rig-static steady "$rep" fail
+  fi
+  agent_start "$rep" || { agent_record rig-adaptive steady "$rep" fail; return; }
+  log=$logs/agent-series-$size-$rep.csv
+  next_port
+  if agent_series "$log" "$size" "$iters" 60 "$port"; then
+    agent_record rig-adaptive steady "$rep" "$(series_stat "$log" median 20000)"
+    agent_record rig-adaptive slowest_row "$rep" "$(series_stat "$log" min 5000)"
+  else
+    agent_record rig-adaptive steady "$rep" fail
+  fi
+  # SUP slowed to half of SOUT's rate 15 s in: how long until the agent's split moves.
+  log=$logs/agent-slowdown-$size-$rep.csv
+  ( sleep 15; date +%s%3N > "$log.slowed"; shape_rail 1 40mbit ) &
+  local slower=$!
+  local started; started=$(date +%s%3N)
+  next_port
+  if agent_series "$log" "$size" "$iters" 40 "$port"; then
+    wait "$slower"
+    # The first row ending after the change whose SUP share is within 64 parts of the new
+    # balance (SOUT 80 and SUP 40 Mbit/s: 1024 / 3 = 341).
+    local slowed_ms; slowed_ms=$(( $(cat "$log.slowed") - started ))
+    agent_record rig-slowdown move_ms "$rep" "$(awk -F, -v t="$slowed_ms" '
+      NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+      { at = $(col["at_ms"]) + 0; s = $(col["sup_share"]) + 0 }
+      at > t && s >= 341 - 64 && s <= 341 + 64 { printf "%.0f\n", at - t; found = 1; exit }
+      END { if (!found) print "fail" }' "$log")"
+    agent_record rig-slowdown steady_after "$rep" "$(series_stat "$log" median $((slowed_ms + 10000)))"
+  else
+    wait "$slower"
+    agent_record rig-slowdown move_ms "$rep" fail
+  fi
+  shape_rail 1 "$SUP_RATE"
+  # Two sender processes at once, each to its own receiver, through the one agent.
+  local l1=$logs/agent-two-1-$size-$rep.csv l2=$logs/agent-two-2-$size-$rep.csv
+  next_port; local p1=$port; next_port
+  agent_series "$l1" "$size" "$iters" 30 "$p1" &
+  local j1=$!
+  agent_series "$l2" "$size" "$iters" 30 "$port" &
+  local j2=$!
+  if wait "$j1" && wait "$j2"; then
+    agent_record rig-two-processes sum "$rep" "$(awk -v a="$(series_stat "$l1" median 10000)" \
+      -v b="$(series_stat "$l2" median 10000)" 'BEGIN { if (a == "fail" || b == "fail") print "fail"; else printf "%.6f", a + b }')"
+  else
+    agent_record rig-two-processes sum "$rep" fail
+  fi
+  agent_stop
+}
+
 measure_perf() { # measure_perf SECTION LABEL SIZE ITERS SUP_BW
   local before after res
   before=$(loss_snapshot)
@@ -137,6 +257,10 @@ receive_in_order on
 sizes=(1048576 4194304)
 sweep=(0 256 512 640 683 768 896 1024)
 if [ -n "$quick" ]; then sizes=(1048576); sweep=(0 683 1024); fi
+if [ "${PERF_ONLY:-}" = agent ]; then   # a development shortcut: the agent cases alone
+  for ((rep = 1; rep <= reps; rep++)); do measure_agent "${sizes[-1]}"; done
+  echo "rig perf: done"; exit 0
+fi
 for ((rep = 1; rep <= reps; rep++)); do
   for size in "${sizes[@]}"; do
     iters=$((16 * 1048576 / size)); [ "$iters" -ge 8 ] || iters=8
@@ -160,6 +284,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     measure_perf knobs "sup_bw $BALANCED, $knob" "$size" "$((iters * 3))" "$BALANCED"
   done
   PERF_ENV=() PERF_ALLOW_ERRORS=
+  measure_agent "${sizes[-1]}"
 done
 # Reordering: the rig's per-CPU receive, as it is without receive_in_order.
 receive_in_order off
