@@ -34,6 +34,13 @@ const NEW_WEIGHT: f64 = 0.75;
 /// measurement (transfers posted before a switch still complete on the old rail).
 const SOLO_TOLERANCE: f64 = 0.02;
 
+/// The least bytes a rail's retransmissions are divided by (100 MB).
+const MIN_NORMALISING_BYTES: u64 = 100_000_000;
+
+/// A rail busy less than this fraction of the interval gave too few completions for its rate to
+/// be judged collapsed (measured on the rig: 1 MiB parts at 10 MB/s, a handful per interval).
+const MIN_BUSY_FRACTION: f64 = 0.8;
+
 /// Consecutive collapsed intervals that count as overload (one can be a measuring artefact).
 const COLLAPSE_INTERVALS: u8 = 2;
 
@@ -170,10 +177,12 @@ impl Adaptive {
     }
 
     /// Retransmissions per GB a rail completed in the interval (the count is the NIC port's,
-    /// shared with every other user of the port: it is normalised by this flow's bytes).
+    /// shared with every other user of the port: it is normalised by this flow's bytes). At
+    /// least [`MIN_NORMALISING_BYTES`] count as moved, so that one stray retransmission in an
+    /// interval that completed almost nothing is not a flood.
     fn retransmission_rate(sample: &Sample, rail: usize) -> f64 {
-        let gigabytes = (sample.done_bytes[rail] as f64 / 1e9).max(1e-6);
-        sample.retransmissions[rail] as f64 / gigabytes
+        let bytes = sample.done_bytes[rail].max(MIN_NORMALISING_BYTES);
+        sample.retransmissions[rail] as f64 / (bytes as f64 / 1e9)
     }
 
     /// The rail to back off from and the sign seen, if one shows overload (the worse one when
@@ -216,7 +225,9 @@ impl Adaptive {
                 sample.rate(other),
             ) {
                 (Some(before), Some(before_other), Some(now), Some(now_other)) => {
-                    now / now_other < tuning.collapse_ratio * (before / before_other)
+                    let busy = sample.busy_ns[rail] as f64 / sample.interval_ns.max(1) as f64;
+                    busy >= MIN_BUSY_FRACTION
+                        && now / now_other < tuning.collapse_ratio * (before / before_other)
                 }
                 _ => false,
             };

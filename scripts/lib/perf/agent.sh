@@ -15,7 +15,8 @@
 #                its series against the best single rail, with `capacity` and a static 512 beside
 #   comms8       8 connections in one process (mpib-perf --comms 8) through one agent, rails of 2
 #                and 4 GB/s: the aggregate's median after 2 s against the single rails summed
-# Records (tab-separated) in OUT/records.tsv: case, metric, rep, value (GB/s, or ms for *_ms).
+# Records (tab-separated) in OUT/records.tsv: case, metric, rep, value (GB/s, or ms for *_ms;
+# "never" when the run ended first: a missed target, not a failed measurement).
 set -uo pipefail
 out=$1 bin=$2 reps=${3:-5}
 records=$out/records.tsv logs=$out/logs
@@ -73,7 +74,7 @@ series() { paste -d' ' <(column "$1" at_ms) <(column "$1" gbps); }
 # first_at LOG THRESHOLD [AFTER_MS]: the first at_ms (after AFTER_MS) whose GB/s >= THRESHOLD.
 first_at() {
   series "$1" | awk -v t="$2" -v after="${3:-0}" '$1 + 0 >= after + 0 && $2 + 0 >= t + 0 { print $1; found = 1; exit }
-                                                END { if (!found) print "fail" }'
+                                                END { if (!found) print "never" }'
 }
 
 # median_after LOG FROM_MS [TO_MS]: the median GB/s of the rows from FROM_MS (to TO_MS).
@@ -116,7 +117,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     back=$(series "$log" | awk -v d="$dropped" -v t="$(times "$best_after" 0.9)" '
       d == "fail" || t == "fail" { exit }
       $1 + 0 >= d + 0 { if ($2 + 0 < t + 0) { bad = 1; ok = "" } else if (ok == "") ok = $1 }
-      END { print (ok == "") ? "fail" : ok }')
+      END { print (ok == "") ? "never" : ok }')
     record degraded recover_ms "$rep" "$(awk -v a="$dropped" -v b="$back" 'BEGIN { if (a == "fail" || b == "fail") print "fail"; else printf "%.0f", b - a }')"
     record degraded steady_after "$rep" "$(median_after "$log" "$(awk -v d="$dropped" 'BEGIN { print d + 2000 }')")"
   else

@@ -219,7 +219,7 @@ measure_agent() { # measure_agent SIZE: the three agent cases at one size
       NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
       { at = $(col["at_ms"]) + 0; s = $(col["sup_share"]) + 0 }
       at > t && s >= 341 - 64 && s <= 341 + 64 { printf "%.0f\n", at - t; found = 1; exit }
-      END { if (!found) print "fail" }' "$log")"
+      END { if (!found) print "never" }' "$log")"
     agent_record rig-slowdown steady_after "$rep" "$(series_stat "$log" median $((slowed_ms + 10000)))"
   else
     wait "$slower"
