@@ -97,7 +97,7 @@ agent_verdicts() {
   a=$(amed rig-adaptive slowest_row) r=$(ratio "$a" "$best")
   echo "| … its slowest row (32 MiB or 16 messages: 1 to 3 s) after 5 s vs the best single rail | $(gbs "$a") vs $(gbs "$best") | $r | ≥ 1 | $(verdict "$r" 1) |"
   a=$(amed rig-slowdown move_ms)
-  echo "| … SUP slowed to 40 Mbit/s by tc mid-run: time until the split is within 64 of the new balance (341) | $(ms_shown "$a") | | ≤ 3000 ms | $(at_most "$a" 3000) |"
+  echo "| … SUP slowed to 40 Mbit/s by tc mid-run: time until the share the agent asks (its status, read each second) is within 64 of the new balance (341) | $(ms_shown "$a") | | ≤ 3000 ms | $(at_most "$a" 3000) |"
   a=$(amed rig-two-processes sum) r=$(ratio "$a" "$ib")
   echo "| … two sender processes through one agent: their sum vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$ib") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
 }
@@ -257,7 +257,7 @@ cost_table() {
     echo "(\`scripts/lib/perf/rig.sh\`, shaped rails, one agent at a 1 s interval for both processes):"
     echo "rows of 32 MiB, \`steady\` the median row after 20 s (\`rig-static\`: the same rows at a fixed"
     echo "683, after 3 s), \`slowest_row\` the slowest row after 5 s, \`move_ms\` from the \`tc\` change to the"
-    echo "first row within 64 of the new balance, \`sum\` two sender processes' medians added."
+    echo "first status (read each second) whose asked share is within 64 of the new balance, \`sum\` two sender processes' medians added."
     echo
     agent_table
     echo
