@@ -122,11 +122,6 @@ impl Adaptive {
         self.share
     }
 
-    /// Rates while busy, bytes per second (SOUT, SUP), as estimated.
-    pub fn rates(&self) -> [Option<f64>; 2] {
-        self.rate
-    }
-
     /// Adopts a share set from outside (an operator's `set` that was released).
     pub fn adopt(&mut self, share: u32) {
         self.share = share.min(FULL);
