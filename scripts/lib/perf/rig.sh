@@ -14,8 +14,8 @@
 #   reorder  the balanced split with per-CPU receive (the rig's default): packets reordered
 #   lossy    0.1 % of packets lost at random on each shaped rail (netem): the case with drops
 #   agent    mpib-agent's adaptive policy (advanced mode, both processes through one agent,
-#            interval 1 s): a 60 s series from all-SOUT (its median after 20 s, its slowest 1-s
-#            row against the best single rail; the same rows at the fixed split beside it), SUP
+#            interval 500 ms, 1 MiB messages): a 60 s series from all-SOUT (its median after
+#            20 s, its slowest row of about 1 s against the best single rail; the same rows at the fixed split beside it), SUP
 #            slowed to 40 Mbit/s by tc mid-run (how long until the split comes within 64 of
 #            the new balance), and two sender processes at once (their sum)
 #   latency  unshaped rails: ib_write_lat vs mpib-perf's p50, 8 B ... 4 KiB
@@ -132,16 +132,17 @@ measure_both_ib() { # measure_both_ib SIZE ITERS: two ib_write_bw at once, one p
 agent_dir=/tmp/perf/agent
 agent_start() {
   rm -rf "$agent_dir"; mkdir -p "$agent_dir"
-  # A 1 s interval: at 30 MB/s a 100 ms one sees a few transfers, too few for a rate.
-  "$bin/mpib-agent" --policy adaptive --interval-ms ${RIG_AGENT_INTERVAL_MS:-1000} --hint-path "$agent_dir/hints" --socket "$agent_dir/agent.sock" \
+  # A 500 ms interval: at 30 MB/s a 100 ms one sees three or four 1 MiB transfers, too few for
+  # a rate; 500 ms sees about fifteen and still leaves room for several steps within 3 s.
+  "$bin/mpib-agent" --policy adaptive --interval-ms "${RIG_AGENT_INTERVAL_MS:-500}" --hint-path "$agent_dir/hints" --socket "$agent_dir/agent.sock" \
     --probes-dir "$MPIB_PROBES_DIR" --metrics-listen off > "$logs/agent-$1.log" 2>&1 &
   agent_pid=$!
   for _ in $(seq 100); do [ -S "$agent_dir/agent.sock" ] && break; sleep 0.1; done
   [ -S "$agent_dir/agent.sock" ] || return 1
-  # Its status every second, for the record (logs/agent-status-REP.log).
+  # Its status four times a second (logs/agent-status-REP.log): the move is timed from it.
   ( while kill -0 "$agent_pid" 2>/dev/null; do
       date +%s.%N; "$bin/mpib-agent" status --control "$agent_dir/agent.control" 2>&1 | tail -n +4
-      sleep 1
+      sleep 0.25
     done ) > "$logs/agent-status-$1.log" 2>&1 &
   agent_watch=$!
 }
@@ -182,9 +183,10 @@ series_stat() {
 
 measure_agent() { # measure_agent SIZE: the three agent cases at one size
   local size=$1 iters log
-  # A row of 32 MiB (about 1 s at 30 MB/s) and at least 16 messages: each row starts and ends
-  # with the window filling and draining, which a short row would pay too often.
-  iters=$((32 * 1048576 / size)); [ "$iters" -ge 16 ] || iters=16
+  # A row of 24 MiB (0.9 s at the rails' sum, 1.2 s at the faster rail alone) and at least 16
+  # messages: the target is about 1-s intervals, and each row starts and ends with the window
+  # filling and draining, which a shorter row would pay too often.
+  iters=$((24 * 1048576 / size)); [ "$iters" -ge 16 ] || iters=16
   # The same rows at the fixed rate-proportional split (a test agent, --sup-bw): what the
   # adaptive series is compared with beside two ib_write_bw, since every row pays the window's
   # fill and drain alike.
@@ -212,9 +214,9 @@ measure_agent() { # measure_agent SIZE: the three agent cases at one size
   next_port
   if agent_series "$log" "$size" "$iters" 40 "$port"; then
     wait "$slower"
-    # When the agent's asked share (its status, read every second) first came within 64 parts
-    # of the new balance (SOUT 80 and SUP 40 Mbit/s: 1024 / 3 = 341) after the change. The
-    # rows cannot tell: one takes 1 to 2 s and averages the shares it saw.
+    # When the agent's asked share (its status, read four times a second) first came within 64
+    # parts of the new balance (SOUT 80 and SUP 40 Mbit/s: 1024 / 3 = 341) after the change. The
+    # rows cannot tell: one takes about a second and averages the shares it saw.
     local slowed_ms; slowed_ms=$(( $(cat "$log.slowed") - started ))
     agent_record rig-slowdown move_ms "$rep" "$(awk -v t="$(cat "$log.slowed")" '
       /^[0-9]+\.[0-9]+$/ { now = $1 * 1000; next }
@@ -259,7 +261,7 @@ sizes=(1048576 4194304)
 sweep=(0 256 512 640 683 768 896 1024)
 if [ -n "$quick" ]; then sizes=(1048576); sweep=(0 683 1024); fi
 if [ "${PERF_ONLY:-}" = agent ]; then   # a development shortcut: the agent cases alone
-  for ((rep = 1; rep <= reps; rep++)); do measure_agent "${sizes[-1]}"; done
+  for ((rep = 1; rep <= reps; rep++)); do measure_agent "${sizes[0]}"; done
   echo "rig perf: done"; exit 0
 fi
 for ((rep = 1; rep <= reps; rep++)); do
@@ -285,7 +287,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     measure_perf knobs "sup_bw $BALANCED, $knob" "$size" "$((iters * 3))" "$BALANCED"
   done
   PERF_ENV=() PERF_ALLOW_ERRORS=
-  measure_agent "${sizes[-1]}"
+  measure_agent "${sizes[0]}"
 done
 # Reordering: the rig's per-CPU receive, as it is without receive_in_order.
 receive_in_order off
