@@ -146,7 +146,8 @@ specs! {
         "Completions with an error status on the rail.";
     /// SRQ depth.
     SRQ_DEPTH = "mpib_srq_depth", Gauge, Count, RAIL_LABELS,
-        "Receive work requests posted to the rail's SRQ and not yet consumed.";
+        "Receive work requests posted to an SRQ of the rail and not yet consumed: the lowest \
+         of the last readings of the process's threads (the SRQ nearest to running dry).";
     /// SRQ low watermark.
     SRQ_LOW_WATER = "mpib_srq_low_water", Gauge, Count, RAIL_LABELS,
         "SRQ refill threshold: a refill starts at or under this depth.";
@@ -194,6 +195,18 @@ specs! {
         PROCESS_LABELS,
         "Advanced-mode connections that got no hint slot from the policy agent (none reachable, \
          no answer in time, a refusal or a full table): they move all their bytes on SOUT.";
+    /// Slow-transfer events the plugin gave up under contention.
+    EVENTS_CONTENDED = "mpib_events_contended_total", Counter, Count, PROCESS_LABELS,
+        "Slow-transfer events the plugin gave up because another of its threads was writing the \
+         event ring at that moment (it never waits for it).";
+    /// Threads holding a writer lane.
+    WRITER_THREADS = "mpib_writer_threads", Gauge, Count, PROCESS_LABELS,
+        "Threads of the process that hold a writer lane of its probes file (each counts into \
+         its own copy, summed on export).";
+    /// Threads beyond the owned writer lanes.
+    WRITER_LANE_OVERFLOWS = "mpib_writer_lane_overflows_total", Counter, Count, PROCESS_LABELS,
+        "Threads that found every owned writer lane taken and count in the shared lane (still \
+         exact, with locked adds).";
     /// Event records lost to overwriting.
     EVENTS_DROPPED = "mpib_events_dropped_total", Counter, Count, PROCESS_LABELS,
         "Event ring records overwritten before the collector read them.";

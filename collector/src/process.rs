@@ -208,6 +208,18 @@ impl Process {
             &process,
             snap.agent_unavailable,
         );
+        ctx.exporter
+            .counter(&catalog::EVENTS_CONTENDED, &process, snap.events_contended);
+        ctx.exporter.gauge(
+            &catalog::WRITER_THREADS,
+            &process,
+            f64::from(snap.lanes_in_use),
+        );
+        ctx.exporter.counter(
+            &catalog::WRITER_LANE_OVERFLOWS,
+            &process,
+            snap.lane_overflows,
+        );
         let age_ns = ctx.now_ns.saturating_sub(snap.heartbeat_ns);
         ctx.exporter.gauge(
             &catalog::WRITER_HEARTBEAT_AGE,

@@ -68,7 +68,8 @@ fn no_files_exports_only_health_metrics() {
 /// Patch the version word (offset 8) to major 2.
 fn patch_version(path: &std::path::Path) {
     let file = OpenOptions::new().write(true).open(path).unwrap();
-    file.write_at(&(2u32 << 16).to_ne_bytes(), 8).unwrap();
+    let next_major = u32::from(mpib_probes::ABI_MAJOR) + 1;
+    file.write_at(&(next_major << 16).to_ne_bytes(), 8).unwrap();
 }
 
 #[test]
@@ -118,11 +119,11 @@ fn refused_files_are_counted_and_logged_once() {
     assert_eq!(scrape.value("mpib_probes_files", &[]), 4.0);
     assert!(scrape.matching("mpib_rail_tx_bytes_total", &[]).is_empty());
     assert_eq!(
-        running.log_lines("it has ABI version 2.0, this collector reads 1.1"),
+        running.log_lines("it has ABI version 3.0, this collector reads 2.0"),
         1
     );
     assert_eq!(
-        running.log_lines("truncated: header says 141824 bytes, file has 4096"),
+        running.log_lines("truncated: header says 170752 bytes, file has 4096"),
         1
     );
     assert_eq!(running.log_lines("bad magic"), 1);

@@ -1,4 +1,4 @@
-//! Which rail carried the bytes: a minimal reader of the plugin's own probes file (layout ABI 1.x,
+//! Which rail carried the bytes: a minimal reader of the plugin's own probes file (layout ABI 2.x,
 //! `docs/PROBES_LAYOUT.md`), written independently of the `mpib-probes` crate like [`crate::abi`]
 //! is of the plugin.
 //!
@@ -15,10 +15,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"MPIBPROB";
-const ABI_MAJOR: u32 = 1;
-const CONNECTIONS: u64 = 2432;
+const ABI_MAJOR: u32 = 2;
+/// The header's region table (16-byte `{offset, len, stride, count}` entries) and the index of
+/// the connection table in it.
+const REGIONS_AT: usize = 72;
+const REGION_CONNECTIONS: usize = 2;
 const SLOT_LEN: u64 = 128;
-const SLOTS: u64 = 64;
 const STATE_ACTIVE: u64 = 1;
 
 /// A connection's direction.
@@ -72,6 +74,9 @@ pub struct Connection {
 pub struct Probes {
     file: std::fs::File,
     path: PathBuf,
+    /// Where the connection table starts and how many slots it has (from the region table).
+    connections_at: u64,
+    slots: u64,
 }
 
 fn u64_at(buf: &[u8], at: usize) -> u64 {
@@ -128,11 +133,13 @@ impl Probes {
     pub fn open(path: &Path) -> Result<Probes> {
         let file = std::fs::File::open(path)
             .map_err(|e| Error::Io(format!("open {}: {e}", path.display())))?;
-        let probes = Probes {
+        let mut probes = Probes {
             file,
             path: path.to_path_buf(),
+            connections_at: 0,
+            slots: 0,
         };
-        let mut header = [0u8; 16];
+        let mut header = [0u8; REGIONS_AT + 16 * (REGION_CONNECTIONS + 1)];
         probes.read_at(&mut header, 0)?;
         if &header[..8] != MAGIC {
             return Err(Error::Contract(format!(
@@ -149,6 +156,19 @@ impl Probes {
                 abi & 0xffff
             )));
         }
+        let entry = REGIONS_AT + 16 * REGION_CONNECTIONS;
+        let word = |at: usize| {
+            u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+        };
+        let (offset, stride, count) = (word(entry), word(entry + 8), word(entry + 12));
+        if u64::from(stride) != SLOT_LEN || count == 0 {
+            return Err(Error::Contract(format!(
+                "{}: connection table stride {stride}, count {count}: not this reader's layout",
+                path.display()
+            )));
+        }
+        probes.connections_at = u64::from(offset);
+        probes.slots = u64::from(count);
         Ok(probes)
     }
 
@@ -165,10 +185,10 @@ impl Probes {
 
     /// Every active connection.
     pub fn connections(&self) -> Result<Vec<Connection>> {
-        let mut table = vec![0u8; (SLOTS * SLOT_LEN) as usize];
-        self.read_at(&mut table, CONNECTIONS)?;
+        let mut table = vec![0u8; (self.slots * SLOT_LEN) as usize];
+        self.read_at(&mut table, self.connections_at)?;
         let mut out = Vec::new();
-        for index in 0..SLOTS {
+        for index in 0..self.slots {
             let slot = &table[(index * SLOT_LEN) as usize..((index + 1) * SLOT_LEN) as usize];
             if u64_at(slot, 0) & 0xffff_ffff != STATE_ACTIVE {
                 continue;

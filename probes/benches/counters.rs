@@ -1,6 +1,9 @@
 //! Cost of a probe update, without criterion: times 100 M counter updates (load + store) into
 //! a real probes file, plus the same through a disabled handle, a locked `fetch_add` for
-//! comparison, the seqlocked latency histogram and the event ring. Runs in a few seconds:
+//! comparison, the seqlocked latency histogram and the event ring; then the two ways to stay
+//! exact with several threads side by side, with 1, 2 and 8 threads: each thread in its own
+//! writer lane (plain stores, what the probes do) against every thread doing a locked
+//! `fetch_add` on one shared counter. Runs in a few seconds:
 //!
 //! ```text
 //! cargo bench -p mpib-probes --bench counters
@@ -33,6 +36,44 @@ mod bench {
         println!("{name:<44} {n:>11} ops  {ns:>6.2} ns/op");
     }
 
+    /// Each of `n` threads making `per_thread` updates at once: wall time per update of one
+    /// thread (on fewer cores than threads both ways pay the same time-sharing).
+    fn report_threads(name: &str, n: usize, per_thread: u64, update: impl Fn(u64) + Sync) {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..n {
+                scope.spawn(|| {
+                    for i in 0..per_thread {
+                        update(i);
+                    }
+                });
+            }
+        });
+        let ns = start.elapsed().as_nanos() as f64 / per_thread as f64;
+        println!("{name:<44} {n:>2} thread(s) x {per_thread:>9} ops  {ns:>6.2} ns/op");
+    }
+
+    fn threads(probes: &ProbesFile) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!("-- several threads counting at once ({cores} core(s) here)");
+        let shared = AtomicU64::new(0);
+        for n in [1, 2, 8] {
+            let per_thread = UPDATES / 10;
+            report_threads("own lane, plain store (probes.rail)", n, per_thread, |i| {
+                probes.rail(1).add_tx_bytes(black_box(i & 0xff));
+            });
+            report_threads("one shared counter, fetch_add", n, per_thread, |i| {
+                black_box(&shared).fetch_add(black_box(i & 0xff), Ordering::Relaxed);
+            });
+        }
+        let total: u64 = (0..UPDATES / 10).map(|i| i & 0xff).sum::<u64>() * 11;
+        assert_eq!(
+            shared.load(Ordering::Relaxed),
+            total,
+            "fetch_add lost nothing"
+        );
+    }
+
     pub(crate) fn run() {
         let dir = std::env::temp_dir().join(format!("mpib-probes-bench-{}", std::process::id()));
         let rails = vec![
@@ -54,6 +95,15 @@ mod bench {
                 rail.add_tx_bytes(black_box(i & 0xff));
             }
         });
+        report(
+            "rail counter add, lane looked up per update",
+            UPDATES,
+            || {
+                for i in 0..UPDATES {
+                    probes.rail(0).add_tx_bytes(black_box(i & 0xff));
+                }
+            },
+        );
         let off = ProbesFile::disabled();
         let dummy = off.rail(0);
         report("rail counter add (disabled handle)", UPDATES, || {
@@ -102,6 +152,7 @@ mod bench {
         );
         let written = black_box(&probes).events_written();
         assert_eq!(written, UPDATES / 100);
+        threads(&probes);
         probes.remove().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -73,9 +73,9 @@ pub struct ConnectionSnapshot {
     pub closed_ns: u64,
     /// Bytes moved per rail (counted when posted).
     pub rail_bytes: [u64; MAX_RAILS],
-    /// Time each rail had a part of this connection in flight, ns (0 in files of minor 0).
+    /// Time each rail had a part of this connection in flight, ns.
     pub rail_busy_ns: [u64; MAX_RAILS],
-    /// Bytes per rail whose completion was seen (0 in files of minor 0).
+    /// Bytes per rail whose completion was seen.
     pub rail_done_bytes: [u64; MAX_RAILS],
 }
 
@@ -108,7 +108,7 @@ impl<'a> ConnectionProbe<'a> {
     #[inline]
     pub fn add_rail_bytes(&self, rail: usize, n: u64) {
         if let Some(counter) = self.slot.rail_bytes.get(rail) {
-            bump(counter, n);
+            bump(counter, n, false);
         }
     }
 
@@ -116,7 +116,7 @@ impl<'a> ConnectionProbe<'a> {
     #[inline]
     pub fn add_split(&self, bytes: [u64; MAX_RAILS]) {
         for (counter, n) in self.slot.rail_bytes.iter().zip(bytes) {
-            bump(counter, n);
+            bump(counter, n, false);
         }
     }
 
@@ -128,8 +128,8 @@ impl<'a> ConnectionProbe<'a> {
             self.slot.rail_done_bytes.get(rail),
             self.slot.rail_busy_ns.get(rail),
         ) {
-            bump(done, bytes);
-            bump(busy, busy_ns);
+            bump(done, bytes, false);
+            bump(busy, busy_ns, false);
         }
     }
 

@@ -1,29 +1,36 @@
 //! Writer handles for the hot counters: [`RailProbe`] and [`TransferProbe`].
 //!
-//! # Single-writer rule
+//! # Writer lanes: exact with any number of threads
 //!
-//! Each counter word has exactly one writing thread: a rail's counters are written by the
-//! thread that drives that rail (the plugin's progress thread), the transfer-mask counters by
-//! the thread that completes transfers. Updates are therefore a plain `load` + `store`
-//! (`Relaxed`), which compiles to ordinary `mov`/`add`/`mov`: 0.4 ns against 5.8 ns for a
-//! locked `fetch_add` (`telemetry.md` section 1). Two threads updating the same handle at the
-//! same time would lose increments (never memory safety: every access is atomic), so the
-//! plugin must not use one rail's handle from threads that run concurrently.
+//! NCCL drives each communicator from a proxy thread of its own, and a job holds several, so
+//! several threads count into one process's probes at once. Each thread therefore writes its
+//! own copy of the rail blocks and transfer counts, a *writer lane* ([`crate::lanes`]), and
+//! readers sum the lanes. Within a lane every word has exactly one writing thread, so an update
+//! is a plain `load` + `store` (`Relaxed`), ordinary `mov`/`add`/`mov`: no locked instruction
+//! and no cache line shared between threads (`probes/benches/counters.rs` measures it against a
+//! locked `fetch_add` on one shared block, with 1 and 8 threads). Threads beyond the owned
+//! lanes share the last lane, whose handles say `shared` and add with `fetch_add` instead:
+//! still exact, only slower.
 //!
 //! `Relaxed` is enough: each counter is an independent monotonic value (or a gauge) and
 //! publishes no other data. Cache coherence alone gives a reader every word untorn and, per
 //! word, never going backwards. Nothing on these paths allocates, locks or enters the kernel.
 
 use crate::histogram::bucket_index;
-use crate::layout::{ProcessBlock, RailBlock};
+use crate::layout::{LaneBlock, RailBlock};
 use crate::sync::{load_own, AtomicU64, Ordering};
 use crate::writer::DUMMY;
 
-/// Add `n` to a single-writer counter: load + store, no locked instruction.
+/// Add `n` to a counter of the calling thread's lane: load + store, no locked instruction; or,
+/// in the `shared` lane, a locked `fetch_add`.
 #[inline(always)]
-pub(crate) fn bump(counter: &AtomicU64, n: u64) {
-    // SYNC: none. Single writer (module docs); readers load Relaxed and need no ordering with
-    // any other word.
+pub(crate) fn bump(counter: &AtomicU64, n: u64, shared: bool) {
+    if shared {
+        counter.fetch_add(n, Ordering::Relaxed);
+        return;
+    }
+    // SYNC: none. The lane's only writer (module docs); readers load Relaxed and need no
+    // ordering with any other word.
     let value = load_own(counter);
     counter.store(value.wrapping_add(n), Ordering::Relaxed);
 }
@@ -35,53 +42,57 @@ fn set(gauge: &AtomicU64, value: u64) {
     gauge.store(value, Ordering::Relaxed);
 }
 
-/// Writer handle for one rail's counters and latency histogram. `Copy`; a disabled handle
-/// writes into a private dummy block, so call sites never branch on "probes enabled".
+/// Writer handle for one rail's counters and latency histogram in the calling thread's lane.
+/// `Copy`, but only for the thread that got it ([`crate::ProbesFile::rail`]): a handle carried
+/// to another thread writes a lane that is not its own. A disabled handle writes into a
+/// private dummy block, so call sites never branch on "probes enabled".
 #[derive(Clone, Copy)]
 pub struct RailProbe<'a> {
     block: &'a RailBlock,
+    shared: bool,
 }
 
 impl<'a> RailProbe<'a> {
-    pub(crate) fn new(block: &'a RailBlock) -> Self {
-        RailProbe { block }
+    pub(crate) fn new(block: &'a RailBlock, shared: bool) -> Self {
+        RailProbe { block, shared }
     }
 
     /// A handle that records nothing anyone reads.
     pub fn disabled() -> RailProbe<'static> {
         RailProbe {
             block: &DUMMY.rails[0],
+            shared: false,
         }
     }
 
     /// Bytes sent on this rail.
     #[inline]
     pub fn add_tx_bytes(self, n: u64) {
-        bump(&self.block.counters.tx_bytes, n);
+        bump(&self.block.counters.tx_bytes, n, self.shared);
     }
 
     /// Bytes received on this rail.
     #[inline]
     pub fn add_rx_bytes(self, n: u64) {
-        bump(&self.block.counters.rx_bytes, n);
+        bump(&self.block.counters.rx_bytes, n, self.shared);
     }
 
     /// Work requests posted (send, RDMA write and receive WRs).
     #[inline]
     pub fn add_wrs_posted(self, n: u64) {
-        bump(&self.block.counters.wrs_posted, n);
+        bump(&self.block.counters.wrs_posted, n, self.shared);
     }
 
     /// One send-side completion polled.
     #[inline]
     pub fn inc_send_cqes(self) {
-        bump(&self.block.counters.send_cqes, 1);
+        bump(&self.block.counters.send_cqes, 1, self.shared);
     }
 
     /// One receive-side completion polled.
     #[inline]
     pub fn inc_recv_cqes(self) {
-        bump(&self.block.counters.recv_cqes, 1);
+        bump(&self.block.counters.recv_cqes, 1, self.shared);
     }
 
     /// Current SRQ depth (posted, not yet consumed receive WRs): a gauge.
@@ -100,70 +111,78 @@ impl<'a> RailProbe<'a> {
     /// One SRQ refill pass.
     #[inline]
     pub fn inc_srq_refills(self) {
-        bump(&self.block.counters.srq_refills, 1);
+        bump(&self.block.counters.srq_refills, 1, self.shared);
     }
 
     /// The SRQ depth was found at or under its low water mark.
     #[inline]
     pub fn inc_srq_low_water_hits(self) {
-        bump(&self.block.counters.srq_low_water_hits, 1);
+        bump(&self.block.counters.srq_low_water_hits, 1, self.shared);
     }
 
     /// A completion whose rail mask disagreed with the expected one.
     #[inline]
     pub fn inc_mask_mismatches(self) {
-        bump(&self.block.counters.mask_mismatches, 1);
+        bump(&self.block.counters.mask_mismatches, 1, self.shared);
     }
 
     /// Any other protocol anomaly (bad imm, unknown slot, size mismatch...).
     #[inline]
     pub fn inc_protocol_errors(self) {
-        bump(&self.block.counters.protocol_errors, 1);
+        bump(&self.block.counters.protocol_errors, 1, self.shared);
     }
 
     /// One CTS (clear-to-send) entry posted.
     #[inline]
     pub fn inc_cts_posted(self) {
-        bump(&self.block.counters.cts_posted, 1);
+        bump(&self.block.counters.cts_posted, 1, self.shared);
     }
 
     /// One CTS posted with a signalled completion.
     #[inline]
     pub fn inc_cts_signaled(self) {
-        bump(&self.block.counters.cts_signaled, 1);
+        bump(&self.block.counters.cts_signaled, 1, self.shared);
     }
 
     /// One completion with an error status.
     #[inline]
     pub fn inc_error_completions(self) {
-        bump(&self.block.counters.error_completions, 1);
+        bump(&self.block.counters.error_completions, 1, self.shared);
     }
 
     /// One post-to-completion latency observation, in ns (log2 bucket + sum, seqlocked).
     #[inline]
     pub fn record_latency_ns(self, ns: u64) {
-        self.block.latency.hist.record(bucket_index(ns), ns);
+        let histogram = &self.block.latency.hist;
+        if self.shared {
+            histogram.record_shared(bucket_index(ns), ns);
+        } else {
+            histogram.record(bucket_index(ns), ns);
+        }
     }
 }
 
-/// Writer handle for the per-process transfer counters by active rail mask. `Copy`.
+/// Writer handle for the transfer counters by active rail mask in the calling thread's lane.
+/// `Copy`, for the thread that got it (as [`RailProbe`]).
 ///
-/// These live in the per-process block, not in a rail's block, because a transfer on both
+/// These live in the lane's own block, not in a rail's block, because a transfer on both
 /// rails belongs to neither rail alone.
 #[derive(Clone, Copy)]
 pub struct TransferProbe<'a> {
-    block: &'a ProcessBlock,
+    block: &'a LaneBlock,
+    shared: bool,
 }
 
 impl<'a> TransferProbe<'a> {
-    pub(crate) fn new(block: &'a ProcessBlock) -> Self {
-        TransferProbe { block }
+    pub(crate) fn new(block: &'a LaneBlock, shared: bool) -> Self {
+        TransferProbe { block, shared }
     }
 
     /// A handle that records nothing anyone reads.
     pub fn disabled() -> TransferProbe<'static> {
         TransferProbe {
-            block: &DUMMY.process,
+            block: &DUMMY.lanes[0],
+            shared: false,
         }
     }
 
@@ -171,7 +190,8 @@ impl<'a> TransferProbe<'a> {
     /// bits ignored): counted as SOUT only, SUP only, both, or (mask 0) no rail.
     #[inline]
     pub fn record(self, mask: u8) {
-        bump(&self.block.transfers_by_mask[usize::from(mask & 3)], 1);
+        let counter = &self.block.transfers_by_mask[usize::from(mask & 3)];
+        bump(counter, 1, self.shared);
     }
 }
 

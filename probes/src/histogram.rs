@@ -76,6 +76,16 @@ impl<const B: usize> HistogramSnapshot<B> {
     pub fn count(&self) -> u64 {
         self.buckets.iter().fold(0u64, |a, b| a.wrapping_add(*b))
     }
+
+    /// Add `other` into this copy (the writer lanes of one rail summed); the sum is consistent
+    /// only if both were.
+    pub fn merge(&mut self, other: &HistogramSnapshot<B>) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
+            *mine = mine.wrapping_add(theirs);
+        }
+        self.sum = self.sum.wrapping_add(other.sum);
+        self.consistent &= other.consistent;
+    }
 }
 
 impl<const B: usize> SeqHistogram<B> {
@@ -105,6 +115,30 @@ impl<const B: usize> SeqHistogram<B> {
         self.sum.store(sum, Ordering::Relaxed);
         // SYNC: pairs with the Relaxed load + fence(Acquire) at the start of `read`.
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Writer, from any number of threads at once (the probes' shared lane): a locked add to
+    /// the bucket and to the sum, `seq` untouched. Read it with
+    /// [`read_shared`](SeqHistogram::read_shared).
+    #[inline]
+    pub fn record_shared(&self, bucket: usize, value: u64) {
+        let last = self.buckets.len().saturating_sub(1);
+        if let Some(slot) = self.buckets.get(bucket.min(last)) {
+            slot.fetch_add(1, Ordering::Relaxed);
+            self.sum.fetch_add(value, Ordering::Relaxed);
+        }
+    }
+
+    /// Reader of a histogram written by [`record_shared`](SeqHistogram::record_shared): the
+    /// per-word copy (monotonic, as the module docs explain), `consistent` only while empty.
+    pub fn read_shared(&self) -> HistogramSnapshot<B> {
+        let (buckets, sum) = self.copy();
+        let consistent = buckets.iter().all(|b| *b == 0);
+        HistogramSnapshot {
+            buckets,
+            sum,
+            consistent,
+        }
     }
 
     fn copy(&self) -> ([u64; B], u64) {

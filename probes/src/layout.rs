@@ -16,9 +16,9 @@ use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8};
 /// The file's first 8 bytes.
 pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
-pub const ABI_MAJOR: u16 = 1;
+pub const ABI_MAJOR: u16 = 2;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 0;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
@@ -29,6 +29,12 @@ pub const RAIL_SOUT: usize = 0;
 pub const RAIL_SUP: usize = 1;
 /// Label of each rail index, as used by the collector's `rail` label.
 pub const RAIL_NAMES: [&str; MAX_RAILS] = ["sout", "sup"];
+/// Writer lanes: copies of the rail blocks and transfer counts, one per writing thread, summed
+/// by readers. The last lane is shared by any threads beyond the others and written with
+/// locked read-modify-writes (`docs/PROBES_LAYOUT.md`, "Writer lanes").
+pub const WRITER_LANES: usize = 16;
+/// The lane written with read-modify-writes by every thread that found no free lane.
+pub const SHARED_LANE: usize = WRITER_LANES - 1;
 /// Connection table slots.
 pub const CONNECTION_SLOTS: usize = 64;
 /// Event ring records (a power of two).
@@ -42,7 +48,7 @@ pub const HEADER_LEN: usize = 512;
 /// Bytes of the host and device name fields (NUL-padded UTF-8, not necessarily terminated).
 pub const NAME_LEN: usize = 64;
 /// Entries in the header's region table.
-pub const REGION_COUNT: usize = 5;
+pub const REGION_COUNT: usize = 6;
 
 /// Region table index of the rail blocks.
 pub(crate) const REGION_RAILS: usize = 0;
@@ -54,9 +60,11 @@ pub(crate) const REGION_CONNECTIONS: usize = 2;
 pub(crate) const REGION_RING: usize = 3;
 /// Region table index of the event records.
 pub(crate) const REGION_EVENTS: usize = 4;
+/// Region table index of the writer lanes' blocks.
+pub(crate) const REGION_LANES: usize = 5;
 /// Region names, for error messages.
 pub(crate) const REGION_NAMES: [&str; REGION_COUNT] =
-    ["rails", "process", "connections", "ring", "events"];
+    ["rails", "process", "connections", "ring", "events", "lanes"];
 
 /// Where one region lives: byte offset and length in the file, record stride and count.
 #[repr(C)]
@@ -73,7 +81,7 @@ pub(crate) struct RegionDesc {
 pub(crate) struct RailDesc {
     pub(crate) device: [u8; NAME_LEN],
     pub(crate) port: u32,
-    /// Link speed in Mbps as the device reports it (0: unknown). Minor 1.
+    /// Link speed in Mbps as the device reports it (0: unknown).
     pub(crate) speed_mbps: u32,
     pub(crate) _reserved: [u8; 56],
 }
@@ -98,12 +106,13 @@ pub(crate) struct Header {
     pub(crate) sample_one_in: u32,
     pub(crate) region_count: u32,
     pub(crate) regions: [RegionDesc; REGION_COUNT],
-    pub(crate) _reserved: [u8; 40],
+    pub(crate) _reserved: [u8; 24],
     pub(crate) host_name: [u8; NAME_LEN],
     pub(crate) rails: [RailDesc; MAX_RAILS],
 }
 
-/// One rail's counters: single-writer `u64`s (the rail's progress thread), 256 bytes.
+/// One rail's counters in one writer lane: `u64`s written only by the lane's thread (plain
+/// stores), or by read-modify-writes in the shared lane; 256 bytes.
 #[repr(C, align(128))]
 pub(crate) struct RailCounters {
     pub(crate) tx_bytes: AtomicU64,
@@ -131,24 +140,38 @@ pub(crate) struct LatencyBlock {
     pub(crate) _pad: [u8; 112],
 }
 
-/// Everything about one rail: counters then latency, 896 bytes.
+/// Everything about one rail in one writer lane: counters then latency, 896 bytes.
 #[repr(C, align(128))]
 pub(crate) struct RailBlock {
     pub(crate) counters: RailCounters,
     pub(crate) latency: LatencyBlock,
 }
 
-/// Per-process counters, 128 bytes.
+/// Per-process counters, 128 bytes. Every word is written by any thread (`fetch_add`).
 #[repr(C, align(128))]
 pub(crate) struct ProcessBlock {
-    /// Completed transfers by active rail mask: `[none, sout only, sup only, both]`.
-    /// Single writer (the progress thread).
-    pub(crate) transfers_by_mask: [AtomicU64; 4],
-    /// `claim_connection` calls that found no free slot (any thread; `fetch_add`).
+    /// `claim_connection` calls that found no free slot.
     pub(crate) claim_failures: AtomicU64,
     /// Advanced-mode connections that got no hint slot from the agent (absent, stuck, full or
-    /// refusing), and so move all their bytes on SOUT (any thread; `fetch_add`). Minor 1.
+    /// refusing), and so move all their bytes on SOUT.
     pub(crate) agent_unavailable: AtomicU64,
+    /// Threads that found every owned lane taken and write the shared lane.
+    pub(crate) lane_overflows: AtomicU64,
+    /// Slow-transfer events not recorded because another thread was writing the ring.
+    pub(crate) events_contended: AtomicU64,
+    pub(crate) _reserved: [u8; 96],
+}
+
+/// One writer lane's ownership and its transfer counts, 128 bytes.
+#[repr(C, align(128))]
+pub(crate) struct LaneBlock {
+    /// 0 while free, else a token of the thread that owns the lane (never set on the shared
+    /// lane). Claimed by a compare-and-swap, released with Release when the thread exits.
+    pub(crate) owner: AtomicU64,
+    /// Times the lane was claimed (a thread that exited hands it to the next).
+    pub(crate) claims: AtomicU64,
+    /// Completed transfers by active rail mask: `[none, sout only, sup only, both]`.
+    pub(crate) transfers_by_mask: [AtomicU64; 4],
     pub(crate) _reserved: [u8; 80],
 }
 
@@ -170,9 +193,9 @@ pub(crate) struct ConnSlot {
     /// Bytes moved per rail; single writer (the connection's progress thread).
     pub(crate) rail_bytes: [AtomicU64; MAX_RAILS],
     /// Time each rail had at least one of the connection's parts in flight, ns; single writer.
-    /// Minor 1 (what the policy agent divides completed bytes by).
+    /// (What the policy agent divides completed bytes by.)
     pub(crate) rail_busy_ns: [AtomicU64; MAX_RAILS],
-    /// Bytes per rail whose completion was seen; single writer. Minor 1.
+    /// Bytes per rail whose completion was seen; single writer.
     pub(crate) rail_done_bytes: [AtomicU64; MAX_RAILS],
     pub(crate) _reserved: [u8; 40],
 }
@@ -181,16 +204,19 @@ pub(crate) struct ConnSlot {
 pub(crate) type EventSlot = SeqRecord<EVENT_WORDS>;
 
 pub(crate) const RAILS_OFF: usize = HEADER_LEN;
-pub(crate) const RAILS_LEN: usize = MAX_RAILS * size_of::<RailBlock>();
+/// Rail blocks, lane by lane: lane `l`'s block of rail `r` is record `l * MAX_RAILS + r`.
+pub(crate) const RAILS_LEN: usize = WRITER_LANES * MAX_RAILS * size_of::<RailBlock>();
 pub(crate) const PROCESS_OFF: usize = RAILS_OFF + RAILS_LEN;
 pub(crate) const PROCESS_LEN: usize = size_of::<ProcessBlock>();
-pub(crate) const CONNECTIONS_OFF: usize = PROCESS_OFF + PROCESS_LEN;
+pub(crate) const LANES_OFF: usize = PROCESS_OFF + PROCESS_LEN;
+pub(crate) const LANES_LEN: usize = WRITER_LANES * size_of::<LaneBlock>();
+pub(crate) const CONNECTIONS_OFF: usize = LANES_OFF + LANES_LEN;
 pub(crate) const CONNECTIONS_LEN: usize = CONNECTION_SLOTS * size_of::<ConnSlot>();
 pub(crate) const RING_OFF: usize = CONNECTIONS_OFF + CONNECTIONS_LEN;
 pub(crate) const RING_LEN: usize = size_of::<RingControl>();
 pub(crate) const EVENTS_OFF: usize = RING_OFF + RING_LEN;
 pub(crate) const EVENTS_LEN: usize = EVENT_CAPACITY * size_of::<EventSlot>();
-/// Total file length written by this version (141,824 bytes).
+/// Total file length written by this version (170,752 bytes).
 pub const FILE_LEN: usize = EVENTS_OFF + EVENTS_LEN;
 
 /// The whole file of this version as one struct: the writer's view of its own mapping (and of
@@ -198,8 +224,9 @@ pub const FILE_LEN: usize = EVENTS_OFF + EVENTS_LEN;
 #[repr(C, align(128))]
 pub(crate) struct FileImage {
     pub(crate) header: Header,
-    pub(crate) rails: [RailBlock; MAX_RAILS],
+    pub(crate) rails: [RailBlock; WRITER_LANES * MAX_RAILS],
     pub(crate) process: ProcessBlock,
+    pub(crate) lanes: [LaneBlock; WRITER_LANES],
     pub(crate) conns: [ConnSlot; CONNECTION_SLOTS],
     pub(crate) ring: RingControl,
     pub(crate) events: [EventSlot; EVENT_CAPACITY],
@@ -212,6 +239,7 @@ pub(crate) const REGION_STRIDES: [usize; REGION_COUNT] = [
     size_of::<ConnSlot>(),
     size_of::<RingControl>(),
     size_of::<EventSlot>(),
+    size_of::<LaneBlock>(),
 ];
 
 /// The region table a writer of this version puts in the header.
@@ -235,6 +263,7 @@ pub(crate) const REGION_TABLE: [RegionDesc; REGION_COUNT] = {
         ),
         desc(RING_OFF, RING_LEN, REGION_STRIDES[REGION_RING]),
         desc(EVENTS_OFF, EVENTS_LEN, REGION_STRIDES[REGION_EVENTS]),
+        desc(LANES_OFF, LANES_LEN, REGION_STRIDES[REGION_LANES]),
     ]
 };
 
@@ -258,7 +287,7 @@ const _: () = {
     assert!(offset_of!(Header, sample_one_in) == 64);
     assert!(offset_of!(Header, region_count) == 68);
     assert!(offset_of!(Header, regions) == 72);
-    assert!(offset_of!(Header, _reserved) == 152);
+    assert!(offset_of!(Header, _reserved) == 168);
     assert!(offset_of!(Header, host_name) == 192);
     assert!(offset_of!(Header, rails) == 256);
 };
@@ -288,8 +317,13 @@ const _: () = {
 
 const _: () = {
     assert!(size_of::<ProcessBlock>() == 128 && align_of::<ProcessBlock>() == 128);
-    assert!(offset_of!(ProcessBlock, claim_failures) == 32);
-    assert!(offset_of!(ProcessBlock, agent_unavailable) == 40);
+    assert!(offset_of!(ProcessBlock, claim_failures) == 0);
+    assert!(offset_of!(ProcessBlock, agent_unavailable) == 8);
+    assert!(offset_of!(ProcessBlock, lane_overflows) == 16);
+    assert!(offset_of!(ProcessBlock, events_contended) == 24);
+    assert!(size_of::<LaneBlock>() == 128 && align_of::<LaneBlock>() == 128);
+    assert!(offset_of!(LaneBlock, owner) == 0 && offset_of!(LaneBlock, claims) == 8);
+    assert!(offset_of!(LaneBlock, transfers_by_mask) == 16);
     assert!(size_of::<ConnSlot>() == 128 && align_of::<ConnSlot>() == 128);
     assert!(offset_of!(ConnSlot, state) == 0);
     assert!(offset_of!(ConnSlot, peer_ipv4) == 8);
@@ -310,14 +344,16 @@ const _: () = {
 };
 
 const _: () = {
-    assert!(RAILS_OFF == 512 && PROCESS_OFF == 2304 && CONNECTIONS_OFF == 2432);
-    assert!(RING_OFF == 10_624 && EVENTS_OFF == 10_752 && FILE_LEN == 141_824);
+    assert!(RAILS_OFF == 512 && PROCESS_OFF == 29_184 && LANES_OFF == 29_312);
+    assert!(CONNECTIONS_OFF == 31_360 && RING_OFF == 39_552 && EVENTS_OFF == 39_680);
+    assert!(FILE_LEN == 170_752 && LANES_OFF % 128 == 0);
     assert!(RAILS_OFF % 128 == 0 && PROCESS_OFF % 128 == 0 && CONNECTIONS_OFF % 128 == 0);
     assert!(RING_OFF % 128 == 0 && EVENTS_OFF % 128 == 0);
     assert!(FILE_LEN <= u32::MAX as usize);
     assert!(size_of::<FileImage>() == FILE_LEN && align_of::<FileImage>() == 128);
     assert!(offset_of!(FileImage, rails) == RAILS_OFF);
     assert!(offset_of!(FileImage, process) == PROCESS_OFF);
+    assert!(offset_of!(FileImage, lanes) == LANES_OFF);
     assert!(offset_of!(FileImage, conns) == CONNECTIONS_OFF);
     assert!(offset_of!(FileImage, ring) == RING_OFF);
     assert!(offset_of!(FileImage, events) == EVENTS_OFF);

@@ -4,10 +4,10 @@
 //! events in a small file under `MPIB_PROBES_DIR` (default `/dev/shm/mpib`), mapped into its
 //! address space; the collector maps the same file read-only and exports it. The model is
 //! Aeron's CnC file: a header whose version word is written last, regions found through
-//! offsets (never pointers), single-writer counters on their own cache lines, and metadata
-//! records whose state word is written last.
+//! offsets (never pointers), counters written by plain stores from one thread each (a writer
+//! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 1.0, 141,824 bytes)
+//! # Layout (ABI 2.0, 170,752 bytes)
 //!
 //! ```text
 //! offset   size
@@ -18,19 +18,21 @@
 //!                 32 start_ns u64           40 heartbeat_ns u64 (atomic, refreshed)
 //!                 48 closed_ns u64 (atomic) 56 slow_threshold_ns u64
 //!                 64 sample_one_in u32      68 region_count u32
-//!                 72 regions[5] {offset u32, len u32, stride u32, count u32}
-//!                152 reserved[40]          192 host_name[64]
-//!                256 rails[2] {device[64], port u32, reserved[60]}
-//!    512   1792  Rail blocks, 2 x 896 (rail 0 = SOUT, rail 1 = SUP)
-//!                  +0   counters: 15 x u64 single-writer + reserved -> 256
+//!                 72 regions[6] {offset u32, len u32, stride u32, count u32}
+//!                168 reserved[24]          192 host_name[64]
+//!                256 rails[2] {device[64], port u32, speed_mbps u32, reserved[56]}
+//!    512  28672  Rail blocks, 16 lanes x 2 rails x 896 (lane l, rail r at l * 2 + r;
+//!                rail 0 = SOUT, rail 1 = SUP)
+//!                  +0   counters: 15 x u64 (the lane's thread) + reserved -> 256
 //!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
-//!   2304    128  Process block: transfers_by_mask[4] u64, claim_failures u64,
-//!                agent_unavailable u64 (1.1), reserved
-//!   2432   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
+//!  29184    128  Process block: claim_failures, agent_unavailable, lane_overflows,
+//!                events_contended (u64, any thread), reserved
+//!  29312   2048  Lane blocks, 16 x 128: owner u64, claims u64, transfers_by_mask[4] u64
+//!  31360   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
 //!                peer ipv4/port, direction, path class, mode, hint slot, opened/closed ns,
-//!                bytes per rail
-//!  10624    128  Event ring control: written u64 (total records ever written)
-//!  10752 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
+//!                bytes, busy ns and completed bytes per rail
+//!  39552    128  Event ring control: written u64 (total records ever written), writing u64
+//!  39680 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
 //! ```
 //!
 //! Every region starts on a 128-byte boundary; sizes and offsets are frozen by compile-time
@@ -64,11 +66,14 @@
 //!
 //! # Thread safety
 //!
-//! Counters are single-writer: a rail handle, a connection handle and the event ring are each
-//! written by one thread at a time (the plugin's progress thread), which is what lets an
-//! update be a plain load + store (0.4 ns) instead of a locked add (5.8 ns). Breaking the rule
-//! loses counts but is never memory-unsafe. Heartbeats and connection claims are safe from any
-//! thread. Readers never block writers. Details in [`counters`] and [`writer`].
+//! Any number of threads may count at once, exactly: each thread writes its own writer lane
+//! (a copy of the rail blocks and transfer counts, claimed on first use, released when the
+//! thread exits), so an update stays a plain load + store instead of a locked add, and readers
+//! sum the lanes. Threads beyond the owned lanes share the last one with locked adds. A
+//! connection handle is written by the thread that drives its comm; the event ring takes one
+//! thread at a time and gives a record up rather than wait (counted). Heartbeats and
+//! connection claims are safe from any thread. Readers never block writers. Details in
+//! [`counters`] and [`writer`].
 //!
 //! # Disabled mode
 //!
@@ -97,6 +102,8 @@ mod conn;
 #[cfg(not(loom))]
 pub mod counters;
 #[cfg(not(loom))]
+mod lanes;
+#[cfg(not(loom))]
 mod layout;
 #[cfg(not(loom))]
 mod reader;
@@ -107,6 +114,8 @@ pub mod writer;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+#[cfg(all(test, not(loom)))]
+mod tests_lanes;
 
 #[cfg(not(loom))]
 pub use crate::{
@@ -116,7 +125,7 @@ pub use crate::{
     layout::{
         ABI_MAJOR, ABI_MINOR, ABI_VERSION, CONNECTION_SLOTS, EVENT_CAPACITY, EVENT_WORDS, FILE_LEN,
         HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, RAIL_NAMES, RAIL_SOUT, RAIL_SUP,
-        REGION_COUNT,
+        REGION_COUNT, SHARED_LANE, WRITER_LANES,
     },
     reader::{
         version_string, Corruption, DrainedEvents, EventCursor, FileInfo, LatencySnapshot,

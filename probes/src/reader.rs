@@ -24,9 +24,10 @@ use memmap2::{MmapOptions, MmapRaw};
 use crate::conn::{read_slot, ConnectionSnapshot};
 use crate::histogram::HistogramSnapshot;
 use crate::layout::{
-    ConnSlot, EventSlot, Header, ProcessBlock, RailBlock, RegionDesc, ABI_MAJOR, ABI_VERSION,
-    HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, REGION_CONNECTIONS, REGION_COUNT, REGION_EVENTS,
-    REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES,
+    ConnSlot, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc, ABI_MAJOR,
+    ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, REGION_CONNECTIONS, REGION_COUNT,
+    REGION_EVENTS, REGION_LANES, REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING,
+    REGION_STRIDES, SHARED_LANE, WRITER_LANES,
 };
 use crate::ring::{Ring, RingControl, RingCursor};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
@@ -171,8 +172,14 @@ pub struct Snapshot {
     pub transfers: TransferCounts,
     /// Connection claims refused because the table was full.
     pub claim_failures: u64,
-    /// Advanced-mode connections that got no hint slot from the agent (0 in files of minor 0).
+    /// Advanced-mode connections that got no hint slot from the agent.
     pub agent_unavailable: u64,
+    /// Writer lanes held by a thread right now (of [`WRITER_LANES`] - 1 owned lanes).
+    pub lanes_in_use: u32,
+    /// Threads that found every owned lane taken and counted in the shared lane.
+    pub lane_overflows: u64,
+    /// Slow-transfer events given up because another thread was writing the ring.
+    pub events_contended: u64,
     /// Active and closed connections.
     pub connections: Vec<ConnectionSnapshot>,
     /// Event records written so far (including overwritten ones).
@@ -303,12 +310,20 @@ impl ProbesReader {
         let header = self.header();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let rails = (0..self.info.rails.len())
-            // SAFETY: REGION_RAILS holds RailBlocks; `open` checked rail_count <= count.
-            .map(|i| rail_snapshot(unsafe { self.record::<RailBlock>(REGION_RAILS, i) }))
+            .map(|rail| self.rail_over_lanes(rail))
             .collect();
         // SAFETY: REGION_PROCESS holds a ProcessBlock; `open` checked count >= 1.
         let process = unsafe { self.record::<ProcessBlock>(REGION_PROCESS, 0) };
-        let [no_rail, sout_only, sup_only, both] = process.transfers_by_mask.each_ref().map(load);
+        let (mut by_mask, mut lanes_in_use) = ([0u64; 4], 0);
+        for lane in 0..WRITER_LANES {
+            // SAFETY: REGION_LANES holds LaneBlocks; `open` checked count >= WRITER_LANES.
+            let block = unsafe { self.record::<LaneBlock>(REGION_LANES, lane) };
+            for (total, word) in by_mask.iter_mut().zip(&block.transfers_by_mask) {
+                *total = total.wrapping_add(load(word));
+            }
+            lanes_in_use += u32::from(load(&block.owner) != 0);
+        }
+        let [no_rail, sout_only, sup_only, both] = by_mask;
         let connections = (0..self.regions[REGION_CONNECTIONS].count)
             .filter_map(|i| {
                 // SAFETY: REGION_CONNECTIONS holds ConnSlots and `i` is below its count.
@@ -330,9 +345,42 @@ impl ProbesReader {
             },
             claim_failures: load(&process.claim_failures),
             agent_unavailable: load(&process.agent_unavailable),
+            lanes_in_use,
+            lane_overflows: load(&process.lane_overflows),
+            events_contended: load(&process.events_contended),
             connections,
             events_written: self.ring().map_or(0, |r| r.written()),
         }
+    }
+
+    /// Rail `rail`'s counters and histogram summed over the writer lanes. The SRQ gauges are
+    /// each lane's last reading: the depth shown is the lowest among the lanes that have a
+    /// receive side (a water mark or a depth set; the one nearest to running dry), the water
+    /// marks the highest.
+    fn rail_over_lanes(&self, rail: usize) -> RailSnapshot {
+        let mut total = RailSnapshot {
+            counters: RailCounterValues::default(),
+            latency: LatencySnapshot {
+                buckets: [0; LATENCY_BUCKETS],
+                sum: 0,
+                consistent: true,
+            },
+        };
+        let mut lowest_depth: Option<u64> = None;
+        for lane in 0..WRITER_LANES {
+            // SAFETY: REGION_RAILS holds RailBlocks; `open` checked count >= WRITER_LANES *
+            // MAX_RAILS and rail_count <= MAX_RAILS.
+            let block = unsafe { self.record::<RailBlock>(REGION_RAILS, lane * MAX_RAILS + rail) };
+            let part = rail_snapshot(block, lane == SHARED_LANE);
+            // A lane that never set a water mark nor a depth has no receive side.
+            if part.counters.srq_high_water > 0 || part.counters.srq_depth > 0 {
+                let depth = part.counters.srq_depth;
+                lowest_depth = Some(lowest_depth.map_or(depth, |d| d.min(depth)));
+            }
+            total.add(&part);
+        }
+        total.counters.srq_depth = lowest_depth.unwrap_or(0);
+        total
     }
 
     fn ring(&self) -> Option<Ring<'_, { crate::layout::EVENT_WORDS }>> {
@@ -370,7 +418,34 @@ impl fmt::Debug for ProbesReader {
     }
 }
 
-fn rail_snapshot(block: &RailBlock) -> RailSnapshot {
+impl RailSnapshot {
+    /// Add another lane's copy: counters summed, water marks the highest, histograms merged
+    /// (the caller sets the SRQ depth).
+    fn add(&mut self, other: &RailSnapshot) {
+        let (a, b) = (&mut self.counters, &other.counters);
+        for (mine, theirs) in [
+            (&mut a.tx_bytes, b.tx_bytes),
+            (&mut a.rx_bytes, b.rx_bytes),
+            (&mut a.wrs_posted, b.wrs_posted),
+            (&mut a.send_cqes, b.send_cqes),
+            (&mut a.recv_cqes, b.recv_cqes),
+            (&mut a.srq_refills, b.srq_refills),
+            (&mut a.srq_low_water_hits, b.srq_low_water_hits),
+            (&mut a.mask_mismatches, b.mask_mismatches),
+            (&mut a.protocol_errors, b.protocol_errors),
+            (&mut a.cts_posted, b.cts_posted),
+            (&mut a.cts_signaled, b.cts_signaled),
+            (&mut a.error_completions, b.error_completions),
+        ] {
+            *mine = mine.wrapping_add(theirs);
+        }
+        a.srq_low_water = a.srq_low_water.max(b.srq_low_water);
+        a.srq_high_water = a.srq_high_water.max(b.srq_high_water);
+        self.latency.merge(&other.latency);
+    }
+}
+
+fn rail_snapshot(block: &RailBlock, shared: bool) -> RailSnapshot {
     let c = &block.counters;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     RailSnapshot {
@@ -391,7 +466,11 @@ fn rail_snapshot(block: &RailBlock) -> RailSnapshot {
             cts_signaled: load(&c.cts_signaled),
             error_completions: load(&c.error_completions),
         },
-        latency: block.latency.hist.read(),
+        latency: if shared {
+            block.latency.hist.read_shared()
+        } else {
+            block.latency.hist.read()
+        },
     }
 }
 
@@ -435,7 +514,8 @@ fn check_header(header: &Header, actual: u64) -> Result<(), Corruption> {
         check_region(i, desc, header_len, header.file_len)?;
     }
     let counts = header.regions.map(|d| d.count as usize);
-    let count_ok = counts[REGION_RAILS] >= MAX_RAILS
+    let count_ok = counts[REGION_RAILS] >= WRITER_LANES * MAX_RAILS
+        && counts[REGION_LANES] >= WRITER_LANES
         && counts[REGION_PROCESS] >= 1
         && counts[REGION_RING] >= 1
         && counts[REGION_EVENTS].is_power_of_two();

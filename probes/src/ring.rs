@@ -24,11 +24,14 @@
 //! guaranteed to work on read-only memory (`core::sync::atomic`, "Atomic accesses to
 //! read-only memory"). A relaxed load followed by an acquire fence is at least as strong.
 //!
-//! # Single writer
+//! # One writer at a time
 //!
-//! [`Ring::push`] must only be called by one thread at a time per ring; the plugin pushes from
-//! its progress thread. Several pushers would not be memory-unsafe (everything is atomic) but
-//! could interleave two records in one slot, which readers would then report as dropped.
+//! [`Ring::push`] must only be called by one thread at a time per ring. Several pushers would
+//! not be memory-unsafe (everything is atomic) but could interleave two records in one slot,
+//! which readers would then report as dropped. [`Ring::try_push`] makes any number of threads
+//! safe without ever waiting: it takes the control block's writer flag with one swap, and a
+//! thread that finds it taken gives its record up (the plugin counts those) instead of
+//! spinning: a slow-transfer record is worth less than the proxy thread's time.
 
 use crate::sync::{fence, load_own, AtomicU64, Ordering};
 
@@ -134,11 +137,13 @@ impl<const N: usize> Default for SeqRecord<N> {
     }
 }
 
-/// The ring's control block: the total number of records ever written, alone on 128 bytes.
+/// The ring's control block: the total number of records ever written and the writer flag
+/// of [`Ring::try_push`], alone on 128 bytes.
 #[repr(C, align(128))]
 pub struct RingControl {
     written: AtomicU64,
-    _pad: [u8; 120],
+    writing: AtomicU64,
+    _pad: [u8; 112],
 }
 
 impl RingControl {
@@ -146,7 +151,8 @@ impl RingControl {
     pub fn new() -> Self {
         RingControl {
             written: AtomicU64::new(0),
-            _pad: [0; 120],
+            writing: AtomicU64::new(0),
+            _pad: [0; 112],
         }
     }
 }
@@ -245,6 +251,22 @@ impl<'a, const N: usize> Ring<'a, N> {
         index
     }
 
+    /// Writer, from any thread: [`push`](Ring::push) unless another thread is pushing right
+    /// now, in which case nothing is written and `None` returned. Never waits.
+    #[inline]
+    pub fn try_push(&self, words: &[u64; N]) -> Option<u64> {
+        // SYNC: the Acquire swap pairs with the Release store that ends the previous holder's
+        // push, so this thread's `load_own(written)` sees that push's store (the flag hands the
+        // single-writer role from thread to thread).
+        if self.ctrl.writing.swap(1, Ordering::Acquire) != 0 {
+            return None;
+        }
+        let index = self.push(words);
+        // SYNC: pairs with the Acquire swap above, in the next holder.
+        self.ctrl.writing.store(0, Ordering::Release);
+        Some(index)
+    }
+
     /// Reader: pass every intact record from `cursor` up to the current end to `sink` (with its
     /// index), advance the cursor, and return how many records were lost in this call.
     ///
@@ -322,6 +344,51 @@ mod tests {
             seen.push(i);
         });
         (seen, dropped)
+    }
+
+    #[test]
+    fn try_push_gives_up_while_another_thread_writes() {
+        let heap = HeapRing::<3>::new(4).unwrap();
+        heap.ctrl.writing.store(1, Ordering::Relaxed); // another pusher, mid-push
+        assert_eq!(heap.ring().try_push(&words(0)), None);
+        assert_eq!(heap.ring().written(), 0);
+        heap.ctrl.writing.store(0, Ordering::Relaxed);
+        assert_eq!(heap.ring().try_push(&words(0)), Some(0));
+        assert_eq!(
+            heap.ctrl.writing.load(Ordering::Relaxed),
+            0,
+            "flag released"
+        );
+    }
+
+    #[test]
+    fn try_push_from_many_threads_keeps_every_record_whole() {
+        const PUSHES: u64 = if cfg!(miri) { 200 } else { 20_000 };
+        let heap = HeapRing::<3>::new(64).unwrap();
+        let ring = heap.ring();
+        let given_up = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let (ring, given_up) = (&ring, &given_up);
+                scope.spawn(move || {
+                    for k in 0..PUSHES {
+                        if ring.try_push(&[thread, k, !k]).is_none() {
+                            given_up.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let written = ring.written();
+        assert_eq!(written + given_up.load(Ordering::Relaxed), 4 * PUSHES);
+        let mut cursor = RingCursor::new();
+        let mut returned = 0;
+        let dropped = ring.drain(&mut cursor, |_, w| {
+            assert!(w[0] < 4 && w[2] == !w[1], "torn record {w:?}");
+            returned += 1;
+        });
+        assert_eq!(returned + dropped, written);
+        assert_eq!(returned, 64, "a full ring holds its capacity");
     }
 
     #[test]

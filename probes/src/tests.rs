@@ -11,10 +11,10 @@ use crate::types::tests::sample_transfer;
 use crate::*;
 
 /// A directory removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new() -> TempDir {
+    pub(crate) fn new() -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!(
@@ -33,7 +33,7 @@ impl Drop for TempDir {
     }
 }
 
-fn info() -> WriterInfo {
+pub(crate) fn info() -> WriterInfo {
     WriterInfo {
         pid: 4242,
         start_ns: 0x0123_4567_89ab_cdef,
@@ -55,7 +55,7 @@ fn info() -> WriterInfo {
     }
 }
 
-fn open_ready(path: &Path) -> ProbesReader {
+pub(crate) fn open_ready(path: &Path) -> ProbesReader {
     match ProbesReader::open(path).unwrap() {
         LoadState::Ready(reader) => reader,
         other => panic!("not ready: {other:?}"),
@@ -86,9 +86,9 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x01, 0x00, 0x01, 0x00, // abi_version 1.1
+        0x00, 0x00, 0x02, 0x00, // abi_version 2.0
         0x00, 0x02, 0x00, 0x00, // header_len 512
-        0x00, 0x2a, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 141824
+        0x00, 0x9b, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 170752
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
         0x02, 0x00, 0x00, 0x00, // rail_count 2
         0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, // start_ns
@@ -96,26 +96,27 @@ fn golden_header_bytes() {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // closed_ns
         0x20, 0xa1, 0x07, 0x00, 0x00, 0x00, 0x00, 0x00, // slow_threshold_ns 500000
         0xe8, 0x03, 0x00, 0x00, // sample_one_in 1000
-        0x05, 0x00, 0x00, 0x00, // region_count 5
+        0x06, 0x00, 0x00, 0x00, // region_count 6
     ];
     assert_eq!(bytes[..72], golden);
     // Region table: (offset, len, stride, count).
-    let regions: Vec<[u32; 4]> = (0..5)
+    let regions: Vec<[u32; 4]> = (0..6)
         .map(|r| core::array::from_fn(|f| le32(&bytes, 72 + r * 16 + f * 4)))
         .collect();
     let expected = [
-        [512, 1792, 896, 2],
-        [2304, 128, 128, 1],
-        [2432, 8192, 128, 64],
-        [10624, 128, 128, 1],
-        [10752, 131_072, 128, 1024],
+        [512, 28_672, 896, 32],
+        [29_184, 128, 128, 1],
+        [31_360, 8192, 128, 64],
+        [39_552, 128, 128, 1],
+        [39_680, 131_072, 128, 1024],
+        [29_312, 2048, 128, 16],
     ];
     assert_eq!(regions, expected);
-    assert!(bytes[152..192].iter().all(|b| *b == 0), "reserved is zero");
+    assert!(bytes[168..192].iter().all(|b| *b == 0), "reserved is zero");
     assert_eq!(&bytes[192..199], b"node-a\0");
     assert_eq!(&bytes[256..263], b"mlx5_0\0");
     assert_eq!(le32(&bytes, 256 + 64), 1);
-    assert_eq!(le32(&bytes, 256 + 68), 200_000, "rail 0 speed_mbps (1.1)");
+    assert_eq!(le32(&bytes, 256 + 68), 200_000, "rail 0 speed_mbps");
     assert_eq!(&bytes[384..391], b"mlx5_3\0");
     assert_eq!(le32(&bytes, 384 + 64), 2);
     assert!(bytes[512..].iter().all(|b| *b == 0), "regions start zeroed");
@@ -317,18 +318,18 @@ fn reader_states() {
     assert!(matches!(state(&unpublished), LoadState::AwaitVersion));
 
     let mut newer_major = good.clone();
-    newer_major[8..12].copy_from_slice(&0x0002_0003u32.to_le_bytes());
+    newer_major[8..12].copy_from_slice(&0x0003_0003u32.to_le_bytes());
     match state(&newer_major) {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("2.3".into(), "1.1".into())
+                ("3.3".into(), "2.0".into())
             );
         }
         other => panic!("{other:?}"),
     }
     let mut newer_minor = good.clone();
-    newer_minor[8..12].copy_from_slice(&0x0001_0007u32.to_le_bytes());
+    newer_minor[8..12].copy_from_slice(&0x0002_0007u32.to_le_bytes());
     assert!(
         matches!(state(&newer_minor), LoadState::Ready(_)),
         "minor is compatible"

@@ -23,7 +23,7 @@ pub struct RailInfo {
     pub device: String,
     /// Port number on that device (1-based, as in sysfs).
     pub port: u32,
-    /// Link speed in Mbps as the device reports it; 0 when unknown (and in files of minor 0).
+    /// Link speed in Mbps as the device reports it; 0 when unknown.
     pub speed_mbps: u32,
 }
 

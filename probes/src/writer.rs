@@ -2,11 +2,14 @@
 //!
 //! # Thread safety
 //!
-//! [`ProbesFile`] is `Send + Sync` and hands out handles that borrow it. The handles follow
-//! the single-writer rule of [`crate::counters`]: one thread per rail handle, per connection
-//! handle and for [`ProbesFile::record_slow_transfer`] / [`ProbesFile::transfers`]. The
-//! exceptions, safe from any thread: [`ProbesFile::heartbeat`] (a plain store: the last writer
-//! wins) and [`ProbesFile::claim_connection`] (a CAS per slot, not on the hot path).
+//! [`ProbesFile`] is `Send + Sync` and hands out handles that borrow it. Any number of threads
+//! may count at once: [`ProbesFile::rail`] and [`ProbesFile::transfers`] give each thread the
+//! handles of its own writer lane ([`crate::lanes`]), to be used by that thread only (take a
+//! fresh handle per call rather than passing one to another thread);
+//! [`ProbesFile::record_slow_transfer`] gives a record up rather than wait when another thread
+//! is writing the ring (counted); [`ProbesFile::heartbeat`] is a plain store (the last writer
+//! wins) and [`ProbesFile::claim_connection`] a CAS per slot. A connection handle has one
+//! writer: the thread that moves the connection's data (NCCL drives a comm from one thread).
 //!
 //! # Resource cleanup
 //!
@@ -21,15 +24,17 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64 as SerialCounter};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::conn::{self, ConnectionProbe};
 use crate::counters::{RailProbe, TransferProbe};
+use crate::lanes;
 use crate::layout::{
     FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC, MAX_RAILS, REGION_COUNT,
-    REGION_TABLE,
+    REGION_TABLE, SHARED_LANE,
 };
 use crate::ring::Ring;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -45,17 +50,39 @@ pub fn file_name(pid: u32, start_ns: u64) -> String {
     format!("mpib-{pid}-{start_ns}.probes")
 }
 
-struct Owner {
+/// A created file: its mapping, shared with the writer lanes' leases (which release their lane
+/// on thread exit only while the file is still mapped).
+pub(crate) struct Owner {
     /// Keeps the mapping alive for as long as `image` is used.
     _map: MmapRaw,
+    image: NonNull<FileImage>,
+    /// Unique within the process: which file a thread's lane lease is for.
+    serial: u64,
     path: PathBuf,
     removed: AtomicBool,
+}
+
+// SAFETY: the image is shared memory accessed only through atomics (and header fields that
+// are immutable once published); the mapping lives as long as the Owner.
+unsafe impl Send for Owner {}
+// SAFETY: as for Send.
+unsafe impl Sync for Owner {}
+
+impl Owner {
+    pub(crate) fn image(&self) -> &FileImage {
+        // SAFETY: `image` points into `_map`, a live FileImage-sized mapping.
+        unsafe { self.image.as_ref() }
+    }
+
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
 }
 
 /// The writer side of a probes file (or, [`disabled`](ProbesFile::disabled), of nothing).
 pub struct ProbesFile {
     image: NonNull<FileImage>,
-    owner: Option<Owner>,
+    owner: Option<Arc<Owner>>,
 }
 
 /// The name the plugin uses for its probes handle.
@@ -111,14 +138,17 @@ impl ProbesFile {
         // `open`: a reader that sees the version sees the whole initialised header (Aeron's
         // cnc_version, written last).
         header.abi_version.store(ABI_VERSION, Ordering::Release);
+        static SERIALS: SerialCounter = SerialCounter::new(1);
         let owner = Owner {
             _map: map,
+            image,
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             path,
             removed: AtomicBool::new(false),
         };
         Ok(ProbesFile {
             image,
-            owner: Some(owner),
+            owner: Some(Arc::new(owner)),
         })
     }
 
@@ -148,19 +178,34 @@ impl ProbesFile {
         self.owner.as_ref().map(|o| o.path.as_path())
     }
 
-    /// The handle of rail `rail` (0 = SOUT, 1 = SUP); a disabled handle for any other index.
+    /// The calling thread's writer lane (lane 0 of the dummy when disabled).
+    #[inline]
+    fn lane(&self) -> usize {
+        self.owner.as_ref().map_or(0, lanes::lane_of)
+    }
+
+    /// The calling thread's handle of rail `rail` (0 = SOUT, 1 = SUP); a disabled handle for
+    /// any other index. For this thread only (module docs).
     #[inline]
     pub fn rail(&self, rail: usize) -> RailProbe<'_> {
-        match self.image().rails.get(rail) {
-            Some(block) => RailProbe::new(block),
+        if rail >= MAX_RAILS {
+            return RailProbe::disabled();
+        }
+        let lane = self.lane();
+        match self.image().rails.get(lane * MAX_RAILS + rail) {
+            Some(block) => RailProbe::new(block, lane == SHARED_LANE),
             None => RailProbe::disabled(),
         }
     }
 
-    /// The handle of the transfer-by-rail-mask counters.
+    /// The calling thread's handle of the transfer-by-rail-mask counters (for this thread only).
     #[inline]
     pub fn transfers(&self) -> TransferProbe<'_> {
-        TransferProbe::new(&self.image().process)
+        let lane = self.lane();
+        match self.image().lanes.get(lane) {
+            Some(block) => TransferProbe::new(block, lane == SHARED_LANE),
+            None => TransferProbe::disabled(),
+        }
     }
 
     /// Refresh the heartbeat (ns since the Unix epoch). Any thread; a plain store.
@@ -201,12 +246,18 @@ impl ProbesFile {
     }
 
     /// Append a slow (or sampled) transfer to the event ring, overwriting the oldest record
-    /// when full. Never blocks. Single writer (module docs).
+    /// when full. Any thread; never waits: while another thread is writing the ring the record
+    /// is given up and counted (`events_contended`).
     #[inline]
     pub fn record_slow_transfer(&self, transfer: &SlowTransfer) {
         let image = self.image();
         if let Some(ring) = Ring::new(&image.ring, &image.events) {
-            ring.push(&transfer.encode());
+            if ring.try_push(&transfer.encode()).is_none() {
+                image
+                    .process
+                    .events_contended
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -275,7 +326,7 @@ fn header_image(info: &WriterInfo) -> Header {
         sample_one_in: info.sample_one_in,
         region_count: REGION_COUNT as u32,
         regions: REGION_TABLE,
-        _reserved: [0; 40],
+        _reserved: [0; 24],
         host_name: encode_name(&info.host),
         rails: [rail(0), rail(1)],
     }

@@ -1,5 +1,6 @@
 //! Loom models of the seqlocked event ring and latency histogram: every interleaving (up to
-//! the preemption bound) of one writer and one reader, over ring wraparound.
+//! the preemption bound) of one writer and one reader, over ring wraparound; and of two threads
+//! pushing through the ring's writer flag (`try_push`) at once.
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" cargo test -p mpib-probes --test loom --release
@@ -72,6 +73,36 @@ fn ring_wraparound_never_returns_torn_record() {
         // Every index is accounted for exactly once: returned intact or counted dropped.
         assert_eq!(seen.len() as u64 + cursor.dropped_total(), 3);
         assert_eq!(seen.last(), Some(&2), "the newest record survives");
+    });
+}
+
+#[test]
+fn two_pushers_through_the_writer_flag_never_interleave() {
+    // Each pusher's record either lands whole or is given up; loom's `unsync_load` in `push`
+    // fails the model if the flag did not hand the single-writer role over (a push that
+    // could not see the previous one's `written`).
+    model(|| {
+        let heap = Arc::new(HeapRing::<2>::new(2).unwrap());
+        let pushers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let heap = heap.clone();
+                thread::spawn(move || heap.ring().try_push(&words(t * 10)).is_some())
+            })
+            .collect();
+        let landed = pushers
+            .into_iter()
+            .map(|p| u64::from(p.join().unwrap()))
+            .sum::<u64>();
+        let ring = heap.ring();
+        assert_eq!(ring.written(), landed);
+        let mut cursor = RingCursor::new();
+        let mut returned = 0;
+        ring.drain(&mut cursor, |_, w| {
+            assert!(w == words(0) || w == words(10), "torn record {w:?}");
+            returned += 1;
+        });
+        assert_eq!(returned, landed);
+        assert!(landed >= 1, "the first pusher always finds the flag free");
     });
 }
 

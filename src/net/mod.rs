@@ -356,3 +356,5 @@ pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_agent;
+#[cfg(test)]
+mod tests_threads;

@@ -100,7 +100,7 @@ pub(crate) fn connect_pair_with(
     })
 }
 
-const ENV_NAMES: [&str; 14] = [
+pub(crate) const ENV_NAMES: [&str; 14] = [
     "MPIB_BDP_BYTES",
     "MPIB_AGENT_SOCKET",
     "MPIB_HINT_PATH",
@@ -145,7 +145,7 @@ pub(crate) fn wait(request: NonNull<Request>) -> TestOutcome {
     }
 }
 
-fn transfer(pair: &Pair, size: usize) {
+pub(crate) fn transfer(pair: &Pair, size: usize) {
     let source: Vec<u8> = (0..size.max(1)).map(|i| (i * 7 + size) as u8).collect();
     let mut sink = vec![0u8; size + 64];
     let smh = host_memory(
@@ -335,7 +335,9 @@ fn without_force_flush_iflush_has_nothing_to_wait_for() {
     close(pair);
 }
 
-fn probes_snapshot(dir: &std::path::Path) -> (mpib_probes::ProbesReader, mpib_probes::Snapshot) {
+pub(crate) fn probes_snapshot(
+    dir: &std::path::Path,
+) -> (mpib_probes::ProbesReader, mpib_probes::Snapshot) {
     let path = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
