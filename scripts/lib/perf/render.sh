@@ -101,6 +101,8 @@ agent_verdicts() {
   echo "| … SUP slowed to 40 Mbit/s by tc mid-run: time until the share the agent asks (its status, read four times a second) is within 64 of the new balance (341) | $(ms_shown "$a") | | ≤ 3000 ms | $(at_most "$a" 3000) |"
   a=$(amed rig-two-processes sum) r=$(ratio "$a" "$ib")
   echo "| … two sender processes through one agent: their sum vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$ib") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
+  b=$(amed rig-two-processes-static sum) r=$(ratio "$a" "$b")
+  echo "| … the same two processes at the fixed split sup_bw $BALANCED_SHOWN (four busy-polling processes on the rig's two emulated CPUs, both ways) | $(gbs "$a") vs $(gbs "$b") | $r | (≥ 0.95) | $(verdict "$r" 0.95) |"
 }
 
 agent_table() {
@@ -258,7 +260,7 @@ cost_table() {
     echo "(\`scripts/lib/perf/rig.sh\`, shaped rails, one agent at a 500 ms interval for both processes):"
     echo "rows of 24 MiB in 1 MiB messages, \`steady\` the median row after 20 s (\`rig-static\`: the same rows at a fixed"
     echo "683, after 3 s), \`slowest_row\` the slowest row after 5 s, \`move_ms\` from the \`tc\` change to the"
-    echo "first status (read four times a second) whose asked share is within 64 of the new balance, \`sum\` two sender processes' medians added."
+    echo "first status (read four times a second) whose asked share is within 64 of the new balance, \`sum\` two sender processes' medians added (\`rig-two-processes-static\`: the same two at the fixed split)."
     echo
     agent_table
     echo

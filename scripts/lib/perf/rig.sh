@@ -15,9 +15,10 @@
 #   lossy    0.1 % of packets lost at random on each shaped rail (netem): the case with drops
 #   agent    mpib-agent's adaptive policy (advanced mode, both processes through one agent,
 #            interval 500 ms, 1 MiB messages): a 60 s series from all-SOUT (its median after
-#            20 s, its slowest row of about 1 s against the best single rail; the same rows at the fixed split beside it), SUP
-#            slowed to 40 Mbit/s by tc mid-run (how long until the split comes within 64 of
-#            the new balance), and two sender processes at once (their sum)
+#            20 s, its slowest row of about 1 s against the best single rail; the same rows at
+#            the fixed split beside it), SUP slowed to 40 Mbit/s by tc mid-run (how long until
+#            the split comes within 64 of the new balance), and two sender processes at once
+#            (their sum; beside it the same two processes at the fixed split)
 #   latency  unshaped rails: ib_write_lat vs mpib-perf's p50, 8 B ... 4 KiB
 # The agent cases append "case metric rep value" records to OUT/agent.tsv (GB/s, ms for *_ms).
 # Every other measurement appends one tab-separated record to OUT/records.tsv:
@@ -197,6 +198,9 @@ measure_agent() { # measure_agent SIZE: the three agent cases at one size
   else
     agent_record rig-static steady "$rep" fail
   fi
+  # Two sender processes at the same fixed split: what four busy-polling processes get from
+  # the rig's two emulated CPUs, the yardstick of the agent's two-process case below.
+  two_processes rig-two-processes-static "$size" "$iters" --sup-bw "$BALANCED"
   agent_start "$rep" || { agent_record rig-adaptive steady "$rep" fail; return; }
   log=$logs/agent-series-$size-$rep.csv
   next_port
@@ -230,19 +234,27 @@ measure_agent() { # measure_agent SIZE: the three agent cases at one size
   fi
   shape_rail 1 "$SUP_RATE"
   # Two sender processes at once, each to its own receiver, through the one agent.
-  local l1=$logs/agent-two-1-$size-$rep.csv l2=$logs/agent-two-2-$size-$rep.csv
+  two_processes rig-two-processes "$size" "$iters"
+  agent_stop
+}
+
+# two_processes CASE SIZE ITERS [EXTRA...]: two sender processes at once, each to its own
+# receiver, 30 rows each; records the sum of their medians after 10 s.
+two_processes() {
+  local case=$1 size=$2 iters=$3
+  shift 3
+  local l1=$logs/$case-1-$size-$rep.csv l2=$logs/$case-2-$size-$rep.csv
   next_port; local p1=$port; next_port
-  agent_series "$l1" "$size" "$iters" 30 "$p1" &
+  agent_series "$l1" "$size" "$iters" 30 "$p1" "$@" &
   local j1=$!
-  agent_series "$l2" "$size" "$iters" 30 "$port" &
+  agent_series "$l2" "$size" "$iters" 30 "$port" "$@" &
   local j2=$!
   if wait "$j1" && wait "$j2"; then
-    agent_record rig-two-processes sum "$rep" "$(awk -v a="$(series_stat "$l1" median 10000)" \
+    agent_record "$case" sum "$rep" "$(awk -v a="$(series_stat "$l1" median 10000)" \
       -v b="$(series_stat "$l2" median 10000)" 'BEGIN { if (a == "fail" || b == "fail") print "fail"; else printf "%.6f", a + b }')"
   else
-    agent_record rig-two-processes sum "$rep" fail
+    agent_record "$case" sum "$rep" fail
   fi
-  agent_stop
 }
 
 measure_perf() { # measure_perf SECTION LABEL SIZE ITERS SUP_BW
