@@ -11,7 +11,8 @@ use memmap2::Mmap;
 use crate::log;
 use crate::params::Settings;
 use crate::proto::hint::{
-    check_header, entry_offset, read_hint, HintCell, HINT_FILE_LEN, SEQ_OFFSET, SUP_BW_OFFSET,
+    check_header, entry_offset, read_hint, HintCell, HINT_FILE_LEN, HINT_MAX_ENTRIES, SEQ_OFFSET,
+    SUP_BW_OFFSET,
 };
 
 /// Seqlock read attempts per transfer before keeping the previous value.
@@ -64,6 +65,23 @@ impl HintReader {
         }
         self.last
     }
+}
+
+/// The plugin's reading of a hint file, once: map it read-only and check it as a connection
+/// does, then read entry `slot` with the seqlock (0 when every try raced a write). For tools and
+/// the fuzz targets (`fuzzing/`); errors say what was wrong with the file.
+pub fn read_hint_file(path: &str, slot: u32) -> Result<u32, String> {
+    if slot as usize >= HINT_MAX_ENTRIES {
+        return Err(format!(
+            "hint slot {slot}, expected below {HINT_MAX_ENTRIES}"
+        ));
+    }
+    let map = map_hints(path)?;
+    let cell = MappedCell {
+        base: map.as_ptr(),
+        offset: entry_offset(slot as usize),
+    };
+    Ok(read_hint(&cell, HINT_TRIES).unwrap_or(0))
 }
 
 fn map_hints(path: &str) -> Result<Mmap, String> {

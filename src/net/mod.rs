@@ -31,6 +31,8 @@ mod resources;
 mod send;
 mod telemetry;
 
+pub use agent::read_hint_file;
+
 pub use plugin::{Context, InitParams, ProfilerCallback};
 
 /// Size of NCCL's opaque listen handle (`NCCL_NET_HANDLE_MAXSIZE`).

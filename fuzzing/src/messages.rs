@@ -1,0 +1,112 @@
+//! Targets for the fixed-size wire messages: the connection handshake, the CTS entry and the
+//! completion record a peer writes into our memory, the RDMA immediate word, and the agent
+//! socket's messages (both directions) with the agent's control commands.
+
+use mpib::proto::agent_wire::{AgentRequest, AgentResponse, Header};
+use mpib::proto::cts::{match_tag, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
+use mpib::proto::imm::Imm;
+use mpib::proto::rail_mask::RailMask;
+use mpib::proto::wire::{decode_ready, ConnectReply, ConnectRequest};
+
+/// The first `N` bytes of `data`, zero-padded: a decoder of fixed-size messages sees every
+/// prefix the fuzzer tries.
+fn fixed<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = data.len().min(N);
+    out[..n].copy_from_slice(&data[..n]);
+    out
+}
+
+/// The handshake a peer sends over the control socket: the first byte picks the message
+/// (connect request, connect reply, ready), the rest is the message.
+pub fn handshake(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 3 {
+        0 => {
+            if let Ok(request) = ConnectRequest::decode(&fixed(rest)) {
+                assert_eq!(ConnectRequest::decode(&request.encode()), Ok(request));
+            }
+        }
+        1 => {
+            if let Ok(reply) = ConnectReply::decode(&fixed(rest)) {
+                assert_eq!(ConnectReply::decode(&reply.encode()), Ok(reply));
+            }
+        }
+        _ => {
+            let _ = decode_ready(&fixed(rest));
+        }
+    }
+}
+
+/// A clear-to-send entry the receiver writes into the sender's FIFO (64 bytes), then the checks
+/// the sender runs on it: validation against every slot, entry and rail mask the rest of the
+/// input names, and tag matching over a slot of such entries.
+pub fn cts_entry(data: &[u8]) {
+    let entry = CtsEntry::from_le_bytes(&fixed(data));
+    assert_eq!(CtsEntry::from_le_bytes(&entry.to_le_bytes()), entry);
+    let rest = data.get(CTS_ENTRY_SIZE..).unwrap_or_default();
+    let [slot, index, rails, taken, tag]: [u8; 5] = fixed(rest);
+    let _ = entry.validate(usize::from(slot), usize::from(index), RailMask(rails));
+    let entries: Vec<CtsEntry> = data
+        .chunks(CTS_ENTRY_SIZE)
+        .take(MAX_RECVS + 1)
+        .map(|chunk| CtsEntry::from_le_bytes(&fixed(chunk)))
+        .collect();
+    if let Some(at) = match_tag(&entries, taken, u32::from(tag)) {
+        assert!(
+            at < MAX_RECVS && taken & (1 << at) == 0,
+            "matched a taken or extra entry"
+        );
+    }
+}
+
+/// The completion record the sender's leader rail writes with the signalling WRITE (48 bytes):
+/// every byte is data, so it must round-trip exactly.
+pub fn completion_record(data: &[u8]) {
+    let bytes = fixed(data);
+    let record = CompletionRecord::from_le_bytes(&bytes);
+    assert_eq!(record.to_le_bytes(), bytes);
+}
+
+/// The 32-bit immediate of a WRITE_WITH_IMM, as it arrives (wire order) and as decoded.
+pub fn imm(data: &[u8]) {
+    let raw = u32::from_le_bytes(fixed(data));
+    if let Ok(imm) = Imm::decode(raw) {
+        assert_eq!(Imm::decode(imm.encode()), Ok(imm));
+        let _ = imm.size_bytes();
+    }
+    if let Ok(imm) = Imm::from_wire(raw) {
+        assert_eq!(Imm::from_wire(imm.to_wire()), Ok(imm));
+    }
+}
+
+/// The agent socket's bytes: a header, a request (what the agent reads from a plugin or any
+/// local client), a response (what the plugin reads from whoever owns the socket), and, when
+/// the bytes are text, a line on the agent's control socket.
+pub fn agent_message(data: &[u8]) {
+    let _ = Header::decode(data);
+    if let Ok(request) = AgentRequest::decode(data) {
+        assert_eq!(
+            AgentRequest::decode(request.encode().as_bytes()),
+            Ok(request)
+        );
+    }
+    if let Ok(response) = AgentResponse::decode(data) {
+        assert_eq!(
+            AgentResponse::decode(response.encode().as_bytes()),
+            Ok(response)
+        );
+        let _ = response.slot();
+    }
+    if let Ok(line) = std::str::from_utf8(data) {
+        if let Ok(command) = mpib_agent::control::Command::parse(line) {
+            assert_eq!(
+                mpib_agent::control::Command::parse(&command.encode()),
+                Ok(command)
+            );
+        }
+        let _ = mpib_agent::config::Subnet::parse(line);
+    }
+}
