@@ -1,0 +1,96 @@
+//! The library's life cycle as a long job sees it: 100 rounds of dlopen → init → connect →
+//! transfer → close → finalize → dlclose in one process leave no thread, file descriptor,
+//! mapping or memory behind (read from /proc/self between rounds). In a child process, so
+//! nothing else in it holds the library or its resources.
+
+use std::time::Duration;
+
+use mpib_driver::testing::exchange_sizes;
+use mpib_driver::{child, Pair, Version};
+
+const ROUNDS: usize = 100;
+/// Rounds before the baseline: allocator arenas, lazily bound symbols and the first loads'
+/// one-time work settle first.
+const WARM_UP: usize = 5;
+const CHILD_LIMIT: Duration = Duration::from_secs(600);
+
+/// What a leak would grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Resources {
+    threads: usize,
+    fds: usize,
+    mappings: usize,
+    rss_kib: u64,
+}
+
+fn count_entries(dir: &str) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+fn resources() -> Resources {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    Resources {
+        threads: count_entries("/proc/self/task"),
+        fds: count_entries("/proc/self/fd"),
+        mappings: maps.lines().count(),
+        rss_kib,
+    }
+}
+
+#[test]
+fn a_hundred_load_use_unload_rounds_leak_nothing() {
+    let probes = std::env::temp_dir().join(format!("mpib-lifecycle-{}", std::process::id()));
+    let dir = probes.to_str().unwrap().to_string();
+    let env = [
+        ("MPIB_FABRIC", "loopback"),
+        ("MPIB_PROBES_DIR", dir.as_str()),
+    ];
+    let outcome = child::run_test("child_rounds", &env, CHILD_LIMIT).unwrap();
+    let _ = std::fs::remove_dir_all(&probes);
+    outcome.assert_success("child_rounds");
+    for line in outcome.output.lines().filter(|l| l.starts_with("after ")) {
+        eprintln!("{line}");
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_hundred_load_use_unload_rounds_leak_nothing"]
+fn child_rounds() {
+    if !child::is_child("child_rounds") {
+        return;
+    }
+    let mut baseline = None;
+    for round in 0..ROUNDS {
+        if round == WARM_UP {
+            baseline = Some(resources());
+        }
+        let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+        let net = plugin.net(Version::V12).unwrap();
+        let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let case = format!("round {round}");
+        exchange_sizes(&mut pair, &[0, 4097, 1 << 20], &case, 1)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        pair.close()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        drop(net);
+        drop(plugin); // dlclose
+    }
+    let (before, after) = (baseline.unwrap(), resources());
+    eprintln!("after {WARM_UP} rounds: {before:?}; after {ROUNDS}: {after:?}");
+    assert_eq!(after.threads, before.threads, "threads left behind");
+    assert_eq!(after.fds, before.fds, "file descriptors left behind");
+    assert_eq!(after.mappings, before.mappings, "mappings left behind");
+    // 95 rounds of 1 MiB transfers: a leak of even one buffer per round would add ~95 MiB.
+    let grown = after.rss_kib.saturating_sub(before.rss_kib);
+    assert!(
+        grown < 16 * 1024,
+        "RSS grew {grown} KiB over {} rounds",
+        ROUNDS - WARM_UP
+    );
+}
