@@ -76,6 +76,16 @@ pub const PARAMS: &[Param] = &[
         doc: "Advanced mode: inter-island transfers of at most this many bytes stay on SOUT whatever the hint (0 = off).",
     },
     Param {
+        name: "MPIB_SRQ_LOW_WATER",
+        default: "64",
+        doc: "A receive comm refills a rail's shared receive queue when fewer receives than this remain posted.",
+    },
+    Param {
+        name: "MPIB_SRQ_HIGH_WATER",
+        default: "512",
+        doc: "Depth of each shared receive queue after a refill; also the most receives a comm keeps outstanding.",
+    },
+    Param {
         name: "MPIB_AGENT_TAG",
         default: "",
         doc: "Advanced mode: several agents on one host; the default paths become /tmp/mpib/TAG/hints and /tmp/mpib/TAG/agent.sock.",
@@ -256,6 +266,10 @@ pub struct Settings {
     pub probes_sample: u32,
     /// MPIB_BDP_BYTES.
     pub bdp_bytes: u64,
+    /// MPIB_SRQ_LOW_WATER (at most `srq_high_water`).
+    pub srq_low_water: u32,
+    /// MPIB_SRQ_HIGH_WATER.
+    pub srq_high_water: u32,
     /// MPIB_LOOPBACK_FAULTS (parsed by the loopback fabric).
     pub loopback_faults: String,
     /// MPIB_LOOPBACK_RAILS (parsed by the loopback fabric).
@@ -302,6 +316,7 @@ impl Settings {
             ),
         };
         let agent_dir = agent_directory(get("MPIB_AGENT_TAG"))?;
+        let (srq_low_water, srq_high_water) = srq_water_marks(&get)?;
         Ok(Settings {
             fabric,
             hca_sout: get("MPIB_HCA_SOUT").unwrap_or_else(|| default_hca("loop0")),
@@ -328,10 +343,25 @@ impl Settings {
             slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
             probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
             bdp_bytes: u64::from(parse_int(&get, "MPIB_BDP_BYTES", 0, 0, u32::MAX)?),
+            srq_low_water,
+            srq_high_water,
             loopback_faults: get("MPIB_LOOPBACK_FAULTS").unwrap_or_default(),
             loopback_rails: get("MPIB_LOOPBACK_RAILS").unwrap_or_default(),
         })
     }
+}
+
+/// MPIB_SRQ_LOW_WATER and MPIB_SRQ_HIGH_WATER: a high mark of 1..=16384 receives (the SRQ
+/// depth verbs devices commonly allow), a low mark no higher than it.
+fn srq_water_marks(get: &impl Fn(&str) -> Option<String>) -> Result<(u32, u32), ParamError> {
+    let high = parse_int(get, "MPIB_SRQ_HIGH_WATER", 512, 1, 16_384)?;
+    let low = parse_int(get, "MPIB_SRQ_LOW_WATER", 64.min(high), 0, 16_384)?;
+    if low > high {
+        let value = get("MPIB_SRQ_LOW_WATER").unwrap_or_default();
+        let expected = format!("at most MPIB_SRQ_HIGH_WATER ({high})");
+        return Err(invalid("MPIB_SRQ_LOW_WATER", &value, &expected));
+    }
+    Ok((low, high))
 }
 
 /// The directory of the agent's default paths: `/tmp/mpib`, or `/tmp/mpib/TAG` with
@@ -432,6 +462,8 @@ mod tests {
                 "MPIB_SLOW_US" => s.slow_us.to_string(),
                 "MPIB_PROBES_SAMPLE" => s.probes_sample.to_string(),
                 "MPIB_BDP_BYTES" => s.bdp_bytes.to_string(),
+                "MPIB_SRQ_LOW_WATER" => s.srq_low_water.to_string(),
+                "MPIB_SRQ_HIGH_WATER" => s.srq_high_water.to_string(),
                 _ => continue,
             };
             assert_eq!(text, param.default, "{}", param.name);
@@ -481,5 +513,18 @@ mod tests {
             settings(&[("MPIB_OOB_ADDR", "10.0.0")]).unwrap_err().name,
             "MPIB_OOB_ADDR"
         );
+    }
+
+    #[test]
+    fn srq_water_marks_are_checked_against_each_other() {
+        let marks =
+            |vars: &[(&str, &str)]| settings(vars).map(|s| (s.srq_low_water, s.srq_high_water));
+        assert_eq!(marks(&[]).unwrap(), (64, 512));
+        assert_eq!(marks(&[("MPIB_SRQ_HIGH_WATER", "16")]).unwrap(), (16, 16));
+        let e = marks(&[("MPIB_SRQ_LOW_WATER", "8"), ("MPIB_SRQ_HIGH_WATER", "4")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_SRQ_LOW_WATER");
+        assert!(e.to_string().contains("MPIB_SRQ_HIGH_WATER (4)"), "{e}");
+        let e = marks(&[("MPIB_SRQ_HIGH_WATER", "0")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_SRQ_HIGH_WATER");
     }
 }

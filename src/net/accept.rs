@@ -12,12 +12,12 @@ use socket2::Socket;
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Rail};
 use crate::log;
-use crate::params::Mode;
+use crate::params::{Mode, Settings};
 use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
 use crate::proto::island::classify;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::signal::CtsSignalPolicy;
-use crate::proto::srq::{SrqCredits, SRQ_HIGH_WATER, SRQ_LOW_WATER};
+use crate::proto::srq::{SrqCredits, SRQ_HIGH_WATER};
 use crate::proto::wire::{
     check_agreement, decode_ready, ConnectReply, ConnectRequest, Refusal, CONNECT_REPLY_LEN,
     CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
@@ -36,12 +36,16 @@ use super::telemetry::ConnectionTelemetry;
 use super::{Context, HANDLE_SIZE};
 
 /// Receiver queue sizes: CTS writes only on the send side; SRQ receives plus periodic CTS
-/// completions on each rail's CQ.
-const RECEIVER_SIZING: QueueSizing = QueueSizing {
-    send_queue: 512,
-    cq_depth: 2 * SRQ_HIGH_WATER,
-    srq_depth: SRQ_HIGH_WATER,
-};
+/// completions on each rail's CQ. The SRQ is as deep as its high-water mark
+/// (`MPIB_SRQ_HIGH_WATER`); the CQ never shallower than at the default marks, since the CTS
+/// completions share it.
+fn receiver_sizing(settings: &Settings) -> QueueSizing {
+    QueueSizing {
+        send_queue: 512,
+        cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER),
+        srq_depth: settings.srq_high_water,
+    }
+}
 
 const LISTEN_MAGIC: u32 = 0x4D50_4C53; // "MPLS"
 
@@ -233,7 +237,7 @@ impl Acceptance {
             return Ok(reply);
         }
         let devices = &ctx.plugin.devices;
-        let (queues, mut qps) = create_queues(devices, layout, RECEIVER_SIZING)?;
+        let (queues, mut qps) = create_queues(devices, layout, receiver_sizing(settings))?;
         let cts_shadow =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
         let records =
@@ -254,7 +258,7 @@ impl Acceptance {
         reply.records_rkeys = records.rkeys();
         let cts_qp = layout.cts_qp(settings.mode, class);
         let cts_rail = layout.rail_of(cts_qp).unwrap_or(Rail::ScaleOut);
-        let srq = [SrqCredits::new(SRQ_LOW_WATER, SRQ_HIGH_WATER); 2];
+        let srq = [SrqCredits::new(settings.srq_low_water, settings.srq_high_water); 2];
         let mut data = RecvData::new(
             qps,
             queues,

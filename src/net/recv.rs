@@ -101,6 +101,21 @@ impl RecvData {
         self.refill_for(self.outstanding)
     }
 
+    /// Slots that may be outstanding at once: the smallest high-water mark of the rails that
+    /// have an SRQ (with `refill_for`, every outstanding slot then has a receive on each rail).
+    fn srq_capacity(&self) -> u32 {
+        Rail::ALL
+            .into_iter()
+            .filter(|rail| {
+                self.queues[rail.index()]
+                    .as_ref()
+                    .is_some_and(|q| q.srq.is_some())
+            })
+            .map(|rail| self.srq[rail.index()].high_water())
+            .min()
+            .unwrap_or(u32::MAX)
+    }
+
     /// Refills so that every rail's SRQ holds a receive for each of `in_flight` slots.
     fn refill_for(&mut self, in_flight: u32) -> Result<()> {
         for rail in Rail::ALL {
@@ -178,6 +193,15 @@ impl RecvComm {
                 .memory
                 .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
             memory.check_covers("irecv", buffer.addr, buffer.capacity as u64)?;
+        }
+        // Never more receives outstanding than an SRQ holds: each may bring one IMM per rail,
+        // and an IMM that finds its SRQ empty stalls the sender (RNR). Completions free slots,
+        // so poll once; otherwise no request (NCCL calls again), never a wait.
+        if data.outstanding >= data.srq_capacity() {
+            self.poll(data)?;
+            if data.outstanding >= data.srq_capacity() {
+                return Ok(None);
+            }
         }
         data.refill_for(data.outstanding + 1)?;
         let seq = data.fifo_head;

@@ -1,0 +1,92 @@
+//! A shared receive queue forced tiny (`MPIB_SRQ_LOW_WATER=2`, `MPIB_SRQ_HIGH_WATER=4`) under a
+//! burst of 32 grouped receives of 8 buffers (256 sends in flight): `irecv` holds back what
+//! the SRQ cannot cover instead of letting a sender find it empty, so no receiver-not-ready
+//! error reaches NCCL, every byte arrives, and the probes count the low-water hits (the
+//! `MpibSrqLowWater` alert's series; its rule is tested in dashboards/alerts_test.yml). Through
+//! the exported v12 table, in a child process (the marks are read at `init`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use mpib_driver::cases::many_outstanding_plan;
+use mpib_driver::{child, Pair, Version};
+use mpib_probes::{LoadState, ProbesReader, RAIL_SOUT, RAIL_SUP};
+
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+#[test]
+fn a_tiny_srq_under_a_burst_of_grouped_receives_never_runs_dry() {
+    let dir = std::env::temp_dir().join(format!("mpib-srq-starve-{}", std::process::id()));
+    let probes_dir = dir.to_str().unwrap().to_string();
+    let env = [
+        ("MPIB_FABRIC", "loopback"),
+        ("MPIB_SRQ_LOW_WATER", "2"),
+        ("MPIB_SRQ_HIGH_WATER", "4"),
+        ("MPIB_PROBES_DIR", probes_dir.as_str()),
+    ];
+    let outcome = child::run_test("child_starved_srq", &env, CHILD_LIMIT).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{}", outcome.output);
+    outcome.assert_success("child_starved_srq");
+}
+
+fn probes_of_this_process(dir: &Path) -> mpib_probes::Snapshot {
+    let prefix = format!("mpib-{}-", std::process::id());
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .expect("this process's probes file");
+    match ProbesReader::open(&path).unwrap() {
+        LoadState::Ready(reader) => reader.snapshot(),
+        other => panic!("probes file not ready: {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_tiny_srq_under_a_burst_of_grouped_receives_never_runs_dry"]
+fn child_starved_srq() {
+    if !child::is_child("child_starved_srq") {
+        return;
+    }
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V12).unwrap();
+    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
+    let plan = many_outstanding_plan();
+    for round in 0..3 {
+        // Any error (an RNR completion would be one) fails the round; bytes are verified.
+        pair.exchange(&plan, 0x5e0, round)
+            .unwrap_or_else(|e| panic!("round {round} with a 4-deep SRQ: {e}"));
+    }
+    let dir = std::env::var("MPIB_PROBES_DIR").unwrap();
+    let snapshot = probes_of_this_process(Path::new(&dir));
+    pair.close().unwrap_or_else(|e| panic!("{e}"));
+    // Vanilla intra-island: the data rides SUP.
+    let sup = snapshot.rails[RAIL_SUP].counters;
+    eprintln!("SUP rail: {sup:?}");
+    assert_eq!((sup.srq_low_water, sup.srq_high_water), (2, 4));
+    assert!(
+        sup.srq_depth <= 4,
+        "depth {} over the high mark",
+        sup.srq_depth
+    );
+    assert!(
+        sup.srq_low_water_hits > 0,
+        "the burst drove the SRQ under its low mark"
+    );
+    // One IMM per grouped receive (32 per round), on SUP.
+    assert_eq!(
+        sup.recv_cqes,
+        3 * 32,
+        "every grouped receive's completion arrived"
+    );
+    for rail in [RAIL_SOUT, RAIL_SUP] {
+        let errors = snapshot.rails[rail].counters.error_completions;
+        assert_eq!(errors, 0, "rail {rail}: {errors} error completion(s)");
+    }
+}
