@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use agent::Agent;
 pub use error::{Error, Result};
-pub use net::{Net, NetCtx, Props};
+pub use net::{CallTime, Net, NetCtx, Props};
 pub use plan::Plan;
 pub use plugin::{locate_built_plugin, Plugin, Version};
 pub use proxy::{Deadlines, Pair, PairOptions, Report};

@@ -331,7 +331,22 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
             sender.close().map_err(|e| format!("close: {e}"))?;
         }
     }
+    print_slowest_call(&net, who);
     drop(net);
     drop(agent);
     Ok(format!("all {} case(s)", cases.len()))
+}
+
+/// The slowest exported call of this side's whole run (NCCL's proxy thread must never wait in
+/// one): `WHO: slowest call: NAME MS ms (of N NAME calls, M calls in all)`, for the rig suite.
+fn print_slowest_call(net: &mpib_driver::Net<'_>, who: &str) {
+    let times = net.call_times();
+    let all: u64 = times.iter().map(|(_, t)| t.calls).sum();
+    if let Some((name, time)) = times.iter().max_by_key(|(_, t)| t.slowest) {
+        println!(
+            "{who}: slowest call: {name} {:.1} ms (of {} {name} calls, {all} calls in all)",
+            time.slowest.as_secs_f64() * 1e3,
+            time.calls
+        );
+    }
 }

@@ -22,16 +22,18 @@ impl Net<'_> {
         out: *mut *mut c_void,
     ) -> Result<NcclResult> {
         let c = ctx.as_ptr();
-        // SAFETY: (all arms) table validity as in `common_slot!`; pointers per the caller.
-        Ok(unsafe {
-            match self.table {
-                Table::V7(t) => self.need((*t).listen, "listen")?(dev, handle, out),
-                Table::V8(t) => self.need((*t).listen, "listen")?(dev, handle, out),
-                Table::V9(t) => self.need((*t).listen, "listen")?(dev, handle, out),
-                Table::V10(t) => self.need((*t).listen, "listen")?(dev, handle, out),
-                Table::V11(t) => self.need((*t).listen, "listen")?(c, dev, handle, out),
-                Table::V12(t) => self.need((*t).listen, "listen")?(c, dev, handle, out),
-            }
+        self.timed("listen", || {
+            // SAFETY: (all arms) table validity as in `common_slot!`; pointers per the caller.
+            Ok(unsafe {
+                match self.table {
+                    Table::V7(t) => self.need((*t).listen, "listen")?(dev, handle, out),
+                    Table::V8(t) => self.need((*t).listen, "listen")?(dev, handle, out),
+                    Table::V9(t) => self.need((*t).listen, "listen")?(dev, handle, out),
+                    Table::V10(t) => self.need((*t).listen, "listen")?(dev, handle, out),
+                    Table::V11(t) => self.need((*t).listen, "listen")?(c, dev, handle, out),
+                    Table::V12(t) => self.need((*t).listen, "listen")?(c, dev, handle, out),
+                }
+            })
         })
     }
 
@@ -67,19 +69,25 @@ impl Net<'_> {
         let h: *mut c_void = handle.as_mut_ptr().cast();
         let cfg: *mut CommConfig = (&*self.connect_config as *const CommConfig).cast_mut();
         let c = ctx.as_ptr();
-        // SAFETY: (all arms) table validity as in `common_slot!`; every pointer is valid.
-        let code = unsafe {
-            match self.table {
-                Table::V7(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
-                Table::V8(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
-                Table::V9(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
-                Table::V10(t) => {
-                    self.need((*t).connect, "connect")?(dev, cfg, h, &mut out, &mut dh)
+        let code = self.timed("connect", || -> Result<NcclResult> {
+            // SAFETY: (all arms) table validity as in `common_slot!`; every pointer is valid.
+            Ok(unsafe {
+                match self.table {
+                    Table::V7(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
+                    Table::V8(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
+                    Table::V9(t) => self.need((*t).connect, "connect")?(dev, h, &mut out, &mut dh),
+                    Table::V10(t) => {
+                        self.need((*t).connect, "connect")?(dev, cfg, h, &mut out, &mut dh)
+                    }
+                    Table::V11(t) => {
+                        self.need((*t).connect, "connect")?(c, dev, h, &mut out, &mut dh)
+                    }
+                    Table::V12(t) => {
+                        self.need((*t).connect, "connect")?(c, dev, h, &mut out, &mut dh)
+                    }
                 }
-                Table::V11(t) => self.need((*t).connect, "connect")?(c, dev, h, &mut out, &mut dh),
-                Table::V12(t) => self.need((*t).connect, "connect")?(c, dev, h, &mut out, &mut dh),
-            }
-        };
+            })
+        })?;
         self.check(code, "connect", || format!("dev {dev}"))?;
         Ok(NonNull::new(out).map(SendComm))
     }
@@ -91,7 +99,9 @@ impl Net<'_> {
         let mut dh: *mut DeviceHandle = ptr::null_mut();
         // SAFETY: `listen` came from this plugin's `listen` and is not closed (closing consumes
         // it); the out pointers are valid.
-        let code = unsafe { f(listen.as_ptr(), &mut out, &mut dh) };
+        let code = self.timed("accept", || unsafe {
+            f(listen.as_ptr(), &mut out, &mut dh)
+        });
         self.check(code, "accept", String::new)?;
         Ok(NonNull::new(out).map(RecvComm))
     }
@@ -100,7 +110,7 @@ impl Net<'_> {
     pub fn close_listen(&self, comm: ListenComm) -> Result<()> {
         let f = self.need(common_slot!(self, close_listen), "closeListen")?;
         // SAFETY: a live listen comm, consumed here.
-        let code = unsafe { f(comm.as_ptr()) };
+        let code = self.timed("closeListen", || unsafe { f(comm.as_ptr()) });
         self.check(code, "closeListen", String::new)
     }
 
@@ -108,7 +118,7 @@ impl Net<'_> {
     pub fn close_send(&self, comm: SendComm) -> Result<()> {
         let f = self.need(common_slot!(self, close_send), "closeSend")?;
         // SAFETY: a live send comm, consumed here.
-        let code = unsafe { f(comm.as_ptr()) };
+        let code = self.timed("closeSend", || unsafe { f(comm.as_ptr()) });
         self.check(code, "closeSend", String::new)
     }
 
@@ -116,7 +126,7 @@ impl Net<'_> {
     pub fn close_recv(&self, comm: RecvComm) -> Result<()> {
         let f = self.need(common_slot!(self, close_recv), "closeRecv")?;
         // SAFETY: a live receive comm, consumed here.
-        let code = unsafe { f(comm.as_ptr()) };
+        let code = self.timed("closeRecv", || unsafe { f(comm.as_ptr()) });
         self.check(code, "closeRecv", String::new)
     }
 
@@ -134,22 +144,24 @@ impl Net<'_> {
         let mut out: *mut c_void = ptr::null_mut();
         let c = comm.comm_ptr();
         let o: *mut *mut c_void = &mut out;
-        // SAFETY: (all arms) table validity as in `common_slot!`; memory per the caller.
-        let code = unsafe {
-            match self.table {
-                Table::V7(t) => {
-                    let size = c_int::try_from(size).map_err(|_| {
-                        Error::Refused(format!("v7 regMr of {size} bytes does not fit an int"))
-                    })?;
-                    self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o)
+        let code = self.timed("regMr", || -> Result<NcclResult> {
+            // SAFETY: (all arms) table validity as in `common_slot!`; memory per the caller.
+            Ok(unsafe {
+                match self.table {
+                    Table::V7(t) => {
+                        let size = c_int::try_from(size).map_err(|_| {
+                            Error::Refused(format!("v7 regMr of {size} bytes does not fit an int"))
+                        })?;
+                        self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o)
+                    }
+                    Table::V8(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
+                    Table::V9(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
+                    Table::V10(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
+                    Table::V11(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
+                    Table::V12(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
                 }
-                Table::V8(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
-                Table::V9(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
-                Table::V10(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
-                Table::V11(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
-                Table::V12(t) => self.need((*t).reg_mr, "regMr")?(c, data, size, ptr_type, o),
-            }
-        };
+            })
+        })?;
         self.check(code, "regMr", || {
             format!("{size} bytes at {data:p}, type {ptr_type}")
         })?;
@@ -160,7 +172,9 @@ impl Net<'_> {
     pub fn dereg_mr(&self, comm: &impl DataComm, mhandle: MemHandle) -> Result<()> {
         let f = self.need(common_slot!(self, dereg_mr), "deregMr")?;
         // SAFETY: `mhandle` came from `regMr` on this comm and is consumed here.
-        let code = unsafe { f(comm.comm_ptr(), mhandle.as_ptr()) };
+        let code = self.timed("deregMr", || unsafe {
+            f(comm.comm_ptr(), mhandle.as_ptr())
+        });
         self.check(code, "deregMr", String::new)
     }
 
@@ -179,22 +193,24 @@ impl Net<'_> {
         request: *mut *mut c_void,
     ) -> Result<NcclResult> {
         let (c, d, m, r, null) = (comm, data, mhandle, request, ptr::null_mut());
-        // SAFETY: (all arms) table validity as in `common_slot!`; pointers per the caller.
-        Ok(unsafe {
-            match self.table {
-                Table::V7(t) => {
-                    let n = self.int_size(size, "isend")?;
-                    self.need((*t).isend, "isend")?(c, d, n, tag, m, r)
+        self.timed("isend", || {
+            // SAFETY: (all arms) table validity as in `common_slot!`; pointers per the caller.
+            Ok(unsafe {
+                match self.table {
+                    Table::V7(t) => {
+                        let n = self.int_size(size, "isend")?;
+                        self.need((*t).isend, "isend")?(c, d, n, tag, m, r)
+                    }
+                    Table::V8(t) => {
+                        let n = self.int_size(size, "isend")?;
+                        self.need((*t).isend, "isend")?(c, d, n, tag, m, r)
+                    }
+                    Table::V9(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, r),
+                    Table::V10(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
+                    Table::V11(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
+                    Table::V12(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
                 }
-                Table::V8(t) => {
-                    let n = self.int_size(size, "isend")?;
-                    self.need((*t).isend, "isend")?(c, d, n, tag, m, r)
-                }
-                Table::V9(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, r),
-                Table::V10(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
-                Table::V11(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
-                Table::V12(t) => self.need((*t).isend, "isend")?(c, d, size, tag, m, null, r),
-            }
+            })
         })
     }
 
@@ -254,17 +270,19 @@ impl Net<'_> {
             request,
             ptr::null_mut(),
         );
-        // SAFETY: (all arms) table validity as in `common_slot!`; the arrays hold `n` entries and
-        // outlive the call; buffers per the caller.
-        Ok(unsafe {
-            match self.table {
-                Table::V7(x) => self.need((*x).irecv, "irecv")?(c, n, d, si, t, m, r),
-                Table::V8(x) => self.need((*x).irecv, "irecv")?(c, n, d, si, t, m, r),
-                Table::V9(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, r),
-                Table::V10(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
-                Table::V11(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
-                Table::V12(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
-            }
+        self.timed("irecv", || {
+            // SAFETY: (all arms) table validity as in `common_slot!`; the arrays hold `n` entries and
+            // outlive the call; buffers per the caller.
+            Ok(unsafe {
+                match self.table {
+                    Table::V7(x) => self.need((*x).irecv, "irecv")?(c, n, d, si, t, m, r),
+                    Table::V8(x) => self.need((*x).irecv, "irecv")?(c, n, d, si, t, m, r),
+                    Table::V9(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, r),
+                    Table::V10(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
+                    Table::V11(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
+                    Table::V12(x) => self.need((*x).irecv, "irecv")?(c, n, d, s, t, m, null, r),
+                }
+            })
         })
     }
 
@@ -321,7 +339,9 @@ impl Net<'_> {
         let mut request: *mut c_void = ptr::null_mut();
         let (d, s, m) = (data.as_mut_ptr(), sizes.as_mut_ptr(), mhandles.as_mut_ptr());
         // SAFETY: arrays of `n` entries outlive the call; the comm and buffers per the caller.
-        let code = unsafe { f(comm.as_ptr(), n, d, s, m, &mut request) };
+        let code = self.timed("iflush", || unsafe {
+            f(comm.as_ptr(), n, d, s, m, &mut request)
+        });
         self.check(code, "iflush", || format!("n {n}"))?;
         Ok(NonNull::new(request).map(Request))
     }
@@ -339,7 +359,7 @@ impl Net<'_> {
     ) -> Result<NcclResult> {
         let f = self.need(common_slot!(self, test), "test")?;
         // SAFETY: forwarded contract.
-        Ok(unsafe { f(request, done, sizes) })
+        Ok(self.timed("test", || unsafe { f(request, done, sizes) }))
     }
 
     /// `test`: `Ok(true)` when done (the request is then dead). `sizes` receives one entry per

@@ -6,10 +6,11 @@
 //! [`Error::Nccl`] naming the version and call. The `*_raw` methods return the code untouched and
 //! accept NULL arguments, for conformance tests.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
+use std::time::{Duration, Instant};
 
 use crate::abi::*;
 use crate::env;
@@ -158,11 +159,21 @@ pub struct Props {
     pub plane_id: Option<i16>,
 }
 
+/// How long one kind of exported call took: the slowest call and how many there were.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallTime {
+    /// The slowest single call.
+    pub slowest: Duration,
+    /// Calls made.
+    pub calls: u64,
+}
+
 /// A version-neutral view of one exported table.
 pub struct Net<'p> {
     version: Version,
     table: Table,
     initialized: Cell<bool>,
+    call_times: RefCell<Vec<(&'static str, CallTime)>>,
     connect_config: Box<CommConfig>,
     _plugin: PhantomData<&'p Plugin>,
 }
@@ -222,6 +233,7 @@ impl Net<'_> {
             version,
             table,
             initialized: Cell::new(false),
+            call_times: RefCell::new(Vec::new()),
             connect_config: undef_config(),
             _plugin: PhantomData,
         }
@@ -230,6 +242,44 @@ impl Net<'_> {
     /// The ABI version driven.
     pub fn version(&self) -> Version {
         self.version
+    }
+
+    /// Run one exported call, keeping its duration: the slowest of each kind and how many
+    /// (NCCL's proxy thread drives everything from one thread, so no call may wait).
+    pub(crate) fn timed<T>(&self, call: &'static str, f: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = f();
+        let took = started.elapsed();
+        let mut times = self.call_times.borrow_mut();
+        match times.iter_mut().find(|(name, _)| *name == call) {
+            Some((_, time)) => {
+                time.calls += 1;
+                time.slowest = time.slowest.max(took);
+            }
+            None => times.push((
+                call,
+                CallTime {
+                    slowest: took,
+                    calls: 1,
+                },
+            )),
+        }
+        out
+    }
+
+    /// The slowest duration and the number of every exported call made through this `Net` so
+    /// far, by the call's name in the ABI (`connect`, `accept`, `isend`, `test`, ...).
+    pub fn call_times(&self) -> Vec<(&'static str, CallTime)> {
+        self.call_times.borrow().clone()
+    }
+
+    /// The slowest single call so far, with its name.
+    pub fn slowest_call(&self) -> Option<(&'static str, Duration)> {
+        self.call_times
+            .borrow()
+            .iter()
+            .map(|(name, time)| (*name, time.slowest))
+            .max_by_key(|(_, slowest)| *slowest)
     }
 
     fn need<F>(&self, f: Option<F>, slot: &'static str) -> Result<F> {
@@ -327,19 +377,25 @@ impl Net<'_> {
         config: *mut CommConfig,
         ctx: &mut *mut c_void,
     ) -> Result<()> {
-        // SAFETY: (all arms) the table is the exported static of this version; the arguments are
-        // valid pointers or the NULL callbacks the ABI allows.
-        let code = unsafe {
-            match self.table {
-                Table::V11(t) => self.need((*t).init, "init")?(ctx, comm_id, config, None, None),
-                Table::V12(t) => self.need((*t).init, "init")?(ctx, comm_id, config, None, None),
-                _ if self.initialized.get() => NCCL_SUCCESS,
-                Table::V10(t) => self.need((*t).init, "init")?(None, None),
-                Table::V9(t) => self.need((*t).init, "init")?(None),
-                Table::V8(t) => self.need((*t).init, "init")?(None),
-                Table::V7(t) => self.need((*t).init, "init")?(None),
-            }
-        };
+        let code = self.timed("init", || -> Result<NcclResult> {
+            // SAFETY: (all arms) the table is the exported static of this version; the arguments are
+            // valid pointers or the NULL callbacks the ABI allows.
+            Ok(unsafe {
+                match self.table {
+                    Table::V11(t) => {
+                        self.need((*t).init, "init")?(ctx, comm_id, config, None, None)
+                    }
+                    Table::V12(t) => {
+                        self.need((*t).init, "init")?(ctx, comm_id, config, None, None)
+                    }
+                    _ if self.initialized.get() => NCCL_SUCCESS,
+                    Table::V10(t) => self.need((*t).init, "init")?(None, None),
+                    Table::V9(t) => self.need((*t).init, "init")?(None),
+                    Table::V8(t) => self.need((*t).init, "init")?(None),
+                    Table::V7(t) => self.need((*t).init, "init")?(None),
+                }
+            })
+        })?;
         self.check(code, "init", || format!("commId {comm_id:#x}"))
     }
 
@@ -352,8 +408,9 @@ impl Net<'_> {
             Table::V12(t) => unsafe { (*t).finalize },
             _ => return Ok(()),
         };
+        let f = self.need(f, "finalize")?;
         // SAFETY: `ctx` came from this table's `init` and is finalized once (taken by value).
-        let code = unsafe { self.need(f, "finalize")?(ctx.ptr) };
+        let code = self.timed("finalize", || unsafe { f(ctx.ptr) });
         self.check(code, "finalize", || format!("commId {:#x}", ctx.comm_id))
     }
 
