@@ -170,6 +170,46 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$how; both exited $(since "$tcut") s after the cut, $(since "$t") s in all"
   }
 
+  # The NICs' own counters, `rxe_a0.name=value` per line (hw_counters of every rxe device).
+  nic_counters() {
+    local f dev
+    for f in /sys/class/infiniband/rxe_*/ports/1/hw_counters/*; do
+      [ -r "$f" ] || continue
+      dev=${f#/sys/class/infiniband/}; dev=${dev%%/*}
+      printf '%s.%s=%s\n' "$dev" "${f##*/}" "$(cat "$f")"
+    done
+  }
+  # counter_delta BEFORE AFTER: the retry, sequence and error counters that grew
+  # ("rxe_b1.out_of_seq_request+3").
+  # (Passed as variables: the guest has no /dev/fd for process substitution.)
+  counter_delta() {
+    awk -v before="$1" -v after="$2" 'BEGIN {
+      n = split(before, lines, "\n"); for (i = 1; i <= n; i++) { split(lines[i], kv, "="); a[kv[1]] = kv[2] }
+      n = split(after, lines, "\n")
+      for (i = 1; i <= n; i++) { split(lines[i], kv, "=")
+        if (kv[1] ~ /retry|seq|duplicate|rnr|drop|_err$/ && kv[2] - a[kv[1]] > 0) { printf "%s%s+%d", sep, kv[1], kv[2] - a[kv[1]]; sep = " " } }
+      if (sep == "") printf "none grew" }'
+  }
+
+  # impaired NAME DEV NETEM...: an advanced pair at sup_bw=512 (both rails carry data, default
+  # retry settings) whose wire DEV (host A's end: A->B packets) netem impairs for the whole
+  # run. Every byte must still arrive; the NICs' retry counters show what it cost.
+  impaired() {
+    local name=$1 dev=$2 s d tmp t before
+    shift 2
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    tc qdisc add dev "$dev" root netem "$@"
+    before=$(nic_counters)
+    t=$(now)
+    launch "$d" "$tmp" v12 split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
+    reap
+    tc qdisc del dev "$dev" root 2>/dev/null
+    verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver; NIC counters: $(counter_delta "$before" "$(nic_counters)"), $(since "$t") s"
+  }
+
   # unit NAME LOG TIMEOUT CMD...: a test binary of the verbs device tests.
   unit() {
     local name=$1 log=$2 tmo=$3 t rc n
@@ -208,6 +248,12 @@ if [ "${1-}" = --guest ]; then
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
   done
   fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1)" v12 veth_a1
+  for rail in 0 1; do
+    label=SOUT; [ $rail = 0 ] || label=SUP
+    impaired "v12 impaired: 1 % loss on $label (veth_a$rail)" "veth_a$rail" loss 1%
+    impaired "v12 impaired: 1 % corruption on $label (veth_a$rail)" "veth_a$rail" corrupt 1%
+    impaired "v12 impaired: 10 ms delay on $label (veth_a$rail)" "veth_a$rail" delay 10ms
+  done
   name="mpib-demo --fabric verbs (the main job)"
   if wanted "$name"; then
     t=$(now)
