@@ -133,14 +133,15 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver, $(slowest_call "$d"), $(since "$t") s"
   }
 
-  # fault NAME VERSION DEV: a vanilla intra-island pair (all SUP) whose SUP wire (DEV: host A's
-  # end, so A->B packets are lost) drops every packet once the sender has passed its first case.
+  # fault NAME VERSION DEV [CASE EXTRA]: a pair (by default vanilla intra-island, all SUP; else
+  # ten CASEs with the K=V words EXTRA) whose wire DEV (host A's end, so A->B packets are lost)
+  # drops every packet once the sender has passed its first case.
   # The sender must get the error from the plugin (ncclRemoteError / ncclSystemError); the
   # receiver too, or, when it had nothing in flight on the wire (an RC QP cannot see an error
   # then), its requests simply never complete and the run ends at its 20 s data deadline. Nothing
   # may hang. MPIB_IB_TIMEOUT=14 with retry_cnt 6: the error comes about 0.5 s after the cut.
   fault() {
-    local name=$1 version=$2 dev=$3 s d tmp t tcut i
+    local name=$1 version=$2 dev=$3 case=${4:-sizes} extra=${5:-MPIB_ISLAND_PREFIX_LEN=24} s d tmp t tcut i
     wanted "$name" || return 0
     s=$(slug "$name")
     d=$W/$s tmp=/tmp/rig/$s
@@ -148,8 +149,8 @@ if [ "${1-}" = --guest ]; then
     t=$(now)
     recv_args=(--expect-error bounded --data-timeout 20)
     send_args=(--expect-error plugin --data-timeout 60)
-    launch "$d" "$tmp" "$version" sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes,sizes \
-      "MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14"
+    launch "$d" "$tmp" "$version" "$(printf '%s,' "$case" "$case" "$case" "$case" "$case" \
+      "$case" "$case" "$case" "$case" "$case" | sed 's/,$//')" "$extra MPIB_IB_TIMEOUT=14"
     recv_args=() send_args=()
     for ((i = 0; i < 600; i++)); do
       grep -q ': ok ' "$d/send.log" 2>/dev/null && break
@@ -160,8 +161,15 @@ if [ "${1-}" = --guest ]; then
     tcut=$(now)
     reap
     tc qdisc del dev "$dev" root 2>/dev/null
-    local how
+    local how rail=sup
+    [ "$dev" != veth_a0 ] || rail=sout
     how="sender: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/send.log" | head -n 1)"
+    # The error must name the rail that was cut (the plugin's message: "sup rail (rxe_a1) QP ...").
+    if grep -q "$rail rail (" "$d/send.log"; then
+      how+=" naming the $rail rail"
+    else
+      how+=" NOT naming the $rail rail"; sr=99
+    fi
     if grep -q 'reported the failure as expected' "$d/recv.log"; then
       how+=", receiver: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/recv.log" | head -n 1)"
     else
@@ -248,6 +256,12 @@ if [ "${1-}" = --guest ]; then
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
   done
   fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1)" v12 veth_a1
+  fault "v12 fault: SOUT wire cut mid-run, vanilla inter-island (veth_a0)" v12 veth_a0 sizes \
+    "MPIB_ISLAND_PREFIX_LEN=32"
+  fault "v12 fault: SUP wire cut mid-run, advanced sup_bw=512 (veth_a1)" v12 veth_a1 split-512 \
+    "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+  fault "v12 fault: SOUT wire cut mid-run, advanced sup_bw=512 (veth_a0)" v12 veth_a0 split-512 \
+    "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
   for rail in 0 1; do
     label=SOUT; [ $rail = 0 ] || label=SUP
     impaired "v12 impaired: 1 % loss on $label (veth_a$rail)" "veth_a$rail" loss 1%
