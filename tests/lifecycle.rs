@@ -8,6 +8,10 @@ use std::time::Duration;
 use mpib_driver::testing::exchange_sizes;
 use mpib_driver::{child, Pair, Version};
 
+#[path = "common/process.rs"]
+mod process;
+use process::rss_kib;
+
 const ROUNDS: usize = 100;
 /// Rounds before the baseline: allocator arenas, lazily bound symbols and the first loads'
 /// one-time work settle first.
@@ -29,17 +33,11 @@ fn count_entries(dir: &str) -> usize {
 
 fn resources() -> Resources {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
     Resources {
         threads: count_entries("/proc/self/task"),
         fds: count_entries("/proc/self/fd"),
         mappings: maps.lines().count(),
-        rss_kib,
+        rss_kib: rss_kib(),
     }
 }
 

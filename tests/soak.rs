@@ -10,9 +10,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+#[path = "common/process.rs"]
+mod process;
+use process::{own_probes, rss_kib};
+
 use mpib_driver::testing::bounded;
 use mpib_driver::{child, Agent, Deadlines, Pair, PairOptions, Plan, Version};
-use mpib_probes::{LoadState, ProbesReader};
 
 /// A small xorshift generator: the run is a function of its seed.
 struct Random(u64);
@@ -55,36 +58,6 @@ fn random_plan(random: &mut Random) -> Plan {
     }
     let groups = 1 + random.below(4) as usize;
     Plan::streams(groups, &sizes, &tags, &order, groups, groups * n).labelled("random groups")
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn probes_totals(dir: &Path) -> (u64, u64) {
-    let prefix = format!("mpib-{}-", std::process::id());
-    let path = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
-        .expect("this process's probes file");
-    let LoadState::Ready(reader) = ProbesReader::open(&path).unwrap() else {
-        panic!("probes file not ready");
-    };
-    let snapshot = reader.snapshot();
-    let tx = snapshot.rails.iter().map(|r| r.counters.tx_bytes).sum();
-    let rx = snapshot.rails.iter().map(|r| r.counters.rx_bytes).sum();
-    (tx, rx)
 }
 
 #[test]
@@ -165,7 +138,9 @@ fn run(seed: u64, seconds: u64) {
         rss_peak = rss_peak.max(rss_kib());
     }
     let dir = std::env::var("MPIB_PROBES_DIR").unwrap();
-    let (sent, received) = probes_totals(Path::new(&dir));
+    let snapshot = own_probes(Path::new(&dir));
+    let sent: u64 = snapshot.rails.iter().map(|r| r.counters.tx_bytes).sum();
+    let received: u64 = snapshot.rails.iter().map(|r| r.counters.rx_bytes).sum();
     pair.close().unwrap_or_else(|e| panic!("{e}"));
     let rss_end = rss_kib();
     eprintln!(

@@ -10,7 +10,11 @@ use std::time::Duration;
 
 use mpib_driver::cases::many_outstanding_plan;
 use mpib_driver::{child, Pair, Version};
-use mpib_probes::{LoadState, ProbesReader, RAIL_SOUT, RAIL_SUP};
+use mpib_probes::{RAIL_SOUT, RAIL_SUP};
+
+#[path = "common/process.rs"]
+mod process;
+use process::own_probes;
 
 const CHILD_LIMIT: Duration = Duration::from_secs(300);
 
@@ -30,24 +34,6 @@ fn a_tiny_srq_under_a_burst_of_grouped_receives_never_runs_dry() {
     outcome.assert_success("child_starved_srq");
 }
 
-fn probes_of_this_process(dir: &Path) -> mpib_probes::Snapshot {
-    let prefix = format!("mpib-{}-", std::process::id());
-    let path = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix))
-        })
-        .expect("this process's probes file");
-    match ProbesReader::open(&path).unwrap() {
-        LoadState::Ready(reader) => reader.snapshot(),
-        other => panic!("probes file not ready: {other:?}"),
-    }
-}
-
 #[test]
 #[ignore = "runs in a child process started by a_tiny_srq_under_a_burst_of_grouped_receives_never_runs_dry"]
 fn child_starved_srq() {
@@ -64,7 +50,7 @@ fn child_starved_srq() {
             .unwrap_or_else(|e| panic!("round {round} with a 4-deep SRQ: {e}"));
     }
     let dir = std::env::var("MPIB_PROBES_DIR").unwrap();
-    let snapshot = probes_of_this_process(Path::new(&dir));
+    let snapshot = own_probes(Path::new(&dir));
     pair.close().unwrap_or_else(|e| panic!("{e}"));
     // Vanilla intra-island: the data rides SUP.
     let sup = snapshot.rails[RAIL_SUP].counters;
