@@ -485,6 +485,24 @@ pub trait RailDevice: Send + Sync {
     ) -> FabricResult<Box<dyn QueuePair>>;
     /// Reads one pending asynchronous event without blocking.
     fn next_async_event(&self) -> Option<AsyncEvent>;
+    /// Starts resolving the address of a peer whose port has GID `peer_gid`.
+    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>>;
+}
+
+/// A peer's address being resolved on one rail, checked without blocking.
+///
+/// On RoCE a QP cannot reach RTR before the kernel knows the MAC of the next hop towards the
+/// peer's GID; when the neighbour table has no valid entry, `ibv_modify_qp(RTR)` waits for ARP
+/// inside the call (up to a second, measured on the rig; docs/RELIABILITY.md). The engine
+/// therefore polls this once per `connect`/`accept` call and brings QPs up only when it is
+/// ready, so no call waits.
+pub trait PeerResolution: Send {
+    /// One non-blocking check, nudging the kernel to resolve when due; `true` once a QP can be
+    /// connected towards the peer without waiting.
+    fn poll(&mut self) -> FabricResult<bool>;
+    /// What is being resolved (device, addresses, interface, last failure), for logs and the
+    /// timeout error.
+    fn describe(&self) -> String;
 }
 
 /// A backend that opens devices by name.

@@ -8,7 +8,8 @@ use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
 use super::{device_name, fabric_error, world, World};
 use crate::fabric::{
     Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
-    LinkLayer, MemoryKeys, QpCapabilities, QueuePair, Rail, RailDevice, Sge, SharedReceiveQueue,
+    LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail, RailDevice, Sge,
+    SharedReceiveQueue,
 };
 
 /// Largest CQ a loopback device creates (the ConnectX `max_cqe`).
@@ -322,6 +323,47 @@ impl RailDevice for LoopbackDevice {
 
     fn next_async_event(&self) -> Option<AsyncEvent> {
         world().devices[self.index].events.pop_front()
+    }
+
+    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
+        Ok(Box::new(LoopbackResolution {
+            rail: self.rail,
+            device: self.index,
+            peer_gid: *peer_gid,
+            polls: 0,
+        }))
+    }
+}
+
+/// A peer address resolving on a loopback rail: ready once the `arp` knob's count of polls
+/// (over every resolution of the rail) has run out.
+struct LoopbackResolution {
+    rail: Rail,
+    device: usize,
+    peer_gid: [u8; 16],
+    polls: u64,
+}
+
+impl PeerResolution for LoopbackResolution {
+    fn poll(&mut self) -> FabricResult<bool> {
+        self.polls += 1;
+        let mut world = world();
+        let left = &mut world.unresolved[self.rail.index()];
+        if *left == 0 {
+            return Ok(true);
+        }
+        *left -= 1;
+        Ok(false)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({}): peer GID {} unresolved after {} poll(s) (MPIB_LOOPBACK_FAULTS arp knob)",
+            device_name(self.device),
+            self.rail,
+            std::net::Ipv6Addr::from(self.peer_gid),
+            self.polls
+        )
     }
 }
 

@@ -25,6 +25,10 @@ pub(crate) struct Faults {
     /// `portdown=RAIL:N`: posting the N-th WR on the rail raises IBV_EVENT_PORT_ERR on its
     /// device (traffic itself continues: it tests that async events are read and acted on).
     pub(crate) port_down: [Option<u64>; 2],
+    /// `arp=RAIL:N`: the rail's peer addresses resolve after N polls of a resolution; a QP
+    /// connected before that waits a second inside `connect`, as the kernel does in
+    /// `ibv_modify_qp(RTR)` on a RoCE port with no valid neighbour entry.
+    pub(crate) unresolved: [u64; 2],
 }
 
 impl Faults {
@@ -59,6 +63,7 @@ impl Faults {
             "starve" => self.starve[slot] = Some(count),
             "portdown" if count == 0 => return Err("portdown counts WRs from 1"),
             "portdown" => self.port_down[slot] = Some(count),
+            "arp" => self.unresolved[slot] = count,
             _ => return Err("unknown knob"),
         }
         Ok(())
@@ -84,7 +89,7 @@ fn parse_rail_count(value: &str) -> Result<(Rail, u64), &'static str> {
 fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
     let detail = format!(
         "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
-         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N` with \
+         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N` with \
          RAIL `sout` or `sup`"
     );
     fabric_error(
@@ -108,8 +113,11 @@ mod tests {
 
     #[test]
     fn all_knobs_parse() {
-        let f =
-            Faults::parse("reorder, delay=sup:3,fail=sout:2,starve=sup:0,portdown=sout:4").unwrap();
+        let f = Faults::parse(
+            "reorder, delay=sup:3,fail=sout:2,starve=sup:0,portdown=sout:4,arp=sup:9",
+        )
+        .unwrap();
+        assert_eq!(f.unresolved, [0, 9]);
         assert_eq!(f.port_down, [Some(4), None]);
         assert!(f.reorder);
         assert_eq!(f.delay, [0, 3]);

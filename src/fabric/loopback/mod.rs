@@ -86,6 +86,8 @@ pub(crate) struct World {
     pub(crate) faults: Faults,
     /// WRs posted per rail since the knobs were stored (the `fail` knob counts these).
     pub(crate) posted: [u64; 2],
+    /// Per rail, the resolution polls left before peers' addresses resolve (the `arp` knob).
+    pub(crate) unresolved: [u64; 2],
     /// Progress passes run so far (the `delay` knob counts these).
     pub(crate) pass: u64,
     /// The rail rates (`MPIB_LOOPBACK_RAILS`) and their wire clocks.
@@ -119,7 +121,9 @@ impl World {
                 fail: [None, None],
                 starve: [None, None],
                 port_down: [None, None],
+                unresolved: [0, 0],
             },
+            unresolved: [0, 0],
             posted: [0, 0],
             pass: 0,
             rates: RateModel::new(),
@@ -233,6 +237,11 @@ impl LoopbackFabric {
     ///   completes with `RetryExceeded`, putting its QP in the error state;
     /// * `starve=RAIL:N`: each SRQ of RAIL accepts only N receives over its lifetime; later
     ///   posts succeed but add nothing, so a later IMM finds the SRQ empty;
+    /// * `portdown=RAIL:N`: posting the N-th WR on RAIL raises a port-error async event;
+    /// * `arp=RAIL:N`: peers' addresses on RAIL resolve only after N polls of a
+    ///   [`PeerResolution`](crate::fabric::PeerResolution); a QP connected on RAIL before that
+    ///   waits one second inside `connect`, like the kernel's address resolution inside
+    ///   `ibv_modify_qp` on RoCE (and the address is resolved afterwards);
     ///
     /// with RAIL `sout` or `sup`. The world is process-global, so the knobs are stored there:
     /// the most recently created fabric's knobs apply to every loopback resource, and creating a
@@ -252,6 +261,7 @@ impl LoopbackFabric {
         let mut world = world();
         world.faults = faults;
         world.posted = [0, 0];
+        world.unresolved = faults.unresolved;
         world.set_rates(rails.trim(), model);
         Ok(LoopbackFabric { faults, speed_mbps })
     }

@@ -10,6 +10,10 @@ use crate::fabric::{
     FabricError, FabricResult, QpCapabilities, QpSettings, QueuePair, Rail, RemoteQp, WorkRequest,
 };
 
+/// How long the kernel waits for ARP inside `ibv_modify_qp(RTR)` (`rdma_resolve_ip`'s
+/// timeout; the rig measured 1048-1062 ms, docs/RELIABILITY.md).
+const KERNEL_RESOLUTION_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// A posted WR waiting in its QP's in-flight queue.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct InFlight {
@@ -189,8 +193,20 @@ impl QueuePair for LoopbackQp {
 
     /// Records the peer. The peer must exist now; whether it connects back is checked when
     /// WRs execute (a WR towards a peer that has not connected yet waits, like a retrying NIC).
+    /// While the rail's `arp` knob still holds the address unresolved, the call first waits a
+    /// second, as the kernel does inside `ibv_modify_qp(RTR)`, and the address is then known.
     fn connect(&mut self, remote: &RemoteQp, _settings: &QpSettings) -> FabricResult<()> {
         let verb = "ibv_modify_qp";
+        let unresolved = {
+            let world = world();
+            let rail = world.qp_index(self.qpn).map(|index| world.qps[index].rail);
+            rail.filter(|rail| world.unresolved[rail.index()] > 0)
+        };
+        if let Some(rail) = unresolved {
+            // Outside the world lock, which stands for the NIC, not the kernel's ARP wait.
+            std::thread::sleep(KERNEL_RESOLUTION_WAIT);
+            world().unresolved[rail.index()] = 0;
+        }
         let mut world = world();
         if world.qp_index(remote.qp_num).is_none() {
             let detail = format!("remote QP {:#x} does not exist", remote.qp_num);

@@ -139,3 +139,45 @@ fn bad_knob_names_the_variable() {
         .unwrap()
         .has_faults());
 }
+
+#[test]
+fn arp_holds_a_rail_unresolved_for_n_polls() {
+    let (_s, fabric) = serial("arp=sup:3");
+    let sout = end(&fabric, "loop0", Rail::ScaleOut, 8, 4);
+    let sup = end(&fabric, "loop1", Rail::ScaleUp, 8, 4);
+    let mut on_sout = sout.dev.resolve_peer(&sout.dev.info().gid).unwrap();
+    assert!(on_sout.poll().unwrap(), "the knob names SUP only");
+    let mut first = sup.dev.resolve_peer(&sup.dev.info().gid).unwrap();
+    let mut second = sup.dev.resolve_peer(&sup.dev.info().gid).unwrap();
+    // Three polls between all of the rail's resolutions, then every one is ready.
+    assert!(!first.poll().unwrap());
+    assert!(!second.poll().unwrap());
+    assert!(!first.poll().unwrap());
+    assert!(
+        first.describe().contains("after 2 poll(s)"),
+        "{}",
+        first.describe()
+    );
+    assert!(second.poll().unwrap());
+    assert!(first.poll().unwrap());
+}
+
+#[test]
+fn connecting_an_unresolved_rail_waits_like_the_kernel() {
+    let (_s, fabric) = serial("arp=sout:1000");
+    let mut a = end(&fabric, "loop0", Rail::ScaleOut, 8, 4);
+    let mut b = end(&fabric, "loop0", Rail::ScaleOut, 8, 4);
+    let started = std::time::Instant::now();
+    link(&mut a, &mut b);
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(1000),
+        "the first connect waits for the address: {waited:?}"
+    );
+    assert!(
+        waited < std::time::Duration::from_millis(1900),
+        "only the first: {waited:?}"
+    );
+    let mut resolution = a.dev.resolve_peer(&b.dev.info().gid).unwrap();
+    assert!(resolution.poll().unwrap(), "resolved by the wait");
+}

@@ -13,7 +13,8 @@ use super::attrs::{self, PORT_ACTIVE};
 use super::{fabric_error, gid, sys, teardown_failed};
 use crate::fabric::{
     Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
-    LinkLayer, MemoryKeys, QpCapabilities, QueuePair, Rail, RailDevice, SharedReceiveQueue,
+    LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail, RailDevice,
+    SharedReceiveQueue,
 };
 use crate::log;
 
@@ -147,6 +148,8 @@ pub struct VerbsDevice {
     relaxed_ordering: bool,
     /// Result of NCCL's DMA-BUF probe at open.
     dmabuf: bool,
+    /// The network interface of the chosen GID (RoCE), whose neighbour table peers resolve in.
+    netdev: Option<String>,
 }
 
 impl std::fmt::Debug for VerbsDevice {
@@ -219,11 +222,18 @@ impl VerbsDevice {
             relaxed_ordering,
             dmabuf
         );
+        let netdev = match info.link_layer {
+            LinkLayer::Ethernet => {
+                gid::read_attr(name, options.port, "ndevs", u32::from(info.gid_index))
+            }
+            LinkLayer::InfiniBand => None,
+        };
         Ok(VerbsDevice {
             inner,
             info,
             relaxed_ordering,
             dmabuf,
+            netdev,
         })
     }
 
@@ -506,5 +516,15 @@ impl RailDevice for VerbsDevice {
 
     fn next_async_event(&self) -> Option<AsyncEvent> {
         super::events::next_async_event(&self.inner)
+    }
+
+    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
+        super::neighbour::start(
+            &self.inner.label,
+            self.info.link_layer,
+            &self.info.gid,
+            self.netdev.as_deref(),
+            peer_gid,
+        )
     }
 }

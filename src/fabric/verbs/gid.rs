@@ -94,7 +94,7 @@ pub(crate) fn format_gid(gid: &[u8; 16]) -> String {
 }
 
 /// Reads a sysfs attribute of a port's GID table (`types` or `ndevs`).
-fn read_attr(device: &str, port: u8, attr: &str, index: u32) -> Option<String> {
+pub(crate) fn read_attr(device: &str, port: u8, attr: &str, index: u32) -> Option<String> {
     let path = format!("/sys/class/infiniband/{device}/ports/{port}/gid_attrs/{attr}/{index}");
     std::fs::read_to_string(path)
         .ok()

@@ -31,6 +31,7 @@ mod device;
 mod events;
 mod gid;
 mod memory;
+mod neighbour;
 mod qp;
 mod queues;
 mod sys;
