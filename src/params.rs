@@ -121,6 +121,11 @@ pub const PARAMS: &[Param] = &[
         doc: "QP transport retry count, 0-7.",
     },
     Param {
+        name: "MPIB_ADDR_RESOLVE_TIMEOUT_MS",
+        default: "10000",
+        doc: "How long `connect`/`accept` keep polling for the peer's RoCE neighbour entry (ARP) before failing with an error naming the rail, addresses and interface (1-600000).",
+    },
+    Param {
         name: "MPIB_IB_TC",
         default: "",
         doc: "RoCE traffic class, 0-255; unset: the communicator's trafficClass, else 0.",
@@ -248,6 +253,8 @@ pub struct Settings {
     pub ib_timeout: u8,
     /// MPIB_IB_RETRY_CNT.
     pub ib_retry_count: u8,
+    /// MPIB_ADDR_RESOLVE_TIMEOUT_MS.
+    pub addr_resolve_timeout_ms: u32,
     /// MPIB_IB_TC (None = the communicator's traffic class, else 0).
     pub ib_traffic_class: Option<u8>,
     /// MPIB_IB_SL.
@@ -334,6 +341,13 @@ impl Settings {
             gid_index: parse_optional(&get, "MPIB_IB_GID_INDEX", 255)?.map(|v| v as u8),
             ib_timeout: parse_int(&get, "MPIB_IB_TIMEOUT", 20, 1, 31)? as u8,
             ib_retry_count: parse_int(&get, "MPIB_IB_RETRY_CNT", 7, 0, 7)? as u8,
+            addr_resolve_timeout_ms: parse_int(
+                &get,
+                "MPIB_ADDR_RESOLVE_TIMEOUT_MS",
+                10_000,
+                1,
+                600_000,
+            )?,
             ib_traffic_class: parse_optional(&get, "MPIB_IB_TC", 255)?.map(|v| v as u8),
             ib_service_level: parse_int(&get, "MPIB_IB_SL", 0, 0, 15)? as u8,
             relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
@@ -454,6 +468,7 @@ mod tests {
                 "MPIB_AGENT_SOCKET" => s.agent_socket.clone(),
                 "MPIB_IB_TIMEOUT" => s.ib_timeout.to_string(),
                 "MPIB_IB_RETRY_CNT" => s.ib_retry_count.to_string(),
+                "MPIB_ADDR_RESOLVE_TIMEOUT_MS" => s.addr_resolve_timeout_ms.to_string(),
                 "MPIB_IB_SL" => s.ib_service_level.to_string(),
                 "MPIB_IB_PCI_RELAXED_ORDERING" => s.relaxed_ordering.to_string(),
                 "MPIB_FORCE_FLUSH" => u8::from(s.force_flush).to_string(),

@@ -3,12 +3,19 @@
 //! every call of a connection's whole life (listen, connect and accept until they return a comm,
 //! memory registration, grouped and pipelined transfers, flush, test, the closes, init and
 //! finalize) must take under 50 ms. Timed by `mpib-driver`'s `Net` around each exported call.
+//!
+//! The same holds on a first connection whose peer addresses are not yet resolved: the
+//! loopback `arp` knob keeps them unresolved for a number of polls, and a QP connected before
+//! then waits a second inside the call, as the kernel does on RoCE. The handshake must poll the
+//! resolution across calls instead; a resolution that never completes fails the connection
+//! with an error naming the rail and `MPIB_ADDR_RESOLVE_TIMEOUT_MS`.
 
 use std::time::Duration;
 
+use mpib_driver::abi::NCCL_SYSTEM_ERROR;
 use mpib_driver::cases::{many_outstanding_plan, pipeline_plan};
 use mpib_driver::testing::{bounded, exchange_grouped, exchange_sizes, shared_plugin, LOOPBACK};
-use mpib_driver::{Pair, Version};
+use mpib_driver::{child, Pair, Version};
 
 const LIMIT: Duration = Duration::from_secs(300);
 /// Far above any call that does not wait on a loaded 2-core machine; far below the ~1 s a wait
@@ -60,4 +67,95 @@ fn every_exported_call_returns_within_50_ms() {
         }
     }
     assert!(slow.is_empty(), "calls of {PROMPT:?} or more: {slow:?}");
+}
+
+/// Child: both rails unresolved for 40 polls between them (several calls of each side).
+#[test]
+fn unresolved_peer_addresses_are_polled_across_calls() {
+    let env = [
+        ("MPIB_FABRIC", "loopback"),
+        ("MPIB_LOOPBACK_FAULTS", "arp=sout:40,arp=sup:40"),
+    ];
+    let outcome = child::run_test("child_unresolved", &env, LIMIT).unwrap();
+    eprintln!("{}", outcome.output);
+    outcome.assert_success("child_unresolved");
+}
+
+#[test]
+#[ignore = "runs in a child process started by unresolved_peer_addresses_are_polled_across_calls"]
+fn child_unresolved() {
+    if !child::is_child("child_unresolved") {
+        return;
+    }
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V12).unwrap();
+    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
+    exchange_sizes(&mut pair, &[1, 4097, 1 << 20], "after resolution", 1)
+        .unwrap_or_else(|e| panic!("{e}"));
+    pair.close().unwrap_or_else(|e| panic!("{e}"));
+    let times = net.call_times();
+    for (call, time) in &times {
+        eprintln!(
+            "{call:<12} slowest {:?} over {} call(s)",
+            time.slowest, time.calls
+        );
+        assert!(time.slowest < PROMPT, "{call} took {:?}", time.slowest);
+    }
+    let calls = |name: &str| {
+        times
+            .iter()
+            .find(|(call, _)| *call == name)
+            .map_or(0, |(_, time)| time.calls)
+    };
+    // 40 polls shared by both sides and both rails: each side needed several calls.
+    assert!(
+        calls("accept") >= 10,
+        "accept was called {} times",
+        calls("accept")
+    );
+    assert!(
+        calls("connect") >= 10,
+        "connect was called {} times",
+        calls("connect")
+    );
+}
+
+/// Child: the SUP rail never resolves; the connection fails after the timeout, naming it.
+#[test]
+fn a_peer_address_that_never_resolves_fails_naming_the_rail() {
+    let env = [
+        ("MPIB_FABRIC", "loopback"),
+        ("MPIB_LOOPBACK_FAULTS", "arp=sup:1000000000"),
+        ("MPIB_ADDR_RESOLVE_TIMEOUT_MS", "300"),
+    ];
+    let outcome = child::run_test("child_never_resolved", &env, LIMIT).unwrap();
+    eprintln!("{}", outcome.output);
+    outcome.assert_success("child_never_resolved");
+    let text = &outcome.output;
+    assert!(
+        text.contains("address resolution of the peer timed out")
+            && text.contains("MPIB_ADDR_RESOLVE_TIMEOUT_MS=300")
+            && text.contains("loop1 (sup): peer GID"),
+        "the error names the timeout, its variable and the rail"
+    );
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_peer_address_that_never_resolves_fails_naming_the_rail"]
+fn child_never_resolved() {
+    if !child::is_child("child_never_resolved") {
+        return;
+    }
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V12).unwrap();
+    let started = std::time::Instant::now();
+    let error = match Pair::connect(&net) {
+        Ok(_) => panic!("connected although the SUP address never resolved"),
+        Err(error) => error,
+    };
+    eprintln!("connect failed after {:?}: {error}", started.elapsed());
+    assert_eq!(error.code(), Some(NCCL_SYSTEM_ERROR), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let (call, slowest) = net.slowest_call().unwrap();
+    assert!(slowest < PROMPT, "{call} took {slowest:?} while resolving");
 }

@@ -1,7 +1,9 @@
 //! `listen` and `accept`: the receiver's non-blocking handshake.
 //!
-//! ReceivingRequest -> (check agreement, create SRQs filled to the high-water mark, QPs to RTS)
-//! -> SendingReply -> ReceivingReady -> connected. A first `accept` never waits: with nothing
+//! ReceivingRequest -> (check agreement, create SRQs filled to the high-water mark) -> Resolving
+//! (the connector's rail addresses, polled once per call; then QPs to RTS) -> SendingReply ->
+//! ReceivingReady -> connected. A call does at most one step that creates or modifies verbs
+//! resources and returns "not yet" after it (see connect.rs). A first `accept` never waits: with nothing
 //! pending on the listener it returns "not yet" at once.
 
 use std::net::{SocketAddrV4, TcpStream};
@@ -28,9 +30,10 @@ use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
 use super::recv::{RecvComm, RecvData};
 use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
+use super::resolve::Resolutions;
 use super::resources::{
-    connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueueSizing,
-    RegisteredRegion,
+    connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
+    QueueSizing, RailQueues, RegisteredRegion,
 };
 use super::telemetry::ConnectionTelemetry;
 use super::{Context, HANDLE_SIZE};
@@ -60,6 +63,11 @@ pub struct ListenComm {
 
 enum Stage {
     ReceivingRequest(Transfer<CONNECT_REQUEST_LEN>),
+    /// The CQs, SRQs and QPs, a rail's worth per call; then the regions and the receives.
+    Building(QueueBuilder, Box<ConnectRequest>, ConnectReply),
+    /// The connector's rail addresses, polled once per call; then the QPs go to RTS and the
+    /// reply (which lets the connector send) goes out.
+    Resolving(Resolutions, Box<ConnectRequest>, ConnectReply),
     SendingReply(Transfer<CONNECT_REPLY_LEN>),
     ReceivingReady(Transfer<READY_LEN>),
     /// Advanced mode: the agent registration, polled once per call (never waited for).
@@ -166,8 +174,45 @@ impl Acceptance {
                     }
                     let request = ConnectRequest::decode(transfer.bytes())
                         .map_err(|e| Error::remote(format!("malformed handshake request: {e}")))?;
-                    let reply = self.on_request(ctx, &request)?;
+                    let (reply, layout) = self.on_request(ctx, &request);
+                    self.stage = match reply.refusal {
+                        Some(_) => Stage::SendingReply(Transfer::outgoing(reply.encode())),
+                        None => {
+                            let builder = QueueBuilder::new(layout, receiver_sizing(&ctx.settings));
+                            Stage::Building(builder, Box::new(request), reply)
+                        }
+                    };
+                }
+                Stage::Building(builder, request, reply) => {
+                    if !builder.step(&ctx.plugin.devices)? {
+                        return Ok(None);
+                    }
+                    let (request, mut reply) = (**request, *reply);
+                    let built = match std::mem::replace(
+                        &mut self.stage,
+                        Stage::ReceivingReady(Transfer::incoming()),
+                    ) {
+                        Stage::Building(builder, _, _) => builder.finish()?,
+                        _ => return Err(Error::internal("accept stage changed while building")),
+                    };
+                    self.build(ctx, &request, &mut reply, built)?;
+                    let resolutions = Resolutions::start(
+                        &ctx.plugin.devices,
+                        self.layout()?,
+                        &request.rails,
+                        ctx.settings.addr_resolve_timeout_ms,
+                    )?;
+                    self.stage = Stage::Resolving(resolutions, Box::new(request), reply);
+                    return Ok(None);
+                }
+                Stage::Resolving(resolutions, request, reply) => {
+                    if !resolutions.poll()? {
+                        return Ok(None);
+                    }
+                    let (request, reply) = (**request, *reply);
+                    self.connect_queue_pairs(ctx, &request)?;
                     self.stage = Stage::SendingReply(Transfer::outgoing(reply.encode()));
+                    return Ok(None);
                 }
                 Stage::SendingReply(transfer) => {
                     if !transfer.send(&mut self.stream, &peer)? {
@@ -206,8 +251,13 @@ impl Acceptance {
         }
     }
 
-    /// Checks that both sides agree, then builds the receiver's resources and the reply.
-    fn on_request(&mut self, ctx: &Arc<Context>, request: &ConnectRequest) -> Result<ConnectReply> {
+    /// Checks that both sides agree: the reply (a refusal, or the start of one to complete once
+    /// the resources exist) and the layout.
+    fn on_request(
+        &mut self,
+        ctx: &Arc<Context>,
+        request: &ConnectRequest,
+    ) -> (ConnectReply, QpLayout) {
         let settings = &ctx.settings;
         let class = classify(
             *self.local.ip(),
@@ -234,22 +284,27 @@ impl Acceptance {
             reply.refusal = Some(refusal);
             self.refusal =
                 Some(self.refusal_error(refusal, request, &reply, settings.island_prefix_len));
-            return Ok(reply);
         }
+        (reply, layout)
+    }
+
+    /// Creates the receiver's regions and connection state around the built queues, posts the
+    /// receives, and completes the reply.
+    fn build(
+        &mut self,
+        ctx: &Arc<Context>,
+        request: &ConnectRequest,
+        reply: &mut ConnectReply,
+        (queues, qps): ([Option<RailQueues>; 2], QueuePairs),
+    ) -> Result<()> {
+        let settings = &ctx.settings;
+        let class = reply.class;
+        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
         let devices = &ctx.plugin.devices;
-        let (queues, mut qps) = create_queues(devices, layout, receiver_sizing(settings))?;
         let cts_shadow =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
         let records =
             RegisteredRegion::<CompletionRecord>::new(devices, FIFO_SLOTS, Access::CONTROL)?;
-        connect_queue_pairs(
-            &mut qps,
-            layout,
-            devices,
-            &request.rails,
-            &request.qp_nums,
-            &qp_settings(settings, ctx.traffic_class),
-        )?;
         for (index, qp) in qps.qps.iter().enumerate() {
             reply.qp_nums[index] = qp.qp_num();
         }
@@ -291,7 +346,31 @@ impl Acceptance {
         };
         self.built = Some((info, data));
         self.peer_sup_gid = request.rails[Rail::ScaleUp.index()].gid;
-        Ok(reply)
+        Ok(())
+    }
+
+    /// The layout of the connection being built.
+    fn layout(&self) -> Result<QpLayout> {
+        self.built
+            .as_ref()
+            .map(|(info, _)| info.layout)
+            .ok_or_else(|| Error::internal("resolving before the request"))
+    }
+
+    /// Brings the QPs up against the connector's (no verb waits: its addresses are resolved).
+    fn connect_queue_pairs(&mut self, ctx: &Arc<Context>, request: &ConnectRequest) -> Result<()> {
+        let (info, data) = self
+            .built
+            .as_mut()
+            .ok_or_else(|| Error::internal("connecting before the request"))?;
+        connect_queue_pairs(
+            &mut data.qps,
+            info.layout,
+            &ctx.plugin.devices,
+            &request.rails,
+            &request.qp_nums,
+            &qp_settings(&ctx.settings, ctx.traffic_class),
+        )
     }
 
     fn refusal_error(

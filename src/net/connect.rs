@@ -1,7 +1,11 @@
 //! `connect`: the sender's non-blocking handshake, resumed on every call through a state word
 //! kept in NCCL's handle buffer (NCCL keeps that buffer alive across retries; net_ib does the same).
 //!
-//! Connecting -> SendingRequest -> ReceivingReply -> SendingReady -> connected.
+//! Connecting -> SendingRequest -> ReceivingReply -> Resolving -> SendingReady -> connected.
+//! Resolving polls the acceptor's rail addresses once per call and brings the QPs up only when
+//! no verb would wait for them (see `resolve.rs`). A call does at most one step that creates or
+//! modifies verbs resources (tens of milliseconds on emulated rails; docs/RELIABILITY.md), and
+//! returns "not yet" after it, so no call adds two of them up.
 //! The island class is computed once from the bound control socket's address pair and carried in
 //! the request; the acceptor recomputes it from the same pair and refuses a disagreement.
 
@@ -24,8 +28,9 @@ use super::agent::HintReader;
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
 use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
+use super::resolve::Resolutions;
 use super::resources::{
-    connect_queue_pairs, create_queues, endpoint, qp_nums_by_rail, qp_settings, QueuePairs,
+    connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
     QueueSizing, RailQueues, RegisteredRegion,
 };
 use super::send::{SendComm, SendData};
@@ -41,8 +46,12 @@ const SENDER_SIZING: QueueSizing = QueueSizing {
 
 enum Stage {
     Connecting,
+    /// The CQs and QPs, a rail's worth per call; then the FIFO and the request.
+    Building(PathClass, QpLayout, QueueBuilder),
     SendingRequest(Transfer<CONNECT_REQUEST_LEN>),
     ReceivingReply(Transfer<CONNECT_REPLY_LEN>),
+    /// The acceptor's rail addresses, polled once per call; then the QPs go to RTS.
+    Resolving(Resolutions, ConnectReply),
     SendingReady(Transfer<READY_LEN>),
     /// Advanced mode: the agent registration, polled once per call (never waited for).
     Registering(Option<PendingRegistration>),
@@ -79,10 +88,11 @@ pub(crate) fn connect(
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
     let word = ListenHandle::state_word(handle);
-    let mut connector = if word == 0 {
+    let connector = if word == 0 {
         let remote = ListenHandle::read(handle)?.address;
         let local = local_address(&ctx.settings)?;
         let stream = start_connect(local, remote)?;
+        // The first call only starts the TCP connection; the next ones go on from here.
         Box::new(Connector {
             ctx: Arc::clone(ctx),
             traffic_class,
@@ -94,17 +104,16 @@ pub(crate) fn connect(
     } else {
         // SAFETY: a non-zero word is a `Box<Connector>` leaked by a previous call on this very
         // handle buffer (below); NCCL hands the same buffer back until connect completes.
-        unsafe { Box::from_raw(word as usize as *mut Connector) }
-    };
-    ListenHandle::set_state_word(handle, 0);
-    match connector.progress() {
-        Ok(Some(comm)) => Ok(Some(comm)),
-        Ok(None) => {
-            ListenHandle::set_state_word(handle, Box::into_raw(connector) as usize as u64);
-            Ok(None)
+        let mut connector = unsafe { Box::from_raw(word as usize as *mut Connector) };
+        ListenHandle::set_state_word(handle, 0);
+        match connector.progress() {
+            Ok(Some(comm)) => return Ok(Some(comm)),
+            Ok(None) => connector,
+            Err(e) => return Err(e.context(format!("connect to {}", connector.remote))),
         }
-        Err(e) => Err(e.context(format!("connect to {}", connector.remote))),
-    }
+    };
+    ListenHandle::set_state_word(handle, Box::into_raw(connector) as usize as u64);
+    Ok(None)
 }
 
 impl Connector {
@@ -116,8 +125,27 @@ impl Connector {
                     if !connect_finished(&self.stream, self.remote)? {
                         return Ok(None);
                     }
-                    let request = self.prepare()?;
+                    let settings = &self.ctx.settings;
+                    let local = self.local()?;
+                    let class =
+                        classify(*local.ip(), *self.remote.ip(), settings.island_prefix_len);
+                    let layout =
+                        QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
+                    let builder = QueueBuilder::new(layout, SENDER_SIZING);
+                    self.stage = Stage::Building(class, layout, builder);
+                }
+                Stage::Building(class, layout, builder) => {
+                    if !builder.step(&self.ctx.plugin.devices)? {
+                        return Ok(None);
+                    }
+                    let (class, layout) = (*class, *layout);
+                    let built = match std::mem::replace(&mut self.stage, Stage::Connecting) {
+                        Stage::Building(_, _, builder) => builder.finish()?,
+                        _ => return Err(Error::internal("connect stage changed while building")),
+                    };
+                    let request = self.prepare(class, layout, built)?;
                     self.stage = Stage::SendingRequest(Transfer::outgoing(request.encode()));
+                    return Ok(None);
                 }
                 Stage::SendingRequest(transfer) => {
                     if !transfer.send(&mut self.stream, &peer)? {
@@ -131,8 +159,17 @@ impl Connector {
                     }
                     let reply = ConnectReply::decode(transfer.bytes())
                         .map_err(|e| Error::remote(format!("malformed handshake reply: {e}")))?;
-                    self.on_reply(&reply)?;
+                    let resolutions = self.on_reply(&reply)?;
+                    self.stage = Stage::Resolving(resolutions, reply);
+                }
+                Stage::Resolving(resolutions, reply) => {
+                    if !resolutions.poll()? {
+                        return Ok(None);
+                    }
+                    let reply = *reply;
+                    self.connect_queue_pairs(&reply)?;
                     self.stage = Stage::SendingReady(Transfer::outgoing(encode_ready()));
+                    return Ok(None);
                 }
                 Stage::SendingReady(transfer) => {
                     if !transfer.send(&mut self.stream, &peer)? {
@@ -165,14 +202,16 @@ impl Connector {
             .ok_or_else(|| Error::system("control socket has no IPv4 local address"))
     }
 
-    /// Classifies the path and creates the QPs, FIFO and record shadow.
-    fn prepare(&mut self) -> Result<ConnectRequest> {
+    /// Creates the FIFO and record shadow around the built queues; the request describes them.
+    fn prepare(
+        &mut self,
+        class: PathClass,
+        layout: QpLayout,
+        (queues, qps): ([Option<RailQueues>; 2], QueuePairs),
+    ) -> Result<ConnectRequest> {
         let settings = &self.ctx.settings;
         let devices = &self.ctx.plugin.devices;
         let local = self.local()?;
-        let class = classify(*local.ip(), *self.remote.ip(), settings.island_prefix_len);
-        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
-        let (queues, qps) = create_queues(devices, layout, SENDER_SIZING)?;
         let fifo =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::CONTROL)?;
         let records =
@@ -209,7 +248,8 @@ impl Connector {
         Ok(request)
     }
 
-    fn on_reply(&mut self, reply: &ConnectReply) -> Result<()> {
+    /// Checks the reply and starts resolving the acceptor's rail addresses.
+    fn on_reply(&mut self, reply: &ConnectReply) -> Result<Resolutions> {
         let prepared = self
             .prepared
             .as_mut()
@@ -239,6 +279,20 @@ impl Connector {
                 request.sout_qps, request.sup_qps, reply.sout_qps, reply.sup_qps
             )));
         }
+        Resolutions::start(
+            &self.ctx.plugin.devices,
+            prepared.layout,
+            &reply.rails,
+            self.ctx.settings.addr_resolve_timeout_ms,
+        )
+    }
+
+    /// Brings the QPs up against the acceptor's (no verb waits: its addresses are resolved).
+    fn connect_queue_pairs(&mut self, reply: &ConnectReply) -> Result<()> {
+        let prepared = self
+            .prepared
+            .as_mut()
+            .ok_or_else(|| Error::internal("connect before prepare"))?;
         let settings = qp_settings(&self.ctx.settings, self.traffic_class);
         let devices = &self.ctx.plugin.devices;
         connect_queue_pairs(

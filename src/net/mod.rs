@@ -27,6 +27,7 @@ mod profiler;
 mod recv;
 mod registration;
 mod request;
+mod resolve;
 mod resources;
 mod send;
 mod telemetry;

@@ -195,6 +195,9 @@ pub(crate) fn check_device(dev: i32) -> Result<()> {
 }
 
 fn open(settings: &Settings) -> Result<Opened> {
+    // Logged: the first open of a process is the slowest call of a run (on the rig, libibverbs'
+    // first device list, which loads every provider library, takes 105-160 ms; RELIABILITY.md).
+    let started = std::time::Instant::now();
     let fabric: Arc<dyn Fabric> = match settings.fabric {
         FabricKind::Loopback => Arc::new(LoopbackFabric::new(
             &settings.loopback_faults,
@@ -230,8 +233,9 @@ fn open(settings: &Settings) -> Result<Opened> {
     }
     info!(
         log::INIT,
-        "opened {name} on the {} fabric: sout {} Mbps, sup {} Mbps",
+        "opened {name} on the {} fabric in {} ms: sout {} Mbps, sup {} Mbps",
         fabric.name(),
+        started.elapsed().as_millis(),
         sout.info().speed_mbps,
         sup.info().speed_mbps
     );

@@ -146,47 +146,78 @@ pub(crate) struct QueueSizing {
     pub srq_depth: u32,
 }
 
-/// Creates the CQ (and SRQ) of every rail that has QPs in `layout`, then the QPs.
-pub(crate) fn create_queues(
-    devices: &Devices,
+/// Creates a connection's queues a step at a time: one rail's CQ (and SRQ), then that rail's
+/// QPs, then the other rail's. Each step is a few verbs that cost tens of milliseconds on
+/// emulated rails (docs/RELIABILITY.md); the handshakes take one step per call so that no
+/// `connect` or `accept` call adds them all up.
+pub(crate) struct QueueBuilder {
     layout: QpLayout,
     sizing: QueueSizing,
-) -> Result<([Option<RailQueues>; 2], QueuePairs)> {
-    let mut queues: [Option<RailQueues>; 2] = [None, None];
-    for rail in layout.rails().rails() {
-        let device = &devices[rail.index()];
-        let cq = device.create_cq(CqSettings {
-            depth: sizing.cq_depth,
-        })?;
-        let srq = if sizing.srq_depth > 0 {
-            Some(device.create_srq(sizing.srq_depth)?)
-        } else {
-            None
+    queues: [Option<RailQueues>; 2],
+    qps: Vec<Box<dyn QueuePair>>,
+    credits: Vec<SendQueueCredits>,
+}
+
+impl QueueBuilder {
+    /// Nothing created yet.
+    pub(crate) fn new(layout: QpLayout, sizing: QueueSizing) -> QueueBuilder {
+        QueueBuilder {
+            layout,
+            sizing,
+            queues: [None, None],
+            qps: Vec::with_capacity(layout.total()),
+            credits: Vec::with_capacity(layout.total()),
+        }
+    }
+
+    /// Creates the next rail's CQ and SRQ, or the QPs of the rail whose QPs come next;
+    /// `Ok(true)` once everything exists.
+    pub(crate) fn step(&mut self, devices: &Devices) -> Result<bool> {
+        let index = self.qps.len();
+        let Some(rail) = self.layout.rail_of(index) else {
+            return Ok(true);
         };
-        queues[rail.index()] = Some(RailQueues { srq, cq });
+        let device = &devices[rail.index()];
+        let Some(rail_queues) = &self.queues[rail.index()] else {
+            let cq = device.create_cq(CqSettings {
+                depth: self.sizing.cq_depth,
+            })?;
+            let srq = match self.sizing.srq_depth {
+                0 => None,
+                depth => Some(device.create_srq(depth)?),
+            };
+            self.queues[rail.index()] = Some(RailQueues { srq, cq });
+            return Ok(false);
+        };
+        let caps = QpCapabilities {
+            max_send_wr: self.sizing.send_queue,
+            max_inline: 0,
+        };
+        let end = self.layout.first(rail) + self.layout.count(rail);
+        for _ in index..end {
+            let qp = device.create_qp(rail_queues.cq.as_ref(), rail_queues.srq.as_deref(), caps)?;
+            self.qps.push(qp);
+            self.credits
+                .push(SendQueueCredits::new(self.sizing.send_queue));
+        }
+        Ok(self.qps.len() == self.layout.total())
     }
-    let caps = QpCapabilities {
-        max_send_wr: sizing.send_queue,
-        max_inline: 0,
-    };
-    let mut qps = Vec::with_capacity(layout.total());
-    let mut credits = Vec::with_capacity(layout.total());
-    for index in 0..layout.total() {
-        let rail = layout
-            .rail_of(index)
-            .ok_or_else(|| Error::internal(format!("QP index {index} outside the layout")))?;
-        let rail_queues = queues[rail.index()]
-            .as_ref()
-            .ok_or_else(|| Error::internal(format!("rail {rail} has QPs but no CQ")))?;
-        let qp = devices[rail.index()].create_qp(
-            rail_queues.cq.as_ref(),
-            rail_queues.srq.as_deref(),
-            caps,
-        )?;
-        qps.push(qp);
-        credits.push(SendQueueCredits::new(sizing.send_queue));
+
+    /// The queues and QPs, once [`QueueBuilder::step`] said everything exists.
+    pub(crate) fn finish(self) -> Result<([Option<RailQueues>; 2], QueuePairs)> {
+        if self.qps.len() != self.layout.total() {
+            return Err(Error::internal(format!(
+                "{} of {} QPs created",
+                self.qps.len(),
+                self.layout.total()
+            )));
+        }
+        let qps = QueuePairs {
+            qps: self.qps,
+            credits: self.credits,
+        };
+        Ok((self.queues, qps))
     }
-    Ok((queues, QueuePairs { qps, credits }))
 }
 
 /// What the handshake tells the peer about a local rail.
