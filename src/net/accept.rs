@@ -28,6 +28,7 @@ use crate::proto::wire::{
 use super::comm::ConnectionInfo;
 use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
+use super::peer::PeerWatch;
 use super::recv::{RecvComm, RecvData};
 use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
 use super::resolve::Resolutions;
@@ -424,6 +425,12 @@ impl Acceptance {
         );
         let mut data = data;
         data.telemetry = ConnectionTelemetry::claim(&ctx.plugin.telemetry, &info, false);
+        data.peer = PeerWatch::new(self.stream.try_clone().map_err(|e| {
+            Error::system(format!(
+                "keeping the control connection to {}: {e}",
+                self.peer
+            ))
+        })?);
         Ok(RecvComm::new(info, data))
     }
 }

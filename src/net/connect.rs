@@ -27,6 +27,7 @@ use crate::proto::wire::{
 use super::agent::HintReader;
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
+use super::peer::PeerWatch;
 use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
 use super::resolve::Resolutions;
 use super::resources::{
@@ -358,7 +359,7 @@ impl Connector {
             info.agent.as_ref().map(|a| a.hint_slot)
         );
         let telemetry = ConnectionTelemetry::claim(&self.ctx.plugin.telemetry, &info, true);
-        let data = SendData::new(
+        let mut data = SendData::new(
             prepared.qps,
             prepared.queues,
             prepared.fifo,
@@ -368,6 +369,12 @@ impl Connector {
             telemetry,
             self.ctx.plugin.health.clone(),
         );
+        data.peer = PeerWatch::new(self.stream.try_clone().map_err(|e| {
+            Error::system(format!(
+                "keeping the control connection to {}: {e}",
+                self.remote
+            ))
+        })?);
         Ok(SendComm::new(info, data))
     }
 }

@@ -22,6 +22,7 @@ mod flush;
 mod health;
 mod memory;
 mod oob;
+mod peer;
 mod plugin;
 mod profiler;
 mod recv;
@@ -359,5 +360,7 @@ pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_agent;
+#[cfg(test)]
+mod tests_peer;
 #[cfg(test)]
 mod tests_threads;

@@ -22,6 +22,7 @@ use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 use super::comm::{ConnectionInfo, RECV_MAGIC};
 use super::flush::Flusher;
 use super::health::{DeviceHealth, HealthWatch};
+use super::peer::PeerWatch;
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{
@@ -55,6 +56,8 @@ pub(crate) struct RecvData {
     outstanding: u32,
     pub(crate) telemetry: ConnectionTelemetry,
     pub(crate) watch: HealthWatch,
+    /// The peer's end of the control connection (set once accepted).
+    pub(crate) peer: PeerWatch,
 }
 
 impl RecvData {
@@ -91,6 +94,7 @@ impl RecvData {
             protocol_errors: 0,
             outstanding: 0,
             watch: HealthWatch::new(health),
+            peer: PeerWatch::none(),
             telemetry,
         }
     }
@@ -353,6 +357,11 @@ impl RecvComm {
         data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
+            // Data that never comes: is the sender still there?
+            if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
+                data.failure = Some(error.clone());
+                return Err(error);
+            }
             return Ok(None);
         }
         let outcome = (request.sizes, request.count as usize);

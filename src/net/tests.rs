@@ -118,12 +118,17 @@ pub(crate) const ENV_NAMES: [&str; 14] = [
 ];
 
 /// Registers host memory on a comm of the pair.
-fn host_memory(comm: CommRef<'_>, addr: u64, len: usize) -> Box<MemoryHandle> {
+pub(crate) fn host_memory(comm: CommRef<'_>, addr: u64, len: usize) -> Box<MemoryHandle> {
     register_memory(comm, addr, len, PTR_HOST).unwrap()
 }
 
 /// One receive buffer without a profiler handle.
-fn recv_buffer(addr: u64, capacity: usize, tag: i32, memory: &MemoryHandle) -> RecvBuffer<'_> {
+pub(crate) fn recv_buffer(
+    addr: u64,
+    capacity: usize,
+    tag: i32,
+    memory: &MemoryHandle,
+) -> RecvBuffer<'_> {
     RecvBuffer {
         addr,
         capacity,

@@ -25,6 +25,7 @@ use super::agent::HintReader;
 use super::comm::{ConnectionInfo, SEND_MAGIC};
 use super::health::{DeviceHealth, HealthWatch};
 use super::memory::MemoryHandle;
+use super::peer::PeerWatch;
 use super::profiler;
 use super::request::{now_ns, Owner, Request, RequestPool};
 use super::resources::{
@@ -116,6 +117,8 @@ pub(crate) struct SendData {
     pub(crate) hint: HintReader,
     telemetry: ConnectionTelemetry,
     watch: HealthWatch,
+    /// The peer's end of the control connection (set once connected).
+    pub(crate) peer: PeerWatch,
     /// Slots posted so far (drives 1-in-N event sampling).
     transfers: u64,
     fifo_head: u64,
@@ -150,6 +153,7 @@ impl SendData {
             hint,
             telemetry,
             watch: HealthWatch::new(&health),
+            peer: PeerWatch::none(),
             transfers: 0,
             fifo_head: 0,
             post_head: 0,
@@ -219,6 +223,8 @@ impl SendComm {
             // progress), then look once more.
             self.poll(data)?;
             if !self.slot_matching(data, seq)? {
+                // A CTS that never comes: is the receiver still there?
+                self.check_peer(data, now_ns())?;
                 return Ok(None);
             }
         }
@@ -314,11 +320,22 @@ impl SendComm {
         data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
+            self.check_peer(data, now)?;
             return Ok(None);
         }
         let size = request.sizes[0];
         data.pool.release(index);
         Ok(Some(size))
+    }
+
+    /// Fails the comm once the receiver's process is gone while something waits on it.
+    #[inline]
+    fn check_peer(&self, data: &mut SendData, now: u64) -> Result<()> {
+        if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
+            data.failure = Some(error.clone());
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Drains both rails' CQs.
