@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/rig/suite.sh: the cross-process verbs suite on two real Soft-RoCE rails.
 #
-# Builds on the host (`cargo build --release -p mpib -p mpib-driver`, plus the verbs device test
-# binaries in the debug profile), then boots the rxe rig ONCE (scripts/rxe-vm/run.sh) and runs
+# Builds on the host (`cargo build --release -p mpib -p mpib-driver -p mpib-collector`, plus the
+# verbs device test binaries in the debug profile), then boots the rxe rig ONCE (scripts/rxe-vm/run.sh) and runs
 # inside it, for the ncclNetPlugin_v12 and _v8 tables, a receiver process with host B's rails
 # (rxe_b0 + rxe_b1, 10.100.0.2) and a sender process with host A's (rxe_a0 + rxe_a1, 10.100.0.1)
 # in parallel (target/release/mpib-xfer), walking the shared conformance cases
@@ -11,7 +11,11 @@
 #   vanilla inter-island   the same with MPIB_ISLAND_PREFIX_LEN=32: no SUP QPs, all SOUT
 #   advanced sup_bw=N      N = 0, 256, 512, 1024 through the test agent: both rails, split checked
 #   grouped receives       grouped n=1..8 and 256 in flight at sup_bw 512 (both rails)
-#   fault                  SUP wire cut mid-run: both sides get ncclRemoteError, nothing hangs
+#   fault                  a rail's wire cut mid-run (SUP, SOUT; vanilla, advanced): the sender's
+#                          error names the rail, the collector shows the error completions
+#   flap                   a rail's wire down 2.5 s with the default retries: every byte arrives
+#   killed                 one side SIGKILLed mid-run: the survivor's calls return an error
+#   impaired               1 % loss, 1 % corruption, 10 ms delay on either rail: every byte arrives
 # plus the verbs device tests (tests/verbs_device.rs, `fabric::verbs` lib tests marked ignored)
 # and the main job, `mpib-demo --fabric verbs`. Each side checks the bytes per rail from its probes
 # file against the split rule, so SRQ receives and WRITE_WITH_IMM really happen on both rails.
@@ -174,7 +178,7 @@ if [ "${1-}" = --guest ]; then
     mkdir -p "$d" "$tmp"
     t=$(now)
     recv_args=(--expect-error bounded --data-timeout 20)
-    send_args=(--expect-error plugin --data-timeout 60)
+    send_args=(--expect-error plugin --data-timeout 60 --linger 4)
     launch "$d" "$tmp" "$version" "$(printf '%s,' "$case" "$case" "$case" "$case" "$case" \
       "$case" "$case" "$case" "$case" "$case" | sed 's/,$//')" "$extra MPIB_IB_TIMEOUT=14"
     recv_args=() send_args=()
@@ -185,10 +189,18 @@ if [ "${1-}" = --guest ]; then
     done
     tc qdisc add dev "$dev" root netem loss 100%
     tcut=$(now)
+    local how rail=sup seen=''
+    [ "$dev" != veth_a0 ] || rail=sout
+    # The collector, as an operator runs it, must show the cut while it happens: the sender's
+    # error completions on the cut rail (the series the MpibErrorCompletions alert watches).
+    # The sender lingers 4 s after its error so that a pass can read its probes file.
+    while [ -z "$seen" ] && kill -0 "$sp" 2>/dev/null; do
+      seen=$("$bin/mpib-collector" --probes-dir /tmp/rig/probes --once 2>/dev/null |
+        awk -v rail="rail=\"$rail\"" '/^mpib_rail_error_completions_total\{/ && index($0, rail) && $NF + 0 > 0 { print $NF; exit }')
+      [ -n "$seen" ] || sleep 0.3
+    done
     reap
     tc qdisc del dev "$dev" root 2>/dev/null
-    local how rail=sup
-    [ "$dev" != veth_a0 ] || rail=sout
     how="sender: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/send.log" | head -n 1)"
     # The error must name the rail that was cut (the plugin's message: "sup rail (rxe_a1) QP ...").
     if grep -q "$rail rail (" "$d/send.log"; then
@@ -196,12 +208,83 @@ if [ "${1-}" = --guest ]; then
     else
       how+=" NOT naming the $rail rail"; sr=99
     fi
+    if [ -n "$seen" ]; then
+      how+=", the collector showed $seen error completion(s) on the $rail rail"
+    else
+      how+=", the collector NEVER showed an error completion on the $rail rail"; sr=98
+    fi
     if grep -q 'reported the failure as expected' "$d/recv.log"; then
       how+=", receiver: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/recv.log" | head -n 1)"
     else
       how+=", receiver: nothing in flight, stopped at its deadline"
     fi
     verdict "$name" "$d" "$how; both exited $(since "$tcut") s after the cut, $(since "$t") s in all"
+  }
+
+  # flap NAME DEV SECONDS: an advanced pair at sup_bw=512 (both rails carry data) with the
+  # plugin's default retry count and timeout (MPIB_IB_RETRY_CNT and MPIB_IB_TIMEOUT unset: 7
+  # retries of 4.3 s on hardware; rxe treats 7 as "retry forever") whose wire DEV drops every
+  # packet for SECONDS once the sender has passed its first case. Every byte must still arrive
+  # and no call may fail: the QPs retransmit after the flap, and the control connection (on
+  # the SOUT wire) only stalls.
+  flap() {
+    local name=$1 dev=$2 seconds=$3 s d tmp tcut before
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    before=$(nic_counters)
+    unset MPIB_IB_RETRY_CNT   # the processes started by `launch` inherit the default
+    launch "$d" "$tmp" v12 "split-512,split-512,split-512,split-512,split-512,split-512" \
+      "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra --data-timeout 60
+    export MPIB_IB_RETRY_CNT=6
+    for ((i = 0; i < 600; i++)); do
+      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
+      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
+      sleep 0.2
+    done
+    tc qdisc add dev "$dev" root netem loss 100%
+    tcut=$(now)
+    sleep "$seconds"
+    tc qdisc del dev "$dev" root 2>/dev/null
+    reap
+    verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver after a ${seconds} s flap; NIC counters: $(counter_delta "$before" "$(nic_counters)"), done $(since "$tcut") s after the flap began"
+  }
+
+  # killed NAME ROLE: SIGKILL the ROLE process (recv: host B, send: host A) of an advanced pair
+  # at sup_bw=512 with the default timeout once the sender has passed its first case. The
+  # survivor's calls must return an error (the plugin sees the peer's control connection closed
+  # by the kernel, or a QP retry error) well before its 60 s data deadline: no hang.
+  killed() {
+    local name=$1 role=$2 s d tmp t tkill victim survivor
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    t=$(now)
+    if [ "$role" = recv ]; then survivor=send; else survivor=recv; fi
+    eval "${survivor}_args=(--expect-error plugin --data-timeout 60)"
+    launch "$d" "$tmp" v12 "split-512,split-512,split-512,split-512,split-512,split-512" \
+      "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+    recv_args=() send_args=()
+    for ((i = 0; i < 600; i++)); do
+      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
+      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
+      sleep 0.2
+    done
+    if [ "$role" = recv ]; then victim=$rp; else victim=$sp; fi
+    # mpib-xfer runs under `timeout`: kill the process itself, not the wrapper.
+    kill -KILL "$(pgrep -P "$victim" mpib-xfer || echo "$victim")" 2>/dev/null
+    tkill=$(now)
+    reap
+    local how
+    how="$survivor: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/$survivor.log" | head -n 1)"
+    if grep -q 'control connection' "$d/$survivor.log"; then
+      how+=" (the peer's control connection closed)"
+    fi
+    # The killed side's status is the kill's; only the survivor's is judged.
+    if [ "$role" = recv ]; then rr=0; else sr=0; fi
+    verdict "$name" "$d" "$how; it exited $(since "$tkill") s after the kill, $(since "$t") s in all"
   }
 
   # The NICs' own counters, `rxe_a0.name=value` per line (hw_counters of every rxe device).
@@ -288,6 +371,10 @@ if [ "${1-}" = --guest ]; then
     "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
   fault "v12 fault: SOUT wire cut mid-run, advanced sup_bw=512 (veth_a0)" v12 veth_a0 split-512 \
     "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+  flap "v12 flap: SUP wire down 2.5 s, default retries (veth_a1)" veth_a1 2.5
+  flap "v12 flap: SOUT wire down 2.5 s, default retries (veth_a0)" veth_a0 2.5
+  killed "v12 killed: receiver process SIGKILLed mid-run" recv
+  killed "v12 killed: sender process SIGKILLed mid-run" send
   for rail in 0 1; do
     label=SOUT; [ $rail = 0 ] || label=SUP
     impaired "v12 impaired: 1 % loss on $label (veth_a$rail)" "veth_a$rail" loss 1%
@@ -324,10 +411,11 @@ finish() {
   exit $?
 }
 
-echo "==> rig: cargo build --release -p mpib -p mpib-driver"
-if ! cargo build --release --locked -p mpib -p mpib-driver 2>&1 | tail -n 3 ||
-   [ ! -f target/release/mpib-xfer ] || [ ! -f target/release/libnccl_net_mpib.so ]; then
-  fail build "cargo build --release -p mpib -p mpib-driver failed"
+echo "==> rig: cargo build --release -p mpib -p mpib-driver -p mpib-collector"
+if ! cargo build --release --locked -p mpib -p mpib-driver -p mpib-collector 2>&1 | tail -n 3 ||
+   [ ! -f target/release/mpib-xfer ] || [ ! -f target/release/libnccl_net_mpib.so ] ||
+   [ ! -f target/release/mpib-collector ]; then
+  fail build "cargo build --release -p mpib -p mpib-driver -p mpib-collector failed"
   finish
 fi
 ln -sf libnccl_net_mpib.so target/release/libnccl-net-mpib.so

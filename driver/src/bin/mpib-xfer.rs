@@ -7,7 +7,7 @@
 //! mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|…] [--cases NAME[,NAME…]]
 //!           [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check]
 //!           [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]
-//!           [--expect-error plugin|bounded]
+//!           [--expect-error plugin|bounded [--linger S]]
 //! ```
 //!
 //! The receiver `init`s, `listen`s, writes the 128-byte handle to PATH (atomic rename) and polls
@@ -21,7 +21,9 @@
 //! failure (`ncclRemoteError` or `ncclSystemError` from a call) or, with `bounded`, when the run
 //! also ended at the data deadline (a receiver with nothing in flight on the wire cannot see an RC
 //! error: the requests just never complete, but every call returns); 1 when every case passed or
-//! the run failed any other way (wrong bytes, a refused call).
+//! the run failed any other way (wrong bytes, a refused call). `--linger S` keeps the process
+//! alive, comms open, for S seconds after the expected error, so that the collector can be seen
+//! reading the failure from its probes file.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,7 +38,7 @@ use mpib_driver::{locate_built_plugin, Agent, Plugin, Version};
 const USAGE: &str = "usage: mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|...] \
 [--cases NAME[,NAME...]] [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] \
 [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S] \
-[--expect-error plugin|bounded]";
+[--expect-error plugin|bounded [--linger S]]";
 
 /// What a fault run must end in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,6 +68,9 @@ struct Args {
     connect_timeout: Duration,
     data_timeout: Duration,
     handle_timeout: Duration,
+    /// `--linger`: how long to stay alive, comms open, after an expected error (so that an
+    /// observer such as the collector can read the process's probes during the fault).
+    linger: Duration,
 }
 
 fn seconds(flag: &str, text: &str) -> Result<Duration, String> {
@@ -91,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
         connect_timeout: Duration::from_secs(60),
         data_timeout: Duration::from_secs(120),
         handle_timeout: Duration::from_secs(120),
+        linger: Duration::ZERO,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -138,6 +144,7 @@ fn parse_args() -> Result<Args, String> {
             "--data-timeout" => {
                 args.data_timeout = seconds("--data-timeout", &value("--data-timeout")?)?
             }
+            "--linger" => args.linger = seconds("--linger", &value("--linger")?)?,
             "--handle-timeout" => {
                 args.handle_timeout = seconds("--handle-timeout", &value("--handle-timeout")?)?
             }
@@ -212,6 +219,15 @@ fn start_agent(who: &str) -> Result<Option<Agent>, String> {
         hints.display()
     );
     Ok(Some(agent))
+}
+
+/// Stays alive for `--linger` after an expected error, comms and probes file still open.
+fn linger(outcome: Result<String, String>, args: &Args, who: &str) -> Result<String, String> {
+    if outcome.is_ok() && !args.linger.is_zero() {
+        println!("{who}: lingering {:?} after the error", args.linger);
+        std::thread::sleep(args.linger);
+    }
+    outcome
 }
 
 /// `--expect-error`: the walk must have ended in an error the plugin returned from a call
@@ -299,7 +315,7 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
             println!("{who}: connected");
             let walked = xfer::walk(&mut receiver, &cases, None, checks, log);
             if let Some(expect) = args.expect_error {
-                return expected_error(walked, expect, who);
+                return linger(expected_error(walked, expect, who), args, who);
             }
             walked.map_err(|e| e.to_string())?;
             receiver.close().map_err(|e| format!("close: {e}"))?;
@@ -325,7 +341,7 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
             }
             let walked = xfer::walk(&mut sender, &cases, agent.as_ref(), checks, log);
             if let Some(expect) = args.expect_error {
-                return expected_error(walked, expect, who);
+                return linger(expected_error(walked, expect, who), args, who);
             }
             walked.map_err(|e| e.to_string())?;
             sender.close().map_err(|e| format!("close: {e}"))?;
