@@ -170,13 +170,23 @@ if [ "${1-}" = --guest ]; then
   # receiver too, or, when it had nothing in flight on the wire (an RC QP cannot see an error
   # then), its requests simply never complete and the run ends at its 20 s data deadline. Nothing
   # may hang. MPIB_IB_TIMEOUT=14 with retry_cnt 6: the error comes about 0.5 s after the cut.
+  # With BYSTANDER=1, a second pair runs beside it on the SOUT rail only (vanilla inter-island)
+  # from before the cut (of SUP) to after it, and must pass byte-exact: other comms go on.
   fault() {
     local name=$1 version=$2 dev=$3 case=${4:-sizes} extra=${5:-MPIB_ISLAND_PREFIX_LEN=24} s d tmp t tcut i
+    local bystander=${6:-} by_r='' by_s='' by_d by_live=no
     wanted "$name" || return 0
     s=$(slug "$name")
     d=$W/$s tmp=/tmp/rig/$s
     mkdir -p "$d" "$tmp"
     t=$(now)
+    if [ -n "$bystander" ]; then
+      by_d=$d/bystander
+      mkdir -p "$by_d" "$tmp/bystander"
+      launch "$by_d" "$tmp/bystander" "$version" "$(printf 'sizes,%.0s' $(seq 30) | sed 's/,$//')" \
+        "MPIB_ISLAND_PREFIX_LEN=32" --expect-class inter
+      by_r=$rp by_s=$sp
+    fi
     recv_args=(--expect-error bounded --data-timeout 20)
     send_args=(--expect-error plugin --data-timeout 60 --linger 4)
     launch "$d" "$tmp" "$version" "$(printf '%s,' "$case" "$case" "$case" "$case" "$case" \
@@ -189,6 +199,7 @@ if [ "${1-}" = --guest ]; then
     done
     tc qdisc add dev "$dev" root netem loss 100%
     tcut=$(now)
+    [ -z "$by_s" ] || ! kill -0 "$by_s" 2>/dev/null || by_live=yes
     local how rail=sup seen=''
     [ "$dev" != veth_a0 ] || rail=sout
     # The collector, as an operator runs it, must show the cut while it happens: the sender's
@@ -212,6 +223,18 @@ if [ "${1-}" = --guest ]; then
       how+=", the collector showed $seen error completion(s) on the $rail rail"
     else
       how+=", the collector NEVER showed an error completion on the $rail rail"; sr=98
+    fi
+    if [ -n "$bystander" ]; then
+      wait "$by_r"; local brr=$?
+      wait "$by_s"; local bsr=$?
+      if [ "$brr" = 0 ] && [ "$bsr" = 0 ] && [ "$by_live" = yes ]; then
+        how+=", the SOUT-only pair beside it went on ($(rails_of "$by_d/recv.log") verified)"
+      else
+        how+=", the SOUT-only pair beside it FAILED (rc $brr/$bsr, running at the cut: $by_live)"
+        sr=97
+        show_tail "bystander receiver" "$by_d/recv.log"
+        show_tail "bystander sender" "$by_d/send.log"
+      fi
     fi
     if grep -q 'reported the failure as expected' "$d/recv.log"; then
       how+=", receiver: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/recv.log" | head -n 1)"
@@ -364,7 +387,8 @@ if [ "${1-}" = --guest ]; then
     pair "$v grouped receives (advanced, sup_bw=512)" "$v" "grouped@512,outstanding@512" \
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
   done
-  fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1)" v12 veth_a1
+  fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1), a SOUT-only pair beside it" \
+    v12 veth_a1 sizes MPIB_ISLAND_PREFIX_LEN=24 1
   fault "v12 fault: SOUT wire cut mid-run, vanilla inter-island (veth_a0)" v12 veth_a0 sizes \
     "MPIB_ISLAND_PREFIX_LEN=32"
   fault "v12 fault: SUP wire cut mid-run, advanced sup_bw=512 (veth_a1)" v12 veth_a1 split-512 \
