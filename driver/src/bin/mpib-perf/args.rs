@@ -17,7 +17,9 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
                  [--sup-bw N[,N...]] [--repeat N] [--comms N] [--json | --csv]
                  [--timeout S]
 
-  --plugin PATH      the ncclNet plugin to load (default: the built MPIB plugin)
+  --plugin PATH      the ncclNet plugin to load (default: as NCCL does with NCCL_NET_PLUGIN,
+                     libnccl-net-<NAME>.so found by the dynamic loader, or a path; without
+                     NCCL_NET_PLUGIN: the MPIB plugin built in this checkout)
   --abi N            drive ncclNetPlugin_vN, 7..12 (default: the newest it exports)
   --dev N            the plugin's device (default 0)
   --listen [A:]PORT  two processes: be the receiver; accept one TCP connection on A:PORT (port 0:

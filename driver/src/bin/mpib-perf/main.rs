@@ -112,12 +112,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// The file NCCL loads for `NCCL_NET_PLUGIN=name`: a path or a file name as given, else
+/// `libnccl-net-<name>.so`, looked up by the dynamic loader (LD_LIBRARY_PATH, ld.so.cache).
+fn nccl_plugin_file(name: &str) -> PathBuf {
+    if name.contains('/') || name.ends_with(".so") {
+        PathBuf::from(name)
+    } else {
+        PathBuf::from(format!("libnccl-net-{name}.so"))
+    }
+}
+
 /// The plugin, its path and the table to drive. Every failure here is the user's input (exit 2).
 fn load(args: &Args) -> Result<(Plugin, String, Version), Failure> {
-    let path: PathBuf = match &args.plugin {
-        Some(path) => path.clone(),
-        None => locate_built_plugin(&current_profile())
-            .map_err(|e| Failure::Usage(format!("no --plugin given and {e}")))?,
+    let nccl_name = std::env::var("NCCL_NET_PLUGIN")
+        .ok()
+        .filter(|n| !n.trim().is_empty());
+    let path: PathBuf = match (&args.plugin, nccl_name) {
+        (Some(path), _) => path.clone(),
+        (None, Some(name)) => nccl_plugin_file(name.trim()),
+        (None, None) => locate_built_plugin(&current_profile()).map_err(|e| {
+            Failure::Usage(format!("no --plugin given, NCCL_NET_PLUGIN unset, and {e}"))
+        })?,
     };
     let shown = path.display().to_string();
     // The driver's load errors already name the path and the symbol; drop its "load:" prefix.
