@@ -3,7 +3,7 @@
 //! This test builds nothing itself. Cargo compiles the library target once with both its crate
 //! types (`cdylib` and `rlib`) before linking integration tests, writing
 //! `target/<profile>/deps/libnccl_net_mpib.so`; `cargo build` additionally copies it up to
-//! `target/<profile>/libnccl_net_mpib.so` (the file `scripts/build-plugin` installs), but a bare
+//! `target/<profile>/libnccl_net_mpib.so` (the file `scripts/install` installs), but a bare
 //! `cargo test` does not, and an old copy there can be stale. So the test reads the `deps/`
 //! library (same compilation as the rlib it links) and falls back to the copied-up one. It lists
 //! the dynamic symbols with `nm -D --defined-only`; a missing `nm` or library is a failure,

@@ -1,11 +1,12 @@
 //! Flows and their hint slots: one slot per SOUT (source, destination) pair, shared by every
 //! connection of that pair, freed when its last connection goes. Pure bookkeeping, no I/O.
 //!
-//! Why per pair: the seed gives the flow, not the connection, a share (every connection between
-//! the same two SOUT addresses crosses the same rails), and 256 slots would not last one job's
-//! connections otherwise. Connections are keyed by the registering process (its pid from the
-//! socket's peer credentials, with the process start time so that a reused pid is not mistaken
-//! for the owner) and the plugin's `conn_id`, whose pid bits are truncated to 16.
+//! Why per pair: a share belongs to the flow, not the connection (every connection between the
+//! same two SOUT addresses crosses the same rails; docs/AGENT.md, 'What it does'), and 256 slots
+//! would not last one job's connections otherwise. Connections are keyed by the registering
+//! process (its pid from the socket's peer credentials, with the process start time so that a
+//! reused pid is not mistaken for the owner) and the plugin's `conn_id`, whose pid bits are
+//! truncated to 16.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;

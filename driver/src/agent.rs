@@ -1,5 +1,6 @@
-//! A test agent for advanced mode (`MPIB_MODE=1`), per seed 001 §2.C: it owns the hint SHM file
-//! and serves the registration socket that hands each new connection a hint slot.
+//! A test agent for advanced mode (`MPIB_MODE=1`; docs/AGENT.md, 'Writing your own agent'): it
+//! owns the hint SHM file and serves the registration socket that hands each new connection a
+//! hint slot.
 //!
 //! Hint file (4112 bytes, host byte order): header `{magic u32 = 0x4D504948, max_entries u32 =
 //! 256, 8 reserved bytes}`, then 256 entries `{sup_bw u32, seq u32, src_ip u32, dst_ip u32}` (IPs

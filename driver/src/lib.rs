@@ -42,9 +42,10 @@ pub use plan::Plan;
 pub use plugin::{locate_built_plugin, Plugin, Version};
 pub use proxy::{Deadlines, Pair, PairOptions, Report};
 
-/// The split rule MPIB applies per `isend` (seed 001 §2.C.4): bytes on (SOUT, SUP) for a message
-/// of `size` bytes at `sup_bw` parts per 1024. SUP carries the first `(size * sup_bw) >> 10`
-/// bytes, rounded down to a multiple of 128; `0` means none, `>= 1024` means all.
+/// The split rule MPIB applies per `isend` (docs/PROTOCOL.md §4): bytes on (SOUT, SUP) for a
+/// message of `size` bytes at `sup_bw` parts per 1024. SUP carries the first
+/// `(size * sup_bw) >> 10` bytes, rounded down to a multiple of 128; `0` means none, `>= 1024`
+/// means all.
 pub fn expected_split(size: usize, sup_bw: u32) -> (usize, usize) {
     let sup = match sup_bw {
         0 => 0,

@@ -1,8 +1,9 @@
-//! Advanced mode's hint SHM (seed 001 §2.C): the agent's per-flow SUP share, read with the seqlock
-//! on every transfer. The registration that hands out the slot is in [`super::registration`].
+//! Advanced mode's hint SHM (docs/AGENT.md, 'Writing your own agent'): the agent's per-flow SUP
+//! share, read with the seqlock on every transfer. The registration that hands out the slot is
+//! in [`super::registration`].
 //!
 //! Only advanced mode (`MPIB_MODE=1`) maps it; vanilla never does. Without it (or without a slot)
-//! every transfer goes 100 % SOUT (the seed's "safe degradation"), logged once at WARN.
+//! every transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -4,8 +4,8 @@
 //! Why a read flushes: PCIe orders a read completion behind the writes that preceded it on the
 //! same path, so once the NIC has read a byte back from the GPU buffer, every byte the NIC wrote
 //! there before is visible to the GPU. Needed where writes can be reordered in front of the GPU
-//! (NVLink-C2C / data-direct paths, or relaxed ordering without a strong host bridge): seed 001 §9,
-//! net_ib's `ncclIbIflush`.
+//! (NVLink-C2C / data-direct paths, or relaxed ordering without a strong host bridge): see
+//! docs/ARCHITECTURE.md, 'The verbs backend', and net_ib's `ncclIbIflush`.
 
 use crate::error::{Error, Result};
 use crate::fabric::{Access, QueuePair, Rail, SendOpcode, Sge, WorkRequest};

@@ -277,8 +277,8 @@ pub fn irecv(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNu
 
 /// `iflush`: `Ok(None)` means nothing to wait for.
 pub fn iflush(comm: &RecvComm, buffers: &[RecvBuffer<'_>]) -> Result<Option<NonNull<Request>>> {
-    // Without MPIB_FORCE_FLUSH this is a no-op (seed 001 §9): forceFlush = 0, and on PCIe the
-    // completion already orders the data for the GPU.
+    // Without MPIB_FORCE_FLUSH this is a no-op: forceFlush = 0, and on PCIe the completion
+    // already orders the data for the GPU (docs/ARCHITECTURE.md, 'The verbs backend').
     comm.iflush(buffers)
 }
 

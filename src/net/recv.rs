@@ -1,6 +1,6 @@
 //! The receive comm's data path (`irecv`, `test` on receive requests): post a CTS into the
 //! sender's FIFO, keep every rail's SRQ above its low-water mark, and complete requests by mask
-//! learning over the IMMs of the active rails (seed 000 §2.3).
+//! learning over the IMMs of the active rails (docs/PROTOCOL.md §8).
 //!
 //! Allocation-free, lock-free and integer-only: all state is preallocated at accept time.
 

@@ -1,4 +1,5 @@
-//! Advanced mode's registration with the policy agent (seed 001 §2.C.1), without ever blocking.
+//! Advanced mode's registration with the policy agent, without ever blocking
+//! (docs/ARCHITECTURE.md, 'Advanced mode and the agent').
 //!
 //! Why non-blocking: NCCL's proxy thread drives every connection and transfer of a communicator
 //! from one thread, so `connect`, `accept` and `close` must return promptly even when the agent
@@ -7,7 +8,7 @@
 //! call) on a non-blocking socket with an overall deadline; deregistration on `close` sends its
 //! request and does not wait for the answer. Without an agent (nothing listening, a refusal, a
 //! full backlog, a malformed answer or the deadline) the connection still works and every
-//! transfer goes 100 % SOUT (the seed's "safe degradation"), logged once at WARN.
+//! transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
 //!
 //! Every send passes `MSG_NOSIGNAL`: the host is a C program (NCCL) whose SIGPIPE would end the
 //! job if the agent closed its end first.

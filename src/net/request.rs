@@ -36,7 +36,7 @@ pub struct Request {
     pub(crate) count: u8,
     /// Send: the clamped size. Receive: capacities, replaced by the received sizes when done.
     pub(crate) sizes: [u64; MAX_RECVS],
-    /// Receive: which rails have delivered their IMM (seed 000 §2.3).
+    /// Receive: which rails have delivered their IMM (docs/PROTOCOL.md §8).
     pub(crate) learning: MaskLearning,
     /// Receive: the size carried in `size_q`, when it was carried (`nreqs == 1` fast path).
     pub(crate) imm_size: Option<u64>,

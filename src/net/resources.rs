@@ -129,7 +129,7 @@ pub(crate) struct RailQueues {
 
 /// The QPs of one connection in layout order, with their send-queue credits.
 pub(crate) struct QueuePairs {
-    /// QPs, contiguous by rail (seed 001 §II step 6).
+    /// QPs, contiguous by rail (docs/PROTOCOL.md §2).
     pub qps: Vec<Box<dyn QueuePair>>,
     /// Send-queue credits per QP.
     pub credits: Vec<SendQueueCredits>,

@@ -1,5 +1,5 @@
 //! The agent registration messages, byte for byte the reference MPIB agent interface
-//! (`include/mpib_agent.h`, seed 001 §2.C.1).
+//! (`include/mpib_agent.h`; docs/AGENT.md, 'Writing your own agent').
 //!
 //! Why: in advanced mode every connection registers its SOUT and SUP address pairs with the
 //! agent, which answers with the hint slot whose `sup_bw` the plugin then reads on every

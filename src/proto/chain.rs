@@ -1,7 +1,7 @@
-//! The work-request chain a slot posts on one rail (seed 001 §IV, seed 000 §2.2): pure
+//! The work-request chain a slot posts on one rail (docs/PROTOCOL.md §6): pure
 //! construction from the matched CTS entries, the split and the local buffers.
 //!
-//! * Fast path (`nreqs == 1` and `size_q` carries the size exactly, seed 000 Phase 5): one
+//! * Fast path (`nreqs == 1` and `size_q` carries the size exactly): one
 //!   RDMA_WRITE_WITH_IMM per active rail that both moves the rail's bytes and signals.
 //! * General path: one RDMA_WRITE per non-empty buffer portion on the rail, then one signalling
 //!   RDMA_WRITE_WITH_IMM; on the leader rail (SOUT if active, else SUP) it also writes the

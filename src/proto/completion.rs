@@ -1,4 +1,4 @@
-//! Receiver-side mask learning: when is a receive complete (seed 000 §2.3)?
+//! Receiver-side mask learning: when is a receive complete (docs/PROTOCOL.md §8)?
 //!
 //! Why learning: the sender picks the active rails at the last moment and skips inactive rails
 //! entirely, so the receiver cannot know in advance how many IMMs a slot will bring. Every IMM
@@ -8,7 +8,7 @@
 //!
 //! Every IMM is checked against what was learned. A violation means a late or duplicate IMM for
 //! a reused slot, a corrupt immediate, or a rail the connection does not have; all are protocol
-//! errors to report loudly (seed 000 §8, "bring-up checks"). A failed check leaves the state
+//! errors to report loudly (docs/PROTOCOL.md §8 lists them). A failed check leaves the state
 //! untouched, so the error describes exactly what arrived against what was known.
 
 use std::fmt;

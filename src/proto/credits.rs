@@ -1,8 +1,8 @@
 //! Send-queue credits for one QP: how many more work requests may be posted.
 //!
 //! Why counters and not a per-WR table: on an RC QP work requests execute and complete in post
-//! order, and a signaled completion retires every earlier unsignaled WR on that QP (seed 000,
-//! "Resolved: CTS Signaling Design"). So the QP's state is two wrapping counters: `posted`
+//! order, and a signaled completion retires every earlier unsignaled WR on that QP
+//! (docs/PROTOCOL.md §2 and §7). So the QP's state is two wrapping counters: `posted`
 //! (advanced when WRs are posted) and `retired` (advanced to the post index carried in a
 //! signaled completion's `wr_id`, see `wr_id`). Their difference is what occupies the send queue.
 //! Posting more than the queue holds makes `ibv_post_send` fail; this makes that impossible by

@@ -1,5 +1,6 @@
 //! The CTS FIFO entry and the per-slot completion record (NCCL's `ncclIbSendFifo` and
-//! `ncclIbRequestCompletionRecord`, adapted to two rails; NCCL_NET_ABI.md §3.2–3.3, seed 001 §IV).
+//! `ncclIbRequestCompletionRecord`, adapted to two rails; docs/NCCL_NET_ABI.md §3.2–3.3,
+//! docs/PROTOCOL.md §3 and §6).
 //!
 //! Why this layout: the receiver tells the sender where to write with one RDMA_WRITE of
 //! `nreqs × 64` bytes into the sender's FIFO `[256][8]`. Each entry is 64 bytes so it never tears
@@ -64,7 +65,7 @@ pub const fn slot_of(fifo_head: u64) -> usize {
     (fifo_head % FIFO_SLOTS as u64) as usize
 }
 
-/// The `idx` value that marks the slot of `fifo_head` as filled (seed 001 §IV step 1).
+/// The `idx` value that marks the slot of `fifo_head` as filled (docs/PROTOCOL.md §3).
 pub const fn ready_idx(fifo_head: u64) -> u64 {
     fifo_head.wrapping_add(1)
 }
@@ -200,7 +201,7 @@ pub fn match_tag(entries: &[CtsEntry], taken: u8, tag: u32) -> Option<usize> {
 }
 
 /// Per-slot completion record written by the sender's leader rail with the signalling
-/// WRITE_WITH_IMM: exact size of each grouped buffer (seed 000 §2.2, "Size Delivery"), plus the
+/// WRITE_WITH_IMM: exact size of each grouped buffer (docs/PROTOCOL.md §6), plus the
 /// bytes each rail carried, so the receiver's per-rail byte counters are exact even though plain
 /// RDMA_WRITEs raise no receive completion.
 #[repr(C)]

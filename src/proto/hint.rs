@@ -1,11 +1,12 @@
-//! The agent hint SHM: file layout and the seqlock reader (seed 001 §2.C.2–C.3).
+//! The agent hint SHM: file layout and the seqlock reader (docs/AGENT.md, 'Writing your own
+//! agent').
 //!
 //! Why a seqlock: the agent rewrites `sup_bw` at any rate while the plugin reads it on every
 //! `isend` in advanced mode. A lock would let a stalled agent stall NCCL; a seqlock lets the
 //! writer proceed unconditionally (seq odd while writing, even when done) and lets the reader
 //! detect a torn read and retry. The reader gives up after a bounded number of tries, so it never
-//! waits on the writer indefinitely; the caller then falls back (0 = all SOUT, the safe default
-//! of seed 001 §2.C.4).
+//! waits on the writer indefinitely; the caller then keeps the last value it read (0 = all SOUT
+//! before the first, the safe default: docs/AGENT.md, 'What it does').
 //!
 //! The reader is generic over [`HintCell`] so the retry logic is tested here with a scripted
 //! fake, while the engine implements the cell with `Acquire` atomic loads on the mapped file.

@@ -1,4 +1,4 @@
-//! The `imm_data` codec: slot, active mask and quantized size in 32 bits (seed 000 §2.2).
+//! The `imm_data` codec: slot, active mask and quantized size in 32 bits (docs/PROTOCOL.md §5).
 //!
 //! Why: with one shared receive queue per rail, a receive completion's `wr_id` identifies a
 //! generic receive, not a request. Everything the receiver needs to route the completion must
@@ -19,7 +19,7 @@ use std::fmt;
 
 use super::rail_mask::RailMask;
 
-/// Bytes per unit of `size_q`; matches the 128-B split alignment (seed 000 §2.2).
+/// Bytes per unit of `size_q`; matches the 128-B split alignment (docs/PROTOCOL.md §4).
 pub const SIZE_GRANULARITY: u64 = 128;
 /// Width of the `size_q` field.
 pub const SIZE_Q_BITS: u32 = 22;

@@ -1,10 +1,10 @@
-//! Path classification: is the peer in the same scale-up island (seed 001 §3.II step 2)?
+//! Path classification: is the peer in the same scale-up island (docs/PROTOCOL.md §1)?
 //!
 //! Why from the control socket's address pair: both ends see the same two SOUT addresses (one as
 //! local, one as remote), so each can classify independently and reach the same answer without
 //! an extra round trip. That agreement is what lets both sides suppress SUP QPs for vanilla
-//! inter-island connections and still create matching QP counts (seed 001 §6, "QP count
-//! mismatch"). The comparison is symmetric by construction.
+//! inter-island connections and still create matching QP counts (docs/PROTOCOL.md §1–2). The
+//! comparison is symmetric by construction.
 
 use std::net::Ipv4Addr;
 

@@ -4,7 +4,7 @@
 //! decides (how a buffer is split, which QP carries it, what the immediate says, when a receive
 //! is complete, how many work requests fit) is a function of plain values. Keeping those
 //! functions here, without `unsafe`, I/O, floats or per-transfer allocation, lets them be tested
-//! exhaustively (unit and property tests) and read against the design seeds one file at a time.
+//! exhaustively (unit and property tests) and read against docs/PROTOCOL.md one file at a time.
 
 #![forbid(unsafe_code)]
 

@@ -1,9 +1,10 @@
-//! The single policy function: how much of a transfer goes on SUP (seed 001 §2.C.4, step 1).
+//! The single policy function: how much of a transfer goes on SUP (docs/PROTOCOL.md §4).
 //!
-//! Why one function: every split decision flows through `mpibGetSupBw`, so the difference
+//! Why one function: every split decision flows through [`sup_bandwidth`], so the difference
 //! between vanilla and advanced mode lives in exactly one place. Vanilla never touches the hint
 //! SHM: path isolation alone decides (intra-island all SUP, inter-island all SOUT). Advanced mode
-//! reads the agent's parts-per-1024 hint freshly on every `isend` (seed 000, "Fresh Telemetry");
+//! reads the agent's parts-per-1024 hint freshly on every `isend` (docs/PROTOCOL.md §4, 'Why the
+//! sender decides');
 //! the reader is passed as a closure so this stays pure and the SHM read happens only when needed.
 
 use crate::params::Mode;
@@ -14,7 +15,7 @@ use super::island::PathClass;
 ///
 /// Vanilla: `IntraIsland => u32::MAX`, `InterIsland => 0`, and `hint` is never called.
 /// Advanced: whatever `hint()` returns (the caller returns 0 when no hint is available, which
-/// degrades safely to all SOUT, seed 001 §2.C.5).
+/// degrades safely to all SOUT: docs/AGENT.md, 'What it does').
 pub fn sup_bandwidth(mode: Mode, class: PathClass, hint: impl FnOnce() -> u32) -> u32 {
     match mode {
         Mode::Vanilla => match class {
@@ -25,10 +26,10 @@ pub fn sup_bandwidth(mode: Mode, class: PathClass, hint: impl FnOnce() -> u32) -
     }
 }
 
-/// The seed's BDP threshold (seed 001 §C.6): in advanced mode, an inter-island transfer of at most
-/// `bdp_bytes` bytes stays on SOUT whatever the hint says (`bdp_bytes == 0` disables it). Why:
-/// a message that fits in the path's bandwidth-delay product gains nothing from a second rail
-/// and pays the relay's extra latency.
+/// The BDP threshold (`MPIB_BDP_BYTES`; docs/ARCHITECTURE.md, 'Advanced mode and the agent'): in
+/// advanced mode, an inter-island transfer of at most `bdp_bytes` bytes stays on SOUT whatever
+/// the hint says (`bdp_bytes == 0` disables it). Why: a message that fits in the path's
+/// bandwidth-delay product gains nothing from a second rail and pays the relay's extra latency.
 pub fn within_bdp(mode: Mode, class: PathClass, size: u64, bdp_bytes: u64) -> bool {
     bdp_bytes > 0 && mode == Mode::Advanced && class == PathClass::InterIsland && size <= bdp_bytes
 }

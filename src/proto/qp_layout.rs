@@ -1,4 +1,4 @@
-//! Per-rail QP pools and which QP carries what (seed 001 §3.II–III).
+//! Per-rail QP pools and which QP carries what (docs/PROTOCOL.md §2).
 //!
 //! Why this layout:
 //! * The QP array is contiguous by rail, `[SOUT_0 .. SOUT_{n-1}, SUP_0 .. SUP_{m-1}]`, so the
@@ -6,10 +6,10 @@
 //!   (`MPIB_SOUT_QP`, `MPIB_SUP_QP`).
 //! * Vanilla inter-island connections create no SUP QPs at all (path isolation): the SUP fabric
 //!   does not reach the peer. Both ends derive this from the same address pair, so the counts
-//!   agree without negotiation (seed 001 §3.II step 4).
+//!   agree without negotiation (docs/PROTOCOL.md §1–2).
 //! * A request never stripes across QPs of one rail; it uses one QP per rail, picked
 //!   round-robin by `fifo_head`, which spreads consecutive requests evenly over each pool
-//!   (seed 001 §III table, seed 000 "Resolved: CTS Signaling Design").
+//!   (docs/PROTOCOL.md §2).
 //! * CTS is pinned to a single QP so the periodic signalling rule drains exactly that QP's send
 //!   queue (see `signal`).
 
@@ -114,8 +114,8 @@ mod tests {
     }
 
     #[test]
-    fn seed_round_robin_table() {
-        // seed 001 §III, SOUT_QP=2, SUP_QP=3.
+    fn round_robin_table() {
+        // docs/PROTOCOL.md §2 worked by hand for SOUT_QP=2, SUP_QP=3.
         let qps = layout(2, 3);
         let table = [
             (0, 0, 2),

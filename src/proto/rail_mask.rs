@@ -1,6 +1,6 @@
 //! The active-rail mask: which of the two rails take part in a transfer.
 //!
-//! Why a mask at all (seed 000 §2.2, "Why keep an explicit `active_mask`"): with a shared
+//! Why a mask at all (docs/PROTOCOL.md §4 and §8): with a shared
 //! receive queue the receiver cannot know how many IMMs a slot will produce, because the sender
 //! decides the split at the last moment and skips inactive rails entirely. The sender therefore
 //! names the rails it used in every IMM, and the receiver waits for exactly those. Two rails need
@@ -75,7 +75,7 @@ impl RailMask {
         (self.0 & RailMask::BOTH.0).count_ones()
     }
 
-    /// The leader rail per seed 000 §2.2: SOUT if active, else SUP; `None` if empty.
+    /// The leader rail (docs/PROTOCOL.md §6): SOUT if active, else SUP; `None` if empty.
     ///
     /// The leader is the one rail that writes the completion record, so a slot's sizes are
     /// written once. It is a pure function of the mask so that sender and receiver never need to

@@ -1,4 +1,4 @@
-//! When a CTS write is signalled (seed 000 "Resolved: CTS Signaling Design", seed 001 §III).
+//! When a CTS write is signalled (docs/PROTOCOL.md §2, docs/NCCL_NET_ABI.md §3.2).
 //!
 //! Why signal at all: CTS writes are unsignaled to keep them cheap, but an unsignaled WR is only
 //! retired from the send queue when a later WR on the same QP completes signaled. On RC, a

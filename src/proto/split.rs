@@ -1,15 +1,15 @@
-//! The sender-side split of one buffer between the two rails (seed 001 §2.C.4, step 2).
+//! The sender-side split of one buffer between the two rails (docs/PROTOCOL.md §4).
 //!
 //! Why this shape:
 //! * The policy speaks "parts per 1024" (`sup_bw`), so the conversion is a multiply and a shift:
-//!   integer only, no floats on the hot path (seed 001 §1, "Dynamic Splitting").
+//!   integer only, no floats on the hot path (docs/ARCHITECTURE.md, 'Threads and state').
 //! * SUP carries the HEAD of the buffer `[0, sup)` and SOUT the tail `[sup, size)`. The SUP
 //!   share is rounded down to 128 B, so the boundary falls on a 128-B line and NCCL's LL128
 //!   lines are never torn between two NICs that deliver in no mutual order.
-//! * `0` means all SOUT and anything `>= 1024` all SUP, with no clamping beyond that, exactly as
-//!   the agent contract table in seed 001 §2.C.4 says (vanilla intra-island passes `u32::MAX`).
-//! * Only rails with bytes are activated (seed 000 §2.2); a 0-byte transfer still needs one IMM
-//!   to complete the receive, and it goes on SOUT (seed 000 checklist, "force active_mask = 0x1").
+//! * `0` means all SOUT and anything `>= 1024` all SUP, with no clamping beyond that, as agents
+//!   are told (docs/AGENT.md, 'What it does'; vanilla intra-island passes `u32::MAX`).
+//! * Only rails with bytes are activated (docs/PROTOCOL.md §4); a 0-byte transfer still needs one
+//!   IMM to complete the receive, and it goes on SOUT.
 
 use crate::fabric::Rail;
 
@@ -21,7 +21,7 @@ pub const SPLIT_ALIGNMENT: u64 = 128;
 /// `sup_bw` value meaning "everything on SUP" (the unit of the parts-per-1024 scale).
 pub const SUP_BANDWIDTH_FULL: u32 = 1024;
 
-/// `mpibComputeSupBytes`: bytes of `size` that go on SUP for a parts-per-1024 share `sup_bw`.
+/// Bytes of `size` that go on SUP for a parts-per-1024 share `sup_bw`.
 ///
 /// `0 => 0`; `>= 1024 => size`; otherwise `(size * sup_bw) >> 10` rounded down to 128 B.
 /// The product is formed in 128 bits so that sizes near `u64::MAX` cannot overflow.
@@ -94,8 +94,9 @@ impl RailSplit {
     }
 }
 
-/// The per-slot mask for a grouped send (seed 000 §2.2, `nreqs > 1`): the OR of the non-empty
-/// rails of every split, so each active rail posts one signalling IMM; all-empty => SCALE_OUT.
+/// The per-slot mask for a grouped send (docs/PROTOCOL.md §4, `nreqs > 1`): the OR of the
+/// non-empty rails of every split, so each active rail posts one signalling IMM; all-empty =>
+/// SCALE_OUT.
 ///
 /// A 0-byte member does not force SOUT when another member has bytes: the slot completes on
 /// the rails that did carry data, and its record still reports the 0 size.
@@ -118,8 +119,8 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn seed_numeric_table() {
-        // seed 001 §2.C.4, reqSize = 1 MiB.
+    fn one_mib_table() {
+        // docs/PROTOCOL.md §4 worked by hand for a 1 MiB buffer.
         let table = [
             (0u32, 0u64, MIB, RailMask::SCALE_OUT),
             (256, 262_144, 786_432, RailMask::BOTH),
@@ -221,7 +222,7 @@ mod tests {
 
         #[test]
         fn proportional_share_matches_reference(sup_bw in 1u32..1024, size in 0u64..(1 << 53)) {
-            // Below 2^53 the 64-bit product cannot overflow: compare with the seed's formula.
+            // Below 2^53 the 64-bit product cannot overflow: compare with docs/PROTOCOL.md §4.
             let reference = ((size * sup_bw as u64) >> 10) / 128 * 128;
             prop_assert_eq!(sup_bytes(sup_bw, size), reference);
         }

@@ -1,4 +1,4 @@
-//! Receive credits for one rail's shared receive queue (seed 000 §2.1, refill policy).
+//! Receive credits for one rail's shared receive queue (docs/PROTOCOL.md §8).
 //!
 //! Why: with an SRQ every RDMA_WRITE_WITH_IMM on any QP of the rail consumes one generic
 //! receive. If the SRQ runs dry the sender hits RNR and stalls, so the receiver keeps the depth
@@ -12,7 +12,7 @@
 
 use std::fmt;
 
-/// Default low-water mark (seed 000 checklist: hardcoded 64/512).
+/// Default low-water mark (`MPIB_SRQ_LOW_WATER`, docs/PROTOCOL.md §8).
 pub const SRQ_LOW_WATER: u32 = 64;
 /// Default high-water mark: the SRQ depth after a refill.
 pub const SRQ_HIGH_WATER: u32 = 512;

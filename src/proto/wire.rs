@@ -1,4 +1,4 @@
-//! The connect/accept handshake messages over the TCP control connection (seed 001 §3.II).
+//! The connect/accept handshake messages over the TCP control connection (docs/PROTOCOL.md §1).
 //!
 //! Why explicit bytes: the two ends may run different builds, so the message is a declared
 //! sequence of little-endian fields in a fixed-size array, never a transmuted `#[repr(C)]`
@@ -7,9 +7,9 @@
 //! flag taken on faith would size arrays and index QPs later.
 //!
 //! Why an agreement check: both ends classify the path from the SAME address pair (the control
-//! socket's two ends) and derive the QP layout from it (seed 001 §3.II steps 2–4, §6 "QP count
-//! mismatch"). The connector sends what it computed; the acceptor compares with its own result
-//! and refuses with a reason instead of creating QPs that would never pair up.
+//! socket's two ends) and derive the QP layout from it (docs/PROTOCOL.md §1–2). The connector
+//! sends what it computed; the acceptor compares with its own result and refuses with a reason
+//! instead of creating QPs that would never pair up.
 //!
 //! Sequence: connector sends [`ConnectRequest`]; acceptor answers [`ConnectReply`] (possibly a
 //! refusal); after both sides move their QPs to RTS the connector sends the ready marker.

@@ -4,8 +4,8 @@
 //! without a lookup table: which kind of WR (data, CTS, flush, receive), which rail and QP (to
 //! return send-queue credits), which slot (to finish the request) and the QP's post counter
 //! after the WR (so one signaled completion retires every earlier WR, see `credits`). Receives
-//! on the shared receive queue are generic (seed 000 §2.1), so they all share one `wr_id` per
-//! rail and everything else comes from `imm_data`.
+//! on the shared receive queue are generic (docs/PROTOCOL.md §8), so they all share one `wr_id`
+//! per rail and everything else comes from `imm_data`.
 //!
 //! ```text
 //!  63..56 kind   55..48 rail   47..40 qp_index   39..32 slot   31..0 post_index
