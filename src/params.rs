@@ -122,8 +122,8 @@ pub const PARAMS: &[Param] = &[
     },
     Param {
         name: "MPIB_ADDR_RESOLVE_TIMEOUT_MS",
-        default: "10000",
-        doc: "How long `connect`/`accept` keep polling for the peer's RoCE neighbour entry (ARP) before failing with an error naming the rail, addresses and interface (1-600000).",
+        default: "3000",
+        doc: "How long `connect`/`accept` keep polling for the peer's RoCE neighbour entry (ARP) before connecting anyway with a WARN naming the rail, addresses and interface; the kernel then resolves inside `ibv_modify_qp` (up to about 1 s) or fails (1-600000).",
     },
     Param {
         name: "MPIB_IB_TC",
@@ -344,7 +344,7 @@ impl Settings {
             addr_resolve_timeout_ms: parse_int(
                 &get,
                 "MPIB_ADDR_RESOLVE_TIMEOUT_MS",
-                10_000,
+                3_000,
                 1,
                 600_000,
             )?,

@@ -7,12 +7,12 @@
 //! The same holds on a first connection whose peer addresses are not yet resolved: the
 //! loopback `arp` knob keeps them unresolved for a number of polls, and a QP connected before
 //! then waits a second inside the call, as the kernel does on RoCE. The handshake must poll the
-//! resolution across calls instead; a resolution that never completes fails the connection
-//! with an error naming the rail and `MPIB_ADDR_RESOLVE_TIMEOUT_MS`.
+//! resolution across calls instead. A resolution that never completes is connected anyway after
+//! `MPIB_ADDR_RESOLVE_TIMEOUT_MS`, with a WARN naming the rail and the variable (the check can
+//! misjudge a setup; the kernel then resolves or fails as it would without it).
 
 use std::time::Duration;
 
-use mpib_driver::abi::NCCL_SYSTEM_ERROR;
 use mpib_driver::cases::{many_outstanding_plan, pipeline_plan};
 use mpib_driver::testing::{bounded, exchange_grouped, exchange_sizes, shared_plugin, LOOPBACK};
 use mpib_driver::{child, Pair, Version};
@@ -120,9 +120,10 @@ fn child_unresolved() {
     );
 }
 
-/// Child: the SUP rail never resolves; the connection fails after the timeout, naming it.
+/// Child: the SUP rail never resolves; after the timeout the connection goes on anyway with a
+/// WARN naming the rail and the variable, and the QP connect then waits like the kernel would.
 #[test]
-fn a_peer_address_that_never_resolves_fails_naming_the_rail() {
+fn a_peer_address_that_never_resolves_is_connected_after_the_timeout_with_a_warning() {
     let env = [
         ("MPIB_FABRIC", "loopback"),
         ("MPIB_LOOPBACK_FAULTS", "arp=sup:1000000000"),
@@ -133,15 +134,16 @@ fn a_peer_address_that_never_resolves_fails_naming_the_rail() {
     outcome.assert_success("child_never_resolved");
     let text = &outcome.output;
     assert!(
-        text.contains("address resolution of the peer timed out")
+        text.contains("peer address not resolved after")
             && text.contains("MPIB_ADDR_RESOLVE_TIMEOUT_MS=300")
-            && text.contains("loop1 (sup): peer GID"),
-        "the error names the timeout, its variable and the rail"
+            && text.contains("loop1 (sup): peer GID")
+            && text.contains("connecting anyway"),
+        "the warning names the timeout, its variable and the rail"
     );
 }
 
 #[test]
-#[ignore = "runs in a child process started by a_peer_address_that_never_resolves_fails_naming_the_rail"]
+#[ignore = "runs in a child process started by a_peer_address_that_never_resolves_is_connected_after_the_timeout_with_a_warning"]
 fn child_never_resolved() {
     if !child::is_child("child_never_resolved") {
         return;
@@ -149,13 +151,12 @@ fn child_never_resolved() {
     let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
     let net = plugin.net(Version::V12).unwrap();
     let started = std::time::Instant::now();
-    let error = match Pair::connect(&net) {
-        Ok(_) => panic!("connected although the SUP address never resolved"),
-        Err(error) => error,
-    };
-    eprintln!("connect failed after {:?}: {error}", started.elapsed());
-    assert_eq!(error.code(), Some(NCCL_SYSTEM_ERROR), "{error}");
-    assert!(started.elapsed() < Duration::from_secs(30));
-    let (call, slowest) = net.slowest_call().unwrap();
-    assert!(slowest < PROMPT, "{call} took {slowest:?} while resolving");
+    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("connected after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "waited for the timeout"
+    );
+    exchange_sizes(&mut pair, &[1, 4097], "after the timeout", 1).unwrap_or_else(|e| panic!("{e}"));
+    pair.close().unwrap_or_else(|e| panic!("{e}"));
 }

@@ -138,16 +138,18 @@ if [ "${1-}" = --guest ]; then
   verdict() { # verdict NAME DIR PASS-DETAIL
     local slow
     slow=$(over_limit "$2")
-    if [ "$rr" = 0 ] && [ "$sr" = 0 ] && [ -z "$slow" ]; then
+    if [ "$rr" = 0 ] && [ "$sr" = 0 ] && [ -z "$slow" ] && [ "$impaired_ok" = yes ]; then
       record PASS "$1" "$3"
     else
       local why
       why=$(grep -h -m1 'FAILED' "$2/recv.log" "$2/send.log" | head -n 1)
       [ -z "$slow" ] || why="a call took $slow, over RIG_MAX_CALL_MS=$max_call_ms; $why"
+      [ "$impaired_ok" = yes ] || why="tc could not impair the wire, so nothing was tested; $why"
       record FAIL "$1" "receiver rc=$rr, sender rc=$sr (124: timed out, 143: stopped after the peer failed); ${why:-no FAILED line}"
       show_tail "receiver (host B)" "$2/recv.log"
       show_tail "sender (host A)" "$2/send.log"
     fi
+    impaired_ok=yes   # for the next case
   }
 
   # pair NAME VERSION CASES "EXTRA K=V..." [mpib-xfer ARGS...]
@@ -197,7 +199,7 @@ if [ "${1-}" = --guest ]; then
       { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
       sleep 0.2
     done
-    tc qdisc add dev "$dev" root netem loss 100%
+    impair "$dev" loss 100%
     tcut=$(now)
     [ -z "$by_s" ] || ! kill -0 "$by_s" 2>/dev/null || by_live=yes
     local how rail=sup seen=''
@@ -205,9 +207,12 @@ if [ "${1-}" = --guest ]; then
     # The collector, as an operator runs it, must show the cut while it happens: the sender's
     # error completions on the cut rail (the series the MpibErrorCompletions alert watches).
     # The sender lingers 4 s after its error so that a pass can read its probes file.
+    # Only the sender's own series count (the receiver's, or a file an earlier case left, would not).
+    local xpid
+    xpid=$(pgrep -P "$sp" mpib-xfer || echo none)
     while [ -z "$seen" ] && kill -0 "$sp" 2>/dev/null; do
       seen=$("$bin/mpib-collector" --probes-dir /tmp/rig/probes --once 2>/dev/null |
-        awk -v rail="rail=\"$rail\"" '/^mpib_rail_error_completions_total\{/ && index($0, rail) && $NF + 0 > 0 { print $NF; exit }')
+        awk -v rail="rail=\"$rail\"" -v pid="pid=\"$xpid\"" '/^mpib_rail_error_completions_total\{/ && index($0, rail) && index($0, pid) && $NF + 0 > 0 { print $NF; exit }')
       [ -n "$seen" ] || sleep 0.3
     done
     reap
@@ -266,7 +271,7 @@ if [ "${1-}" = --guest ]; then
       { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
       sleep 0.2
     done
-    tc qdisc add dev "$dev" root netem loss 100%
+    impair "$dev" loss 100%
     tcut=$(now)
     sleep "$seconds"
     tc qdisc del dev "$dev" root 2>/dev/null
@@ -296,8 +301,11 @@ if [ "${1-}" = --guest ]; then
       sleep 0.2
     done
     if [ "$role" = recv ]; then victim=$rp; else victim=$sp; fi
-    # mpib-xfer runs under `timeout`: kill the process itself, not the wrapper.
-    kill -KILL "$(pgrep -P "$victim" mpib-xfer || echo "$victim")" 2>/dev/null
+    # mpib-xfer runs under `timeout`: kill the process itself, not the wrapper. It must still be
+    # running (a side that ended on its own proves nothing).
+    local xpid alive=no
+    xpid=$(pgrep -P "$victim" mpib-xfer) && kill -0 "$xpid" 2>/dev/null && alive=yes
+    [ "$alive" = no ] || kill -KILL "$xpid"
     tkill=$(now)
     reap
     local how
@@ -305,10 +313,26 @@ if [ "${1-}" = --guest ]; then
     if grep -q 'control connection' "$d/$survivor.log"; then
       how+=" (the peer's control connection closed)"
     fi
-    # The killed side's status is the kill's; only the survivor's is judged.
-    if [ "$role" = recv ]; then rr=0; else sr=0; fi
+    # The killed side must have died of the kill (137: `timeout` passes SIGKILL on); then only the
+    # survivor's status is judged.
+    local victim_rc
+    if [ "$role" = recv ]; then victim_rc=$rr; else victim_rc=$sr; fi
+    if [ "$alive" = yes ] && [ "$victim_rc" = 137 ]; then
+      if [ "$role" = recv ]; then rr=0; else sr=0; fi
+    else
+      how+="; the $role process was not killed mid-run (running: $alive, status $victim_rc)"
+    fi
     verdict "$name" "$d" "$how; it exited $(since "$tkill") s after the kill, $(since "$t") s in all"
   }
+
+  # impair DEV NETEM...: netem on DEV (replacing any qdisc); a failure is recorded in $impaired_ok
+  # so that a case whose wire was never touched cannot pass.
+  impair() {
+    local dev=$1
+    shift
+    if tc qdisc replace dev "$dev" root netem "$@"; then impaired_ok=yes; else impaired_ok=no; fi
+  }
+  impaired_ok=yes
 
   # The NICs' own counters, `rxe_a0.name=value` per line (hw_counters of every rxe device).
   nic_counters() {
@@ -341,7 +365,7 @@ if [ "${1-}" = --guest ]; then
     s=$(slug "$name")
     d=$W/$s tmp=/tmp/rig/$s
     mkdir -p "$d" "$tmp"
-    tc qdisc add dev "$dev" root netem "$@"
+    impair "$dev" "$@"
     before=$(nic_counters)
     t=$(now)
     launch "$d" "$tmp" v12 split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra

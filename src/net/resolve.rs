@@ -5,12 +5,15 @@
 //! docs/RELIABILITY.md). NCCL's proxy thread drives every connection and transfer from one
 //! thread, so `connect` and `accept` go through a resolving stage instead: each call polls every
 //! rail that carries QPs once ([`crate::fabric::PeerResolution`]) and returns "not yet" until
-//! all are ready, then connects the QPs, which no longer waits. A rail that stays unresolved
-//! for `MPIB_ADDR_RESOLVE_TIMEOUT_MS` fails the connection with what was being resolved.
+//! all are ready, then connects the QPs, which no longer waits. A rail still unresolved after
+//! `MPIB_ADDR_RESOLVE_TIMEOUT_MS` is connected anyway, with a WARN saying what was being
+//! resolved: the check can misjudge a setup (policy routing, a gateway in another table), and
+//! then the kernel resolves inside `ibv_modify_qp` as it would without it (waiting up to about
+//! a second), or fails there with the verb's error if the peer cannot be reached.
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fabric::{PeerResolution, Rail};
 use crate::log;
 use crate::proto::qp_layout::QpLayout;
@@ -80,13 +83,17 @@ impl Resolutions {
                 .iter()
                 .map(|(_, resolution)| resolution.describe())
                 .collect();
-            return Err(Error::system(format!(
-                "address resolution of the peer timed out after {} ms \
-                 (MPIB_ADDR_RESOLVE_TIMEOUT_MS={}): {}",
+            warn!(
+                log::NET | log::INIT,
+                "peer address not resolved after {} ms (MPIB_ADDR_RESOLVE_TIMEOUT_MS={}): {}; \
+                 connecting anyway: the kernel resolves it inside ibv_modify_qp, which may wait \
+                 up to about a second or fail",
                 self.started.elapsed().as_millis(),
                 self.timeout.as_millis(),
                 waiting.join("; ")
-            )));
+            );
+            self.pending.clear();
+            return Ok(true);
         }
         Ok(false)
     }

@@ -13,9 +13,17 @@
 //! * while it is not valid, a one-byte UDP datagram to the peer's discard port (9), at most once
 //!   a second, makes the kernel start (or restart, after a failed attempt) ARP on its own.
 //!
-//! InfiniBand ports address peers by LID and need none of this; GIDs that are not IPv4-mapped
-//! (RoCE over IPv6) resolve through neighbour discovery, which `SIOCGARP` cannot read: both are
-//! ready at once, the latter with an INFO line saying that nothing was checked.
+//! The nudge leaves through the GID's interface (`IP_UNICAST_IF`), as the kernel's RDMA address
+//! resolution does, so that a host with several NICs on one subnet resolves on the right one.
+//!
+//! InfiniBand ports address peers by LID and need none of this. What cannot be checked is ready
+//! at once, with an INFO line saying so, and the kernel resolves inside `ibv_modify_qp` as it
+//! would without this module: GIDs that are not IPv4-mapped (RoCE over IPv6 uses neighbour
+//! discovery, which `SIOCGARP` cannot read), an interface that is not in this network namespace
+//! or does no ARP, and any error of the check itself. A peer address that is local to this host
+//! is routed through `lo` and never gets an entry, unless policy routing sends it out through a
+//! NIC (as the Soft-RoCE rig does): it is waited for at most [`LOCAL_PEER_WAIT`]. Whatever is
+//! still unresolved at `MPIB_ADDR_RESOLVE_TIMEOUT_MS` is connected anyway (`net/resolve.rs`).
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -24,8 +32,6 @@ use std::time::{Duration, Instant};
 use crate::fabric::{FabricResult, LinkLayer, PeerResolution};
 use crate::log;
 
-use super::fabric_error;
-
 /// `ATF_COM` from `<linux/if_arp.h>`: the entry is complete (the kernel's `NUD_VALID`).
 const ATF_COM: libc::c_int = 0x02;
 /// `RTF_UP` and `RTF_GATEWAY` from `<linux/route.h>`.
@@ -33,6 +39,14 @@ const RTF_UP: u32 = 0x0001;
 const RTF_GATEWAY: u32 = 0x0002;
 /// How often an unresolved neighbour is nudged again (the kernel's own ARP retransmit time).
 const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a peer address local to this host is waited for (see the module comment).
+const LOCAL_PEER_WAIT: Duration = Duration::from_secs(1);
+/// `IP_UNICAST_IF` from `<linux/in.h>`: the egress interface of an unconnected UDP socket.
+const IP_UNICAST_IF: libc::c_int = 50;
+/// `IFF_NOARP` from `<linux/if.h>`.
+const IFF_NOARP: u32 = 0x80;
+/// `RTF_REJECT` from `<linux/route.h>`: an unreachable route.
+const RTF_REJECT: u32 = 0x0200;
 /// The UDP discard port: a nudge that arrives is thrown away by the peer (or answered with an
 /// ICMP error the unconnected socket never reports).
 const DISCARD_PORT: u16 = 9;
@@ -60,20 +74,35 @@ pub(crate) fn start(
         info!(log::NET, "{what}");
         return Ok(Box::new(Ready(what)));
     };
-    let Some(netdev) = netdev else {
-        let what = format!("{device}: the interface of the local GID is unknown (no gid_attrs/ndevs in sysfs); the neighbour entry of {peer} is not checked");
+    let unchecked = |why: String| -> FabricResult<Box<dyn PeerResolution>> {
+        let what = format!("{device}: {why}; the neighbour entry of {peer} is not checked (the kernel may wait for it inside ibv_modify_qp)");
         info!(log::NET, "{what}");
-        return Ok(Box::new(Ready(what)));
+        Ok(Box::new(Ready(what)))
+    };
+    let Some(netdev) = netdev else {
+        return unchecked(
+            "the interface of the local GID is unknown (no gid_attrs/ndevs in sysfs)".into(),
+        );
+    };
+    let Some(flags) = interface_flags(netdev) else {
+        return unchecked(format!(
+            "interface {netdev} is not in this network namespace"
+        ));
+    };
+    if flags & IFF_NOARP != 0 {
+        return unchecked(format!("interface {netdev} does no ARP"));
+    }
+    let socket = match nudge_socket(local, netdev) {
+        Ok(socket) => socket,
+        Err(e) => return unchecked(format!("no UDP socket on {local} through {netdev}: {e}")),
     };
     let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
     let next_hop = next_hop(&routes, netdev, peer);
-    let socket = UdpSocket::bind(SocketAddrV4::new(local, 0))
-        .and_then(|s| s.set_nonblocking(true).map(|()| s))
-        .map_err(|e| {
-            let detail = format!("cannot open a UDP socket on {local} (the local GID's address) to resolve {peer} on {netdev}: {e}");
-            fabric_error("socket", device, None, e.raw_os_error().unwrap_or(0), detail)
-        })?;
+    // A local address binds; a remote one does not (EADDRNOTAVAIL).
+    let local_peer = UdpSocket::bind(SocketAddrV4::new(peer, 0)).is_ok();
     Ok(Box::new(ArpResolution {
+        started: Instant::now(),
+        local_peer,
         device: device.to_string(),
         netdev: netdev.to_string(),
         local,
@@ -99,8 +128,46 @@ impl PeerResolution for Ready {
     }
 }
 
+/// The interface's flags (`/sys/class/net/NAME/flags`), `None` when it is not in this namespace.
+fn interface_flags(netdev: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{netdev}/flags")).ok()?;
+    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// A non-blocking UDP socket on `local` whose datagrams leave through `netdev`.
+fn nudge_socket(local: Ipv4Addr, netdev: &str) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddrV4::new(local, 0))?;
+    socket.set_nonblocking(true)?;
+    let name = std::ffi::CString::new(netdev)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `name` is a NUL-terminated string alive for the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The kernel reads the index in network byte order for IPv4 (ip(7), IP_UNICAST_IF).
+    let value: u32 = index.to_be();
+    // SAFETY: a live socket; `value` is a readable u32 of the length given.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            IP_UNICAST_IF,
+            (&value as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
 /// An IPv4 neighbour entry being resolved on one interface.
 struct ArpResolution {
+    started: Instant,
+    /// The peer's address is one of this host's (see [`LOCAL_PEER_WAIT`]).
+    local_peer: bool,
     device: String,
     netdev: String,
     local: Ipv4Addr,
@@ -119,12 +186,21 @@ impl PeerResolution for ArpResolution {
             Ok(Some(flags)) if flags & ATF_COM != 0 => return Ok(true),
             Ok(_) => {}
             Err(errno) => {
-                let detail = format!(
-                    "SIOCGARP for {} on {} (resolving peer {} from {}) failed",
-                    self.next_hop, self.netdev, self.peer, self.local
+                // The check itself failed (the interface went away, a kernel that refuses it):
+                // connect and let the kernel resolve, as without this module.
+                info!(
+                    log::NET,
+                    "{}: SIOCGARP for {} on {} failed: {}; the neighbour entry is not checked",
+                    self.device,
+                    self.next_hop,
+                    self.netdev,
+                    std::io::Error::from_raw_os_error(errno)
                 );
-                return Err(fabric_error("ioctl", &self.device, None, errno, detail));
+                return Ok(true);
             }
+        }
+        if self.local_peer && self.started.elapsed() >= LOCAL_PEER_WAIT {
+            return Ok(true);
         }
         if self
             .last_nudge
@@ -227,6 +303,9 @@ pub(crate) fn next_hop(routes: &str, netdev: &str, peer: Ipv4Addr) -> Ipv4Addr {
             continue;
         };
         let metric = fields[6].parse::<u32>().unwrap_or(u32::MAX);
+        if flags & RTF_REJECT != 0 {
+            continue;
+        }
         // The kernel prints the addresses in network byte order read as a native integer.
         let as_addr = |v: u32| Ipv4Addr::from(v.to_ne_bytes());
         let (destination, mask) = (u32::from(as_addr(destination)), u32::from(as_addr(mask)));
@@ -341,11 +420,8 @@ eth1\t0000030A\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
-    fn an_unknown_interface_is_an_error_naming_it() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[127, 0, 0, 1]);
+    fn what_cannot_be_checked_is_ready_at_once() {
+        let gid = mapped([127, 0, 0, 1]);
         let mut resolution = start(
             "loop (test)",
             LinkLayer::Ethernet,
@@ -354,8 +430,44 @@ eth1\t0000030A\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0
             &gid,
         )
         .unwrap();
-        let error = resolution.poll().unwrap_err();
-        assert_eq!(error.errno, libc::ENODEV, "{error}");
-        assert!(error.to_string().contains("nosuchif0"), "{error}");
+        assert!(resolution.poll().unwrap());
+        let text = resolution.describe();
+        assert!(
+            text.contains("nosuchif0") && text.contains("not checked"),
+            "{text}"
+        );
+        let mut unknown = start("loop (test)", LinkLayer::Ethernet, &gid, None, &gid).unwrap();
+        assert!(unknown.poll().unwrap());
+    }
+
+    #[test]
+    fn a_local_peer_address_is_waited_for_one_second_at_most() {
+        let gid = mapped([127, 0, 0, 1]);
+        let mut resolution =
+            start("loop (test)", LinkLayer::Ethernet, &gid, Some("lo"), &gid).unwrap();
+        let started = Instant::now();
+        while !resolution.poll().unwrap() {
+            assert!(started.elapsed() < Duration::from_secs(5), "never ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(started.elapsed() >= LOCAL_PEER_WAIT - Duration::from_millis(50));
+    }
+
+    #[test]
+    fn reject_routes_do_not_count() {
+        let routes =
+            "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT
+eth1\t0000020A\tFE00010A\t0203\t0\t0\t0\t0000FFFF\t0\t0\t0
+";
+        let peer = Ipv4Addr::new(10, 2, 0, 9);
+        assert_eq!(next_hop(routes, "eth1", peer), peer);
+    }
+
+    fn mapped(address: [u8; 4]) -> [u8; 16] {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&address);
+        gid
     }
 }

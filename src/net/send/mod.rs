@@ -231,7 +231,9 @@ impl SendComm {
         let state = &mut data.slots[slot];
         let nreqs = state.nreqs as usize;
         let Some(entry) = match_tag(&state.entries[..nreqs], state.taken, tag as u32) else {
-            return Ok(None); // NCCL retries until the receive with this tag is posted
+            // NCCL retries until the receive with this tag is posted, if the receiver is there.
+            self.check_peer(data, now_ns())?;
+            return Ok(None);
         };
         let clamped = size.min(state.entries[entry].size);
         memory.check_covers("isend", addr, clamped)?;
