@@ -165,6 +165,17 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver, $(slowest_call "$d"), $(since "$t") s"
   }
 
+  # first_case_done DIR: waits (120 s at most) until the sender has passed its first case, or
+  # either side of the pair launched last has ended.
+  first_case_done() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+      grep -q ': ok ' "$1/send.log" 2>/dev/null && return 0
+      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || return 0
+      sleep 0.2
+    done
+  }
+
   # fault NAME VERSION DEV [CASE EXTRA]: a pair (by default vanilla intra-island, all SUP; else
   # ten CASEs with the K=V words EXTRA) whose wire DEV (host A's end, so A->B packets are lost)
   # drops every packet once the sender has passed its first case.
@@ -175,7 +186,7 @@ if [ "${1-}" = --guest ]; then
   # With BYSTANDER=1, a second pair runs beside it on the SOUT rail only (vanilla inter-island)
   # from before the cut (of SUP) to after it, and must pass byte-exact: other comms go on.
   fault() {
-    local name=$1 version=$2 dev=$3 case=${4:-sizes} extra=${5:-MPIB_ISLAND_PREFIX_LEN=24} s d tmp t tcut i
+    local name=$1 version=$2 dev=$3 case=${4:-sizes} extra=${5:-MPIB_ISLAND_PREFIX_LEN=24} s d tmp t tcut
     local bystander=${6:-} by_r='' by_s='' by_d by_live=no
     wanted "$name" || return 0
     s=$(slug "$name")
@@ -194,11 +205,7 @@ if [ "${1-}" = --guest ]; then
     launch "$d" "$tmp" "$version" "$(printf '%s,' "$case" "$case" "$case" "$case" "$case" \
       "$case" "$case" "$case" "$case" "$case" | sed 's/,$//')" "$extra MPIB_IB_TIMEOUT=14"
     recv_args=() send_args=()
-    for ((i = 0; i < 600; i++)); do
-      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
-      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
-      sleep 0.2
-    done
+    first_case_done "$d"
     impair "$dev" loss 100%
     tcut=$(now)
     [ -z "$by_s" ] || ! kill -0 "$by_s" 2>/dev/null || by_live=yes
@@ -266,11 +273,7 @@ if [ "${1-}" = --guest ]; then
     launch "$d" "$tmp" v12 "split-512,split-512,split-512,split-512,split-512,split-512" \
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra --data-timeout 60
     export MPIB_IB_RETRY_CNT=6
-    for ((i = 0; i < 600; i++)); do
-      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
-      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
-      sleep 0.2
-    done
+    first_case_done "$d"
     impair "$dev" loss 100%
     tcut=$(now)
     sleep "$seconds"
@@ -295,11 +298,7 @@ if [ "${1-}" = --guest ]; then
     launch "$d" "$tmp" v12 "split-512,split-512,split-512,split-512,split-512,split-512" \
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
     recv_args=() send_args=()
-    for ((i = 0; i < 600; i++)); do
-      grep -q ': ok ' "$d/send.log" 2>/dev/null && break
-      { kill -0 "$rp" && kill -0 "$sp"; } 2>/dev/null || break
-      sleep 0.2
-    done
+    first_case_done "$d"
     if [ "$role" = recv ]; then victim=$rp; else victim=$sp; fi
     # mpib-xfer runs under `timeout`: kill the process itself, not the wrapper. It must still be
     # running (a side that ended on its own proves nothing).
