@@ -196,10 +196,11 @@ impl Acceptance {
                         Stage::Building(builder, _, _) => builder.finish()?,
                         _ => return Err(Error::internal("accept stage changed while building")),
                     };
+                    let layout = built.0;
                     self.build(ctx, &request, &mut reply, built)?;
                     let resolutions = Resolutions::start(
                         &ctx.plugin.devices,
-                        self.layout()?,
+                        layout,
                         &request.rails,
                         ctx.settings.addr_resolve_timeout_ms,
                     )?;
@@ -296,11 +297,10 @@ impl Acceptance {
         ctx: &Arc<Context>,
         request: &ConnectRequest,
         reply: &mut ConnectReply,
-        (queues, qps): ([Option<RailQueues>; 2], QueuePairs),
+        (layout, queues, qps): (QpLayout, [Option<RailQueues>; 2], QueuePairs),
     ) -> Result<()> {
         let settings = &ctx.settings;
         let class = reply.class;
-        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
         let devices = &ctx.plugin.devices;
         let cts_shadow =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
@@ -348,14 +348,6 @@ impl Acceptance {
         self.built = Some((info, data));
         self.peer_sup_gid = request.rails[Rail::ScaleUp.index()].gid;
         Ok(())
-    }
-
-    /// The layout of the connection being built.
-    fn layout(&self) -> Result<QpLayout> {
-        self.built
-            .as_ref()
-            .map(|(info, _)| info.layout)
-            .ok_or_else(|| Error::internal("resolving before the request"))
     }
 
     /// Brings the QPs up against the connector's (no verb waits: its addresses are resolved).

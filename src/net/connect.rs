@@ -48,7 +48,7 @@ const SENDER_SIZING: QueueSizing = QueueSizing {
 enum Stage {
     Connecting,
     /// The CQs and QPs, a rail's worth per call; then the FIFO and the request.
-    Building(PathClass, QpLayout, QueueBuilder),
+    Building(PathClass, QueueBuilder),
     SendingRequest(Transfer<CONNECT_REQUEST_LEN>),
     ReceivingReply(Transfer<CONNECT_REPLY_LEN>),
     /// The acceptor's rail addresses, polled once per call; then the QPs go to RTS.
@@ -133,18 +133,18 @@ impl Connector {
                     let layout =
                         QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
                     let builder = QueueBuilder::new(layout, SENDER_SIZING);
-                    self.stage = Stage::Building(class, layout, builder);
+                    self.stage = Stage::Building(class, builder);
                 }
-                Stage::Building(class, layout, builder) => {
+                Stage::Building(class, builder) => {
                     if !builder.step(&self.ctx.plugin.devices)? {
                         return Ok(None);
                     }
-                    let (class, layout) = (*class, *layout);
+                    let class = *class;
                     let built = match std::mem::replace(&mut self.stage, Stage::Connecting) {
-                        Stage::Building(_, _, builder) => builder.finish()?,
+                        Stage::Building(_, builder) => builder.finish()?,
                         _ => return Err(Error::internal("connect stage changed while building")),
                     };
-                    let request = self.prepare(class, layout, built)?;
+                    let request = self.prepare(class, built)?;
                     self.stage = Stage::SendingRequest(Transfer::outgoing(request.encode()));
                     return Ok(None);
                 }
@@ -207,8 +207,7 @@ impl Connector {
     fn prepare(
         &mut self,
         class: PathClass,
-        layout: QpLayout,
-        (queues, qps): ([Option<RailQueues>; 2], QueuePairs),
+        (layout, queues, qps): (QpLayout, [Option<RailQueues>; 2], QueuePairs),
     ) -> Result<ConnectRequest> {
         let settings = &self.ctx.settings;
         let devices = &self.ctx.plugin.devices;

@@ -203,8 +203,8 @@ impl QueueBuilder {
         Ok(self.qps.len() == self.layout.total())
     }
 
-    /// The queues and QPs, once [`QueueBuilder::step`] said everything exists.
-    pub(crate) fn finish(self) -> Result<([Option<RailQueues>; 2], QueuePairs)> {
+    /// The layout, queues and QPs, once [`QueueBuilder::step`] said everything exists.
+    pub(crate) fn finish(self) -> Result<(QpLayout, [Option<RailQueues>; 2], QueuePairs)> {
         if self.qps.len() != self.layout.total() {
             return Err(Error::internal(format!(
                 "{} of {} QPs created",
@@ -216,7 +216,7 @@ impl QueueBuilder {
             qps: self.qps,
             credits: self.credits,
         };
-        Ok((self.queues, qps))
+        Ok((self.layout, self.queues, qps))
     }
 }
 
