@@ -22,6 +22,7 @@ use tracing::error;
 
 use crate::catalog::{Kind, MetricSpec, CATALOG};
 use crate::latency;
+use crate::points::ScanPoints;
 
 static METADATA: Metadata<'static> =
     Metadata::new("mpib_collector", Level::INFO, Some(module_path!()));
@@ -40,6 +41,7 @@ pub struct Exporter {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     histograms: Mutex<Arc<Histograms>>,
+    points: Mutex<Arc<ScanPoints>>,
     scan_lock: RwLock<()>,
 }
 
@@ -65,6 +67,7 @@ impl Exporter {
             recorder,
             handle,
             histograms: Mutex::new(Arc::new(Histograms::default())),
+            points: Mutex::new(Arc::new(ScanPoints::default())),
             scan_lock: RwLock::new(()),
         }
     }
@@ -104,6 +107,17 @@ impl Exporter {
         if let Some(key) = Exporter::key(spec, values) {
             self.recorder.register_gauge(&key, &METADATA).set(value);
         }
+    }
+
+    /// Every point of the last finished scan (empty before the first), for the OTLP metrics
+    /// exporter.
+    pub fn last_points(&self) -> Arc<ScanPoints> {
+        Arc::clone(&self.points.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Publish a finished scan's points.
+    pub fn set_points(&self, points: ScanPoints) {
+        *self.points.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(points);
     }
 
     /// Replace the latency histogram series appended to every scrape.

@@ -1,0 +1,91 @@
+//! One scan's series as plain data: what the OTLP metrics exporter sends (the Prometheus
+//! endpoint renders the same values through its recorder and the latency text).
+//!
+//! Every point carries its family (name, kind, unit, help), its label pairs in the family's
+//! order, the start of its cumulative interval (the writer's start for a writer's series, the
+//! collector's start for its own) and its value.
+
+use std::sync::Arc;
+
+use crate::catalog::{Kind, Unit};
+
+/// A metric family as exported: from the collector's catalog or declared in a probes file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// Full metric name, as in Prometheus (`mpib_rail_tx_bytes_total`).
+    pub name: String,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// Unit of the values.
+    pub unit: Unit,
+    /// Help text.
+    pub help: String,
+}
+
+/// A histogram's value: explicit upper bounds (seconds) and per-bucket counts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramValue {
+    /// Upper bounds of the finite buckets, ascending.
+    pub bounds: Vec<f64>,
+    /// Observations per bucket, not cumulative: `bounds.len() + 1` entries, the last one above
+    /// every bound.
+    pub counts: Vec<u64>,
+    /// Sum of the observations (seconds).
+    pub sum: f64,
+    /// Number of observations (the sum of `counts`).
+    pub count: u64,
+}
+
+/// A point's value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// A monotonic running total.
+    Counter(u64),
+    /// A value that goes up and down.
+    Gauge(f64),
+    /// A cumulative histogram.
+    Histogram(HistogramValue),
+}
+
+/// One series' value in one scan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// Its family.
+    pub family: Arc<Family>,
+    /// `(label name, value)` in the family's label order.
+    pub labels: Vec<(String, String)>,
+    /// Start of the cumulative interval, ns since the Unix epoch.
+    pub start_ns: u64,
+    /// The value.
+    pub value: Value,
+}
+
+/// Every point of one scan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScanPoints {
+    /// When the scan ran, ns since the Unix epoch.
+    pub time_ns: u64,
+    /// The points, in export order.
+    pub points: Vec<Point>,
+}
+
+impl Point {
+    /// The value of label `name`, if the point has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Unit {
+    /// The unit as OTLP writes it (UCUM): `By`, `s`, `1`.
+    pub const fn ucum(self) -> &'static str {
+        match self {
+            Unit::Bytes => "By",
+            Unit::Seconds => "s",
+            Unit::Ratio | Unit::Count | Unit::Info => "1",
+        }
+    }
+}
