@@ -7,6 +7,7 @@
 //! `MPIB_SOAK_SECONDS` sets the length (default 20 s, the test command's short version);
 //! `scripts/soak` runs a long one. `MPIB_SOAK_SEED` replays a run (the seed is printed).
 
+use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -139,8 +140,16 @@ fn run(seed: u64, seconds: u64) {
     }
     let dir = std::env::var("MPIB_PROBES_DIR").unwrap();
     let snapshot = own_probes(Path::new(&dir));
-    let sent: u64 = snapshot.rails.iter().map(|r| r.counters.tx_bytes).sum();
-    let received: u64 = snapshot.rails.iter().map(|r| r.counters.rx_bytes).sum();
+    let sent: u64 = snapshot
+        .rails
+        .iter()
+        .map(|r| r.counter(RAIL_TX_BYTES))
+        .sum();
+    let received: u64 = snapshot
+        .rails
+        .iter()
+        .map(|r| r.counter(RAIL_RX_BYTES))
+        .sum();
     pair.close().unwrap_or_else(|e| panic!("{e}"));
     let rss_end = rss_kib();
     eprintln!(

@@ -5,6 +5,10 @@
 //! `MpibSrqLowWater` alert's series; its rule is tested in dashboards/alerts_test.yml). Through
 //! the exported v12 table, in a child process (the marks are read at `init`).
 
+use mpib_probes::declared::{
+    RAIL_ERROR_COMPLETIONS, RAIL_RECV_COMPLETIONS, SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER,
+    SRQ_LOW_WATER_HITS,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -53,26 +57,29 @@ fn child_starved_srq() {
     let snapshot = own_probes(Path::new(&dir));
     pair.close().unwrap_or_else(|e| panic!("{e}"));
     // Vanilla intra-island: the data rides SUP.
-    let sup = snapshot.rails[RAIL_SUP].counters;
+    let sup = snapshot.rails[RAIL_SUP];
     eprintln!("SUP rail: {sup:?}");
-    assert_eq!((sup.srq_low_water, sup.srq_high_water), (2, 4));
-    assert!(
-        sup.srq_depth <= 4,
-        "depth {} over the high mark",
-        sup.srq_depth
+    assert_eq!(
+        (sup.gauge(SRQ_LOW_WATER), sup.gauge(SRQ_HIGH_WATER)),
+        (2, 4)
     );
     assert!(
-        sup.srq_low_water_hits > 0,
+        sup.gauge(SRQ_DEPTH) <= 4,
+        "depth {} over the high mark",
+        sup.gauge(SRQ_DEPTH)
+    );
+    assert!(
+        sup.counter(SRQ_LOW_WATER_HITS) > 0,
         "the burst drove the SRQ under its low mark"
     );
     // One IMM per grouped receive (32 per round), on SUP.
     assert_eq!(
-        sup.recv_cqes,
+        sup.counter(RAIL_RECV_COMPLETIONS),
         3 * 32,
         "every grouped receive's completion arrived"
     );
     for rail in [RAIL_SOUT, RAIL_SUP] {
-        let errors = snapshot.rails[rail].counters.error_completions;
+        let errors = snapshot.rails[rail].counter(RAIL_ERROR_COMPLETIONS);
         assert_eq!(errors, 0, "rail {rail}: {errors} error completion(s)");
     }
 }

@@ -1,9 +1,14 @@
-//! The metric catalog: every family the collector exports, as one static table.
+//! The metric catalog: the families the collector itself defines, as one static table, plus
+//! the values every probes file declares (`mpib_probes::declared`), exported generically.
 //!
-//! This table is a contract. Dashboards, alert rules and `docs/OBSERVABILITY.md` are written
-//! against these names and labels, so the exporter only accepts a [`MetricSpec`] from here
-//! (label names come from the spec, values are positional) and the tests check a scrape and
-//! the document against [`CATALOG`].
+//! Both are a contract. Dashboards, alert rules and `docs/OBSERVABILITY.md` are written against
+//! these names and labels; the document's table is generated from [`families`], and the tests
+//! check a scrape and the document against it. A value a newer writer declares is exported
+//! under the name its file gives, with the rail or process labels, without a collector change.
+
+use mpib_probes::{Declared, Scope, ValueKind, ValueUnit, DECLARATIONS};
+
+pub use crate::points::Family;
 
 /// How a family behaves in Prometheus.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,52 +131,6 @@ macro_rules! specs {
 }
 
 specs! {
-    /// Bytes sent per rail.
-    RAIL_TX_BYTES = "mpib_rail_tx_bytes_total", Counter, Bytes, RAIL_LABELS,
-        "Bytes sent on the rail (payload posted by this process).";
-    /// Bytes received per rail.
-    RAIL_RX_BYTES = "mpib_rail_rx_bytes_total", Counter, Bytes, RAIL_LABELS,
-        "Bytes received on the rail.";
-    /// Work requests posted per rail.
-    RAIL_WORK_REQUESTS = "mpib_rail_work_requests_total", Counter, Count, RAIL_LABELS,
-        "Work requests posted on the rail's queue pairs.";
-    /// Send completions per rail.
-    RAIL_SEND_COMPLETIONS = "mpib_rail_send_completions_total", Counter, Count, RAIL_LABELS,
-        "Send-side completions (CQEs) polled on the rail.";
-    /// Receive completions per rail.
-    RAIL_RECV_COMPLETIONS = "mpib_rail_recv_completions_total", Counter, Count, RAIL_LABELS,
-        "Receive-side completions (CQEs) polled on the rail.";
-    /// Error completions per rail.
-    RAIL_ERROR_COMPLETIONS = "mpib_rail_error_completions_total", Counter, Count, RAIL_LABELS,
-        "Completions with an error status on the rail.";
-    /// SRQ depth.
-    SRQ_DEPTH = "mpib_srq_depth", Gauge, Count, RAIL_LABELS,
-        "Receive work requests posted to an SRQ of the rail and not yet consumed: the lowest \
-         of the last readings of the process's threads (the SRQ nearest to running dry).";
-    /// SRQ low watermark.
-    SRQ_LOW_WATER = "mpib_srq_low_water", Gauge, Count, RAIL_LABELS,
-        "SRQ refill threshold: a refill starts at or under this depth.";
-    /// SRQ high watermark.
-    SRQ_HIGH_WATER = "mpib_srq_high_water", Gauge, Count, RAIL_LABELS,
-        "SRQ refill target depth.";
-    /// SRQ refills.
-    SRQ_REFILLS = "mpib_srq_refills_total", Counter, Count, RAIL_LABELS,
-        "SRQ refill passes.";
-    /// SRQ low-water hits.
-    SRQ_LOW_WATER_HITS = "mpib_srq_low_water_hits_total", Counter, Count, RAIL_LABELS,
-        "Times the SRQ depth was found at or under its low watermark.";
-    /// Rail mask mismatches.
-    MASK_MISMATCHES = "mpib_mask_mismatches_total", Counter, Count, RAIL_LABELS,
-        "Completions whose rail mask disagreed with the expected one.";
-    /// Other protocol errors.
-    PROTOCOL_ERRORS = "mpib_protocol_errors_total", Counter, Count, RAIL_LABELS,
-        "Protocol anomalies other than mask mismatches.";
-    /// CTS entries posted.
-    CTS_POSTED = "mpib_cts_posted_total", Counter, Count, RAIL_LABELS,
-        "Clear-to-send entries posted on the rail.";
-    /// CTS entries posted signalled.
-    CTS_SIGNALED = "mpib_cts_signaled_total", Counter, Count, RAIL_LABELS,
-        "Clear-to-send entries posted with a signalled completion.";
     /// Post-to-completion latency.
     TRANSFER_LATENCY = "mpib_transfer_latency_seconds", Histogram, Seconds, RAIL_LABELS,
         "Post-to-completion latency of the rail's transfers (log2 buckets).";
@@ -190,23 +149,10 @@ specs! {
     /// Slow transfers read from the event ring.
     SLOW_TRANSFERS = "mpib_slow_transfers_total", Counter, Count, PROCESS_LABELS,
         "Slow transfers (over MPIB_SLOW_US) read from the event ring and exported as spans.";
-    /// Advanced-mode connections left without a hint slot.
-    CONNECTIONS_WITHOUT_AGENT = "mpib_connections_without_agent_total", Counter, Count,
-        PROCESS_LABELS,
-        "Advanced-mode connections that got no hint slot from the policy agent (none reachable, \
-         no answer in time, a refusal or a full table): they move all their bytes on SOUT.";
-    /// Slow-transfer events the plugin gave up under contention.
-    EVENTS_CONTENDED = "mpib_events_contended_total", Counter, Count, PROCESS_LABELS,
-        "Slow-transfer events the plugin gave up because another of its threads was writing the \
-         event ring at that moment (it never waits for it).";
     /// Threads holding a writer lane.
     WRITER_THREADS = "mpib_writer_threads", Gauge, Count, PROCESS_LABELS,
         "Threads of the process that hold a writer lane of its probes file (each counts into \
          its own copy, summed on export).";
-    /// Threads beyond the owned writer lanes.
-    WRITER_LANE_OVERFLOWS = "mpib_writer_lane_overflows_total", Counter, Count, PROCESS_LABELS,
-        "Threads that found every owned writer lane taken and count in the shared lane (still \
-         exact, with locked adds).";
     /// Event records lost to overwriting.
     EVENTS_DROPPED = "mpib_events_dropped_total", Counter, Count, PROCESS_LABELS,
         "Event ring records overwritten before the collector read them.";
@@ -216,6 +162,11 @@ specs! {
     /// Probes files found.
     PROBES_FILES = "mpib_probes_files", Gauge, Count, COLLECTOR_LABELS,
         "Probes files in the probes directory after the last scan (reaped ones excluded).";
+    /// Declarations of probes files the collector does not export.
+    DECLARATIONS_REFUSED = "mpib_probes_declarations_refused_total", Counter, Count,
+        COLLECTOR_LABELS,
+        "Value declarations in probes files that the collector does not export (a name taken by \
+         another family or kind, a bad name, an unknown code), each counted once per file.";
     /// Probes files refused.
     PROBES_SKIPPED = "mpib_probes_skipped_total", Counter, Count, SKIP_LABELS,
         "Probes files refused, by reason: version, corrupt or truncated (each counted once).";
@@ -227,29 +178,95 @@ specs! {
         "The rail NICs' own sysfs counters and hw_counters (port_*_data in bytes).";
 }
 
-/// The spec named `name`, if the catalog has it.
-pub fn find(name: &str) -> Option<&'static MetricSpec> {
-    CATALOG.iter().copied().find(|spec| spec.name == name)
+/// The family of a value a probes file declares, with the rail labels or the process labels.
+///
+/// # Errors
+///
+/// The name breaks the rules every exported family keeps (`mpib_` prefix, `[a-z0-9_]`, `_total`
+/// exactly on counters); the message names it.
+pub fn declared_family(d: &Declared) -> Result<Family, String> {
+    let kind = match d.kind {
+        ValueKind::Counter => Kind::Counter,
+        ValueKind::Gauge => Kind::Gauge,
+    };
+    let unit = match d.unit {
+        ValueUnit::Count => Unit::Count,
+        ValueUnit::Bytes => Unit::Bytes,
+    };
+    let labels = match d.scope {
+        Scope::Rail => RAIL_LABELS,
+        Scope::Process => PROCESS_LABELS,
+    };
+    let name = &d.name;
+    let charset = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !name.starts_with("mpib_") || !charset {
+        return Err(format!("{name:?} is not a metric name mpib_[a-z0-9_]*"));
+    }
+    if name.ends_with("_total") != (kind == Kind::Counter) {
+        return Err(format!(
+            "{name:?}: counters and only counters end in _total"
+        ));
+    }
+    Ok(Family {
+        name: name.clone(),
+        kind,
+        unit,
+        help: d.help.clone(),
+        labels,
+    })
+}
+
+impl Family {
+    /// The family of a catalog spec.
+    pub fn of_spec(spec: &MetricSpec) -> Family {
+        Family {
+            name: spec.name.to_owned(),
+            kind: spec.kind,
+            unit: spec.unit,
+            help: spec.help.to_owned(),
+            labels: spec.labels,
+        }
+    }
+}
+
+/// Every family a collector of this version exports for writers of this version: the values
+/// the probes crate declares (`mpib_probes::DECLARATIONS`), then the collector's own catalog.
+pub fn families() -> Vec<Family> {
+    let declared = DECLARATIONS.iter().filter_map(|d| {
+        let family = declared_family(&Declared::from(d));
+        debug_assert!(family.is_ok(), "{family:?}");
+        family.ok()
+    });
+    declared
+        .chain(CATALOG.iter().map(|s| Family::of_spec(s)))
+        .collect()
+}
+
+/// The family named `name`, if this version exports it.
+pub fn find(name: &str) -> Option<Family> {
+    families().into_iter().find(|f| f.name == name)
 }
 
 /// The family a sample name belongs to: the name itself, or a histogram's name without its
 /// `_bucket`, `_sum` or `_count` suffix.
-pub fn family_of(sample: &str) -> Option<&'static MetricSpec> {
-    if let Some(spec) = find(sample) {
-        return Some(spec);
+pub fn family_of(sample: &str) -> Option<Family> {
+    if let Some(family) = find(sample) {
+        return Some(family);
     }
     ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
         let base = sample.strip_suffix(suffix)?;
-        find(base).filter(|spec| spec.kind == Kind::Histogram)
+        find(base).filter(|f| f.kind == Kind::Histogram)
     })
 }
 
-/// The catalog as the Markdown table `docs/OBSERVABILITY.md` embeds.
+/// The families as the Markdown table `docs/OBSERVABILITY.md` embeds.
 pub fn markdown_table() -> String {
     let mut out =
         String::from("| metric | type | unit | labels | meaning |\n|---|---|---|---|---|\n");
-    for spec in CATALOG {
-        let labels = spec
+    for family in families() {
+        let labels = family
             .labels
             .iter()
             .map(|l| format!("`{l}`"))
@@ -257,11 +274,11 @@ pub fn markdown_table() -> String {
             .join(", ");
         out.push_str(&format!(
             "| `{}` | {} | {} | {} | {} |\n",
-            spec.name,
-            spec.kind.as_str(),
-            spec.unit.as_str(),
+            family.name,
+            family.kind.as_str(),
+            family.unit.as_str(),
             labels,
-            spec.help
+            family.help
         ));
     }
     out
@@ -275,8 +292,8 @@ mod tests {
     #[test]
     fn names_follow_prometheus_conventions() {
         let mut seen = HashSet::new();
-        for spec in CATALOG {
-            assert!(seen.insert(spec.name), "duplicate {}", spec.name);
+        for spec in families() {
+            assert!(seen.insert(spec.name.clone()), "duplicate {}", spec.name);
             assert_eq!(spec.name.split('_').next(), Some("mpib"), "{}", spec.name);
             let is_total = spec.name.ends_with("_total");
             assert_eq!(is_total, spec.kind == Kind::Counter, "{}", spec.name);
@@ -298,17 +315,17 @@ mod tests {
         let hist = "mpib_transfer_latency_seconds";
         assert_eq!(
             family_of(&format!("{hist}_bucket")).map(|s| s.name),
-            Some(hist)
+            Some(hist.to_owned())
         );
         assert_eq!(
             family_of(&format!("{hist}_count")).map(|s| s.name),
-            Some(hist)
+            Some(hist.to_owned())
         );
         assert_eq!(
             family_of("mpib_srq_depth").map(|s| s.name),
-            Some("mpib_srq_depth")
+            Some("mpib_srq_depth".to_owned())
         );
-        assert!(family_of(&format!("{}_bucket", SRQ_DEPTH.name)).is_none());
+        assert!(family_of("mpib_srq_depth_bucket").is_none());
         // (Built from pieces: tests/dashboards.rs reads the string literals of this file.)
         assert!(family_of(concat!("mpib", "_nope")).is_none());
     }

@@ -73,6 +73,9 @@ pub struct Collector {
     fading: HashMap<(String, u32), (Instant, Vec<String>)>,
     skipped: [u64; 3],
     reaped: u64,
+    declarations_refused: u64,
+    /// When this collector started, ns since the Unix epoch: the start of its own series.
+    started_ns: u64,
     files_found: usize,
     dir_note: Option<String>,
     hint_note: Option<String>,
@@ -106,6 +109,8 @@ impl Collector {
             fading: HashMap::new(),
             skipped: [0; 3],
             reaped: 0,
+            declarations_refused: 0,
+            started_ns: mpib_probes::now_ns(),
             files_found: 0,
             dir_note: None,
             hint_note: None,
@@ -175,6 +180,7 @@ impl Collector {
             live: histograms,
             fading,
         });
+        exporter.finish_points(ctx.now_ns);
     }
 
     fn list(&mut self) -> Vec<PathBuf> {
@@ -341,6 +347,7 @@ impl Collector {
         } else if !self.held(path) {
             if let Some(t) = self.tracked.get_mut(path) {
                 histograms.extend(t.process.export(ctx, &snap));
+                self.declarations_refused += t.process.take_refused();
                 t.exported = true;
                 let info = t.process.info();
                 self.fading.remove(&(info.host.clone(), info.pid));
@@ -515,20 +522,23 @@ impl Collector {
             let counters = sysfs::read_port_counters(&self.config.sysfs_root, &device, port);
             for (name, value) in counters {
                 let labels = [self.host.as_str(), &device, &port_label, &name];
-                self.exporter.counter(&catalog::NIC_COUNTER, &labels, value);
+                self.exporter
+                    .counter(&catalog::NIC_COUNTER, &labels, value, self.started_ns);
             }
         }
     }
 
     fn export_health(&self) {
-        let host = [self.host.as_str()];
-        self.exporter
-            .gauge(&catalog::PROBES_FILES, &host, self.files_found as f64);
+        let (host, start) = ([self.host.as_str()], self.started_ns);
+        let exporter = &self.exporter;
+        let files = self.files_found as f64;
+        exporter.gauge(&catalog::PROBES_FILES, &host, files, start);
         for (reason, count) in REASONS.iter().zip(self.skipped) {
-            self.exporter
-                .counter(&catalog::PROBES_SKIPPED, &[&self.host, reason], count);
+            let labels = [self.host.as_str(), reason];
+            exporter.counter(&catalog::PROBES_SKIPPED, &labels, count, start);
         }
-        self.exporter
-            .counter(&catalog::PROBES_REAPED, &host, self.reaped);
+        exporter.counter(&catalog::PROBES_REAPED, &host, self.reaped, start);
+        let refused = self.declarations_refused;
+        exporter.counter(&catalog::DECLARATIONS_REFUSED, &host, refused, start);
     }
 }

@@ -11,6 +11,7 @@
 //! counters back at 0) must therefore wait until its old series are gone before its new values
 //! are written. [`has_process`] is how the collector checks that.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 use std::time::Duration;
@@ -20,9 +21,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use metrics_util::MetricKindMask;
 use tracing::error;
 
-use crate::catalog::{Kind, MetricSpec, CATALOG};
+use crate::catalog::{Family, Kind, MetricSpec, CATALOG};
 use crate::latency;
-use crate::points::ScanPoints;
+use crate::points::{HistogramValue, Point, ScanPoints, Value};
 
 static METADATA: Metadata<'static> =
     Metadata::new("mpib_collector", Level::INFO, Some(module_path!()));
@@ -42,7 +43,32 @@ pub struct Exporter {
     handle: PrometheusHandle,
     histograms: Mutex<Arc<Histograms>>,
     points: Mutex<Arc<ScanPoints>>,
+    pending: Mutex<Vec<Point>>,
+    families: Mutex<HashMap<String, Arc<Family>>>,
     scan_lock: RwLock<()>,
+}
+
+/// A family as the exporter's methods take it: a catalog spec, or a family admitted with
+/// [`Exporter::admit`].
+pub trait FamilyRef {
+    /// The exporter's shared copy of the family.
+    fn resolve(&self, exporter: &Exporter) -> Arc<Family>;
+}
+
+impl FamilyRef for MetricSpec {
+    fn resolve(&self, exporter: &Exporter) -> Arc<Family> {
+        let mut families = exporter.lock_families();
+        let family = families
+            .entry(self.name.to_owned())
+            .or_insert_with(|| Arc::new(Family::of_spec(self)));
+        Arc::clone(family)
+    }
+}
+
+impl FamilyRef for Arc<Family> {
+    fn resolve(&self, _: &Exporter) -> Arc<Family> {
+        Arc::clone(self)
+    }
 }
 
 impl Exporter {
@@ -52,61 +78,165 @@ impl Exporter {
         let recorder = PrometheusBuilder::new()
             .idle_timeout(MetricKindMask::ALL, Some(idle_timeout))
             .build_recorder();
-        for spec in CATALOG {
-            let name = KeyName::from_const_str(spec.name);
-            let unit = spec.unit.metrics_unit();
-            let help = SharedString::const_str(spec.help);
-            match spec.kind {
-                Kind::Counter => recorder.describe_counter(name, unit, help),
-                Kind::Gauge => recorder.describe_gauge(name, unit, help),
-                Kind::Histogram => {}
-            }
-        }
         let handle = recorder.handle();
-        Exporter {
+        let exporter = Exporter {
             recorder,
             handle,
             histograms: Mutex::new(Arc::new(Histograms::default())),
             points: Mutex::new(Arc::new(ScanPoints::default())),
+            pending: Mutex::new(Vec::new()),
+            families: Mutex::new(HashMap::new()),
             scan_lock: RwLock::new(()),
+        };
+        for spec in CATALOG {
+            let family = spec.resolve(&exporter);
+            exporter.describe(&family);
+        }
+        exporter
+    }
+
+    fn lock_families(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Family>>> {
+        self.families.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn describe(&self, family: &Family) {
+        let name = KeyName::from(family.name.clone());
+        let unit = family.unit.metrics_unit();
+        let help = SharedString::from(family.help.clone());
+        match family.kind {
+            Kind::Counter => self.recorder.describe_counter(name, unit, help),
+            Kind::Gauge => self.recorder.describe_gauge(name, unit, help),
+            Kind::Histogram => {}
         }
     }
 
-    fn key(spec: &'static MetricSpec, values: &[&str]) -> Option<Key> {
-        if values.len() != spec.labels.len() {
+    /// Admit a family a probes file declares: the exporter's copy when a family of that name
+    /// is already known with the same kind, unit and labels (or is new, and then described).
+    ///
+    /// # Errors
+    ///
+    /// The name is taken by a family of another kind, unit or label set (one of the
+    /// collector's own, or another file's), or is a histogram's sample name.
+    pub fn admit(&self, family: Family) -> Result<Arc<Family>, String> {
+        let mut families = self.lock_families();
+        if let Some(known) = families.get(&family.name) {
+            let same = known.kind == family.kind
+                && known.unit == family.unit
+                && known.labels == family.labels;
+            return if same {
+                Ok(Arc::clone(known))
+            } else {
+                Err(format!(
+                    "{:?} is already exported as a {} in {} with labels {:?}",
+                    family.name,
+                    known.kind.as_str(),
+                    known.unit.as_str(),
+                    known.labels
+                ))
+            };
+        }
+        let histogram_sample = ["_bucket", "_sum", "_count"].iter().any(|suffix| {
+            family
+                .name
+                .strip_suffix(suffix)
+                .and_then(|base| families.get(base))
+                .is_some_and(|f| f.kind == Kind::Histogram)
+        });
+        if histogram_sample {
+            return Err(format!("{:?} is a histogram's sample name", family.name));
+        }
+        let family = Arc::new(family);
+        families.insert(family.name.clone(), Arc::clone(&family));
+        drop(families);
+        self.describe(&family);
+        Ok(family)
+    }
+
+    fn key(family: &Family, values: &[&str]) -> Option<Key> {
+        if values.len() != family.labels.len() {
             error!(
-                metric = spec.name,
+                metric = family.name,
                 "internal error: {} label values for {} labels",
                 values.len(),
-                spec.labels.len()
+                family.labels.len()
             );
             return None;
         }
-        let labels: Vec<Label> = spec
+        let labels: Vec<Label> = family
             .labels
             .iter()
             .zip(values)
             .map(|(name, value)| Label::new(*name, (*value).to_owned()))
             .collect();
-        Some(Key::from_parts(spec.name, labels))
+        Some(Key::from_parts(family.name.clone(), labels))
     }
 
-    /// Set counter `spec{labels = values}` to `value` (the writer's running total).
-    pub fn counter(&self, spec: &'static MetricSpec, values: &[&str], value: u64) {
-        debug_assert_eq!(spec.kind, Kind::Counter, "{}", spec.name);
-        if let Some(key) = Exporter::key(spec, values) {
+    fn push(&self, family: Arc<Family>, values: &[&str], start_ns: u64, value: Value) {
+        let labels = family
+            .labels
+            .iter()
+            .zip(values)
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        let point = Point {
+            family,
+            labels,
+            start_ns,
+            value,
+        };
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(point);
+    }
+
+    /// Set counter `family{labels = values}` to `value` (the writer's running total, counted
+    /// since `start_ns`).
+    pub fn counter<F>(&self, family: &F, values: &[&str], value: u64, start_ns: u64)
+    where
+        F: FamilyRef + ?Sized,
+    {
+        let family = family.resolve(self);
+        debug_assert_eq!(family.kind, Kind::Counter, "{}", family.name);
+        if let Some(key) = Exporter::key(&family, values) {
             self.recorder
                 .register_counter(&key, &METADATA)
                 .absolute(value);
+            self.push(family, values, start_ns, Value::Counter(value));
         }
     }
 
-    /// Set gauge `spec{labels = values}` to `value`.
-    pub fn gauge(&self, spec: &'static MetricSpec, values: &[&str], value: f64) {
-        debug_assert_eq!(spec.kind, Kind::Gauge, "{}", spec.name);
-        if let Some(key) = Exporter::key(spec, values) {
+    /// Set gauge `family{labels = values}` to `value` (of a series that exists since
+    /// `start_ns`).
+    pub fn gauge<F>(&self, family: &F, values: &[&str], value: f64, start_ns: u64)
+    where
+        F: FamilyRef + ?Sized,
+    {
+        let family = family.resolve(self);
+        debug_assert_eq!(family.kind, Kind::Gauge, "{}", family.name);
+        if let Some(key) = Exporter::key(&family, values) {
             self.recorder.register_gauge(&key, &METADATA).set(value);
+            self.push(family, values, start_ns, Value::Gauge(value));
         }
+    }
+
+    /// Record a histogram point for the OTLP export (the Prometheus text of histograms is
+    /// rendered by [`latency`] and handed over with [`set_histograms`](Exporter::set_histograms)).
+    pub fn histogram<F>(&self, family: &F, values: &[&str], value: HistogramValue, start_ns: u64)
+    where
+        F: FamilyRef + ?Sized,
+    {
+        let family = family.resolve(self);
+        if values.len() == family.labels.len() {
+            self.push(family, values, start_ns, Value::Histogram(value));
+        }
+    }
+
+    /// End a scan: publish the points recorded since the last call as the scan of `time_ns`.
+    pub fn finish_points(&self, time_ns: u64) {
+        let points =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        self.set_points(ScanPoints { time_ns, points });
     }
 
     /// Every point of the last finished scan (empty before the first), for the OTLP metrics
@@ -221,18 +351,29 @@ pub fn family_text(spec: &MetricSpec, body: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::catalog::{PROBES_FILES, RAIL_TX_BYTES, SRQ_DEPTH};
+    use crate::catalog::{declared_family, PROBES_FILES, PROBES_REAPED};
+    use mpib_probes::{Declared, DECLARATIONS};
+
+    fn declared(exporter: &Exporter, name: &str) -> Arc<Family> {
+        let d = DECLARATIONS.iter().find(|d| d.name == name).unwrap();
+        exporter
+            .admit(declared_family(&Declared::from(d)).unwrap())
+            .unwrap()
+    }
 
     #[test]
     fn renders_catalog_names_and_expires_idle_series() {
         let exporter = Exporter::new(Duration::from_millis(50));
         let rail = ["h", "7", "sout", "mlx5_0", "1"];
-        exporter.counter(&RAIL_TX_BYTES, &rail, 10);
-        exporter.counter(&RAIL_TX_BYTES, &rail, 5); // absolute keeps the maximum
-        exporter.gauge(&SRQ_DEPTH, &rail, 3.0);
-        exporter.gauge(&PROBES_FILES, &["h", "extra"], 1.0); // wrong arity: dropped
+        let tx = declared(&exporter, "mpib_rail_tx_bytes_total");
+        let depth = declared(&exporter, "mpib_srq_depth");
+        exporter.counter(&tx, &rail, 10, 1);
+        exporter.counter(&tx, &rail, 5, 1); // absolute keeps the maximum
+        exporter.gauge(&depth, &rail, 3.0, 1);
+        exporter.gauge(&PROBES_FILES, &["h", "extra"], 1.0, 1); // wrong arity: dropped
         let text = exporter.render();
         assert!(
             text.contains("# TYPE mpib_rail_tx_bytes_total counter"),
@@ -249,8 +390,42 @@ mod tests {
             !has_process(&exporter.recorder_text(), "h", 7),
             "still there after the idle timeout"
         );
-        exporter.counter(&RAIL_TX_BYTES, &rail, 5);
+        exporter.counter(&tx, &rail, 5, 1);
         assert!(exporter.render().contains("} 5\n"));
+        exporter.finish_points(42);
+        let points = exporter.last_points();
+        assert_eq!(points.time_ns, 42);
+        let values: Vec<&Value> = points.points.iter().map(|p| &p.value).collect();
+        let want = [
+            Value::Counter(10),
+            Value::Counter(5),
+            Value::Gauge(3.0),
+            Value::Counter(5),
+        ];
+        assert_eq!(values, want.iter().collect::<Vec<_>>());
+        assert_eq!(points.points[0].label("rail"), Some("sout"));
+    }
+
+    #[test]
+    fn a_declared_name_cannot_take_another_familys() {
+        let exporter = Exporter::new(Duration::from_secs(1));
+        let taken = Family {
+            name: PROBES_REAPED.name.to_owned(),
+            ..Family::of_spec(&PROBES_FILES)
+        };
+        let e = exporter.admit(taken).unwrap_err();
+        assert!(e.contains("already exported as a counter"), "{e}");
+        let sample = Family {
+            name: "mpib_transfer_latency_seconds_sum".to_owned(),
+            ..Family::of_spec(&PROBES_FILES)
+        };
+        assert!(exporter.admit(sample).unwrap_err().contains("histogram"));
+        let new = Family {
+            name: "mpib_new".to_owned(),
+            ..Family::of_spec(&PROBES_FILES)
+        };
+        let first = exporter.admit(new.clone()).unwrap();
+        assert!(Arc::ptr_eq(&first, &exporter.admit(new).unwrap()));
     }
 
     #[test]

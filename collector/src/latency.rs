@@ -13,6 +13,7 @@ use mpib_probes::LatencySnapshot;
 
 use crate::catalog::TRANSFER_LATENCY;
 use crate::export::{family_text, label_block};
+use crate::points::HistogramValue;
 
 /// Buckets with a finite upper bound (the last stored bucket is `+Inf`).
 pub const FINITE_BUCKETS: usize = 63;
@@ -47,6 +48,20 @@ pub fn series_text(values: &[&str], snap: &LatencySnapshot) -> String {
     let _ = writeln!(out, "{name}_sum{labels} {sum}");
     let _ = write!(out, "{name}_count{labels} {count}");
     out
+}
+
+/// One rail's histogram as an OTLP point: the same bucket bounds (seconds) as the `le`
+/// labels, per-bucket counts (the last above every bound), sum and count.
+pub fn value(snap: &LatencySnapshot) -> HistogramValue {
+    let bounds = (0..FINITE_BUCKETS)
+        .map(|b| ((1u64 << b) - 1) as f64 / 1e9)
+        .collect();
+    HistogramValue {
+        bounds,
+        counts: snap.buckets.to_vec(),
+        sum: snap.sum as f64 / 1e9,
+        count: snap.count(),
+    }
 }
 
 /// The whole family from the series of every rail of every exported process.

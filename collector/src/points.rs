@@ -20,6 +20,8 @@ pub struct Family {
     pub unit: Unit,
     /// Help text.
     pub help: String,
+    /// Label names, in the order the exporter writes them.
+    pub labels: &'static [&'static str],
 }
 
 /// A histogram's value: explicit upper bounds (seconds) and per-bucket counts.

@@ -2,14 +2,15 @@
 //! snapshot into catalog series.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use mpib_probes::{
     ConnectionSnapshot, ConnectionState, EventCursor, EventKind, FileInfo, Mode, PathClass,
-    ProbesReader, RailCounterValues, SlowTransferRecord, Snapshot, MAX_RAILS, RAIL_NAMES,
+    ProbesReader, Scope, SlowTransferRecord, Snapshot, MAX_RAILS, RAIL_NAMES,
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use crate::catalog::{self, MetricSpec};
+use crate::catalog::{self, declared_family, Family};
 use crate::export::Exporter;
 use crate::hint::HintTable;
 use crate::latency;
@@ -18,30 +19,12 @@ use crate::traces::{self, Traces};
 /// INFO lines about slow transfers per process and scan; the rest are summarised.
 const SLOW_LOG_LINES: usize = 20;
 
-type RailValue = fn(&RailCounterValues) -> u64;
-
-/// Rail counters: spec and the field that feeds it.
-static RAIL_COUNTERS: [(&MetricSpec, RailValue); 12] = [
-    (&catalog::RAIL_TX_BYTES, |c| c.tx_bytes),
-    (&catalog::RAIL_RX_BYTES, |c| c.rx_bytes),
-    (&catalog::RAIL_WORK_REQUESTS, |c| c.wrs_posted),
-    (&catalog::RAIL_SEND_COMPLETIONS, |c| c.send_cqes),
-    (&catalog::RAIL_RECV_COMPLETIONS, |c| c.recv_cqes),
-    (&catalog::RAIL_ERROR_COMPLETIONS, |c| c.error_completions),
-    (&catalog::SRQ_REFILLS, |c| c.srq_refills),
-    (&catalog::SRQ_LOW_WATER_HITS, |c| c.srq_low_water_hits),
-    (&catalog::MASK_MISMATCHES, |c| c.mask_mismatches),
-    (&catalog::PROTOCOL_ERRORS, |c| c.protocol_errors),
-    (&catalog::CTS_POSTED, |c| c.cts_posted),
-    (&catalog::CTS_SIGNALED, |c| c.cts_signaled),
-];
-
-/// Rail gauges: spec and the field that feeds it.
-static RAIL_GAUGES: [(&MetricSpec, RailValue); 3] = [
-    (&catalog::SRQ_DEPTH, |c| c.srq_depth),
-    (&catalog::SRQ_LOW_WATER, |c| c.srq_low_water),
-    (&catalog::SRQ_HIGH_WATER, |c| c.srq_high_water),
-];
+/// A value the file declares and the family it is exported as.
+struct DeclaredValue {
+    scope: Scope,
+    slot: usize,
+    family: Arc<Family>,
+}
 
 /// What a scan hands to every process it exports.
 pub struct ExportContext<'a> {
@@ -133,6 +116,10 @@ pub struct Process {
     conns: ConnTotals,
     slow_seen: u64,
     dropped: u64,
+    /// The file's declared values, admitted on the first export.
+    values: Option<Vec<DeclaredValue>>,
+    /// Declarations refused since the collector last asked.
+    newly_refused: u64,
 }
 
 impl Process {
@@ -146,7 +133,42 @@ impl Process {
             conns: ConnTotals::default(),
             slow_seen: 0,
             dropped: 0,
+            values: None,
+            newly_refused: 0,
         }
+    }
+
+    /// Declarations of this file refused since the last call (each counted once).
+    pub fn take_refused(&mut self) -> u64 {
+        std::mem::take(&mut self.newly_refused)
+    }
+
+    /// Admit the file's declarations as families (once), logging and counting the refused.
+    fn admit_values(&mut self, ctx: &ExportContext<'_>) {
+        if self.values.is_some() {
+            return;
+        }
+        let path = self.reader.path().display().to_string();
+        for why in self.reader.refused_declarations() {
+            warn!("probes file {path}: not exporting a declaration: {why}");
+            self.newly_refused += 1;
+        }
+        let mut values = Vec::new();
+        for d in self.reader.declarations() {
+            let family = declared_family(d).and_then(|f| ctx.exporter.admit(f));
+            match family {
+                Ok(family) => values.push(DeclaredValue {
+                    scope: d.scope,
+                    slot: usize::from(d.slot),
+                    family,
+                }),
+                Err(why) => {
+                    warn!("probes file {path}: not exporting a declaration: {why}");
+                    self.newly_refused += 1;
+                }
+            }
+        }
+        self.values = Some(values);
     }
 
     /// The header fields.
@@ -166,9 +188,12 @@ impl Process {
 
     /// Export everything once; returns this process's latency histogram series.
     pub fn export(&mut self, ctx: &ExportContext<'_>, snap: &Snapshot) -> Vec<String> {
+        self.admit_values(ctx);
         let info = self.reader.info().clone();
         let pid = self.pid.clone();
         let (host, pid) = (info.host.as_str(), pid.as_str());
+        let start = info.start_ns;
+        let values = self.values.as_deref().unwrap_or_default();
         let mut histograms = Vec::new();
         for (i, rail) in snap.rails.iter().enumerate().take(MAX_RAILS) {
             let (device, port) = info
@@ -178,14 +203,23 @@ impl Process {
                     (r.device.clone(), r.port.to_string())
                 });
             let labels = [host, pid, RAIL_NAMES[i], device.as_str(), port.as_str()];
-            for (spec, value) in &RAIL_COUNTERS {
-                ctx.exporter.counter(spec, &labels, value(&rail.counters));
-            }
-            for (spec, value) in &RAIL_GAUGES {
-                ctx.exporter
-                    .gauge(spec, &labels, value(&rail.counters) as f64);
+            for value in values.iter().filter(|v| v.scope == Scope::Rail) {
+                export_value(ctx, &value.family, &labels, rail.values[value.slot], start);
             }
             histograms.push(latency::series_text(&labels, &rail.latency));
+            let point = latency::value(&rail.latency);
+            ctx.exporter
+                .histogram(&catalog::TRANSFER_LATENCY, &labels, point, start);
+        }
+        let process = [host, pid];
+        for value in values.iter().filter(|v| v.scope == Scope::Process) {
+            export_value(
+                ctx,
+                &value.family,
+                &process,
+                snap.process[value.slot],
+                start,
+            );
         }
         let masks = [
             ("sout", snap.transfers.sout_only),
@@ -194,50 +228,31 @@ impl Process {
         ];
         for (mask, value) in masks {
             ctx.exporter
-                .counter(&catalog::TRANSFERS, &[host, pid, mask], value);
+                .counter(&catalog::TRANSFERS, &[host, pid, mask], value, start);
         }
         self.export_connections(ctx, snap);
         self.drain_events(ctx);
-        let process = [host, pid];
-        ctx.exporter
-            .counter(&catalog::SLOW_TRANSFERS, &process, self.slow_seen);
-        ctx.exporter
-            .counter(&catalog::EVENTS_DROPPED, &process, self.dropped);
-        ctx.exporter.counter(
-            &catalog::CONNECTIONS_WITHOUT_AGENT,
-            &process,
-            snap.agent_unavailable,
-        );
-        ctx.exporter
-            .counter(&catalog::EVENTS_CONTENDED, &process, snap.events_contended);
-        ctx.exporter.gauge(
-            &catalog::WRITER_THREADS,
-            &process,
-            f64::from(snap.lanes_in_use),
-        );
-        ctx.exporter.counter(
-            &catalog::WRITER_LANE_OVERFLOWS,
-            &process,
-            snap.lane_overflows,
-        );
+        let exporter = ctx.exporter;
+        exporter.counter(&catalog::SLOW_TRANSFERS, &process, self.slow_seen, start);
+        exporter.counter(&catalog::EVENTS_DROPPED, &process, self.dropped, start);
+        let threads = f64::from(snap.lanes_in_use);
+        exporter.gauge(&catalog::WRITER_THREADS, &process, threads, start);
         let age_ns = ctx.now_ns.saturating_sub(snap.heartbeat_ns);
-        ctx.exporter.gauge(
-            &catalog::WRITER_HEARTBEAT_AGE,
-            &process,
-            age_ns as f64 / 1e9,
-        );
+        let age = age_ns as f64 / 1e9;
+        exporter.gauge(&catalog::WRITER_HEARTBEAT_AGE, &process, age, start);
         histograms
     }
 
     fn export_connections(&mut self, ctx: &ExportContext<'_>, snap: &Snapshot) {
         let info = self.reader.info();
         let (host, pid) = (info.host.as_str(), self.pid.as_str());
+        let start = info.start_ns;
         self.conns.update(&snap.connections);
         for (key, bytes) in self.conns.totals() {
             for (r, value) in bytes.iter().enumerate() {
                 let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], RAIL_NAMES[r]];
                 ctx.exporter
-                    .counter(&catalog::CONNECTION_BYTES, &labels, *value);
+                    .counter(&catalog::CONNECTION_BYTES, &labels, *value, start);
             }
         }
         let mut ratios: BTreeMap<ConnKey, (f64, u32)> = BTreeMap::new();
@@ -248,7 +263,8 @@ impl Process {
             let key = conn_key(c);
             let slot = c.info.hint_slot.to_string();
             let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], &slot];
-            ctx.exporter.gauge(&catalog::CONNECTION_INFO, &labels, 1.0);
+            ctx.exporter
+                .gauge(&catalog::CONNECTION_INFO, &labels, 1.0, start);
             let ratio = ctx.hints.and_then(|h| h.sup_ratio(c.info.hint_slot));
             if let (Mode::Advanced, Some(ratio)) = (c.info.mode, ratio) {
                 let entry = ratios.entry(key).or_insert((0.0, 0));
@@ -260,7 +276,7 @@ impl Process {
             let labels = [host, pid, &key[0], &key[1], &key[2], &key[3]];
             let mean = sum / f64::from(n.max(1));
             ctx.exporter
-                .gauge(&catalog::CONNECTION_HINT_SUP_RATIO, &labels, mean);
+                .gauge(&catalog::CONNECTION_HINT_SUP_RATIO, &labels, mean, start);
         }
     }
 
@@ -294,6 +310,20 @@ impl Process {
                 slow - logged
             );
         }
+    }
+}
+
+/// Export one declared value as its family's kind.
+fn export_value(
+    ctx: &ExportContext<'_>,
+    family: &Arc<Family>,
+    labels: &[&str],
+    value: u64,
+    start: u64,
+) {
+    match family.kind {
+        catalog::Kind::Counter => ctx.exporter.counter(family, labels, value, start),
+        _ => ctx.exporter.gauge(family, labels, value as f64, start),
     }
 }
 

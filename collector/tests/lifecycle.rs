@@ -4,6 +4,7 @@
 
 mod common;
 
+use mpib_probes::declared::RAIL_TX_BYTES;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, SystemTime};
@@ -11,10 +12,11 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use mpib_probes::{now_ns, ProbesFile};
 
-const HEALTH: [&str; 3] = [
+const HEALTH: [&str; 4] = [
     "mpib_probes_files",
     "mpib_probes_skipped_total",
     "mpib_probes_reaped_total",
+    "mpib_probes_declarations_refused_total",
 ];
 const MINUTE_NS: u64 = 60_000_000_000;
 
@@ -119,11 +121,11 @@ fn refused_files_are_counted_and_logged_once() {
     assert_eq!(scrape.value("mpib_probes_files", &[]), 4.0);
     assert!(scrape.matching("mpib_rail_tx_bytes_total", &[]).is_empty());
     assert_eq!(
-        running.log_lines("it has ABI version 3.0, this collector reads 2.0"),
+        running.log_lines("it has ABI version 3.0, this collector reads 2.1"),
         1
     );
     assert_eq!(
-        running.log_lines("truncated: header says 170752 bytes, file has 4096"),
+        running.log_lines("truncated: header says 187136 bytes, file has 4096"),
         1
     );
     assert_eq!(running.log_lines("bad magic"), 1);
@@ -137,7 +139,7 @@ fn dead_writers_are_reaped_live_ones_kept() {
     let dir = TempDir::new("reap");
     let old = now_ns() - 2 * MINUTE_NS;
     let dead = ProbesFile::create(dir.path(), &writer(DEAD_PID, old)).unwrap();
-    dead.rail(0).add_tx_bytes(5);
+    dead.rail(0).add(RAIL_TX_BYTES, 5);
     let dead_path = dead.path().unwrap().to_path_buf();
     let fresh_dead_pid = ProbesFile::create(dir.path(), &writer(DEAD_PID - 1, now_ns())).unwrap();
     let live_old_heartbeat =
@@ -177,7 +179,7 @@ fn restart_resets_the_series_and_the_old_file_is_reaped() {
     let dir = TempDir::new("restart");
     let pid = std::process::id();
     let first = ProbesFile::create(dir.path(), &writer(pid, now_ns() - 1000)).unwrap();
-    first.rail(0).add_tx_bytes(1000);
+    first.rail(0).add(RAIL_TX_BYTES, 1000);
     first.heartbeat(now_ns());
     let first_path = first.path().unwrap().to_path_buf();
     let args = args_of(&dir, &["--interval-ms", "100", "--stale-after", "1s"]);
@@ -187,7 +189,7 @@ fn restart_resets_the_series_and_the_old_file_is_reaped() {
 
     // The same pid starts again (the old writer crashed: its file stays behind).
     let second = ProbesFile::create(dir.path(), &writer(pid, now_ns())).unwrap();
-    second.rail(0).add_tx_bytes(10);
+    second.rail(0).add(RAIL_TX_BYTES, 10);
     let seen = std::sync::Mutex::new(Vec::new());
     running.scrape_until(Duration::from_secs(15), |s| {
         seen.lock().unwrap().push(tx(s));

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use mpib_probes::{now_ns, ProbesFile, SlowTransfer};
+use mpib_probes::{now_ns, SlowTransfer};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -115,7 +115,7 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
     let server = tokio::spawn(server);
 
     let dir = TempDir::new("otlp");
-    let probes = ProbesFile::create(dir.path(), &live_writer()).unwrap();
+    let probes = fixture_file(dir.path(), &live_writer());
     let base = now_ns() - 1_000_000;
     let transfer = both_rails_transfer(base, 3);
     probes.record_slow_transfer(&transfer);

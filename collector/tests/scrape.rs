@@ -9,20 +9,29 @@ use std::fs;
 use std::time::Duration;
 
 use common::*;
-use mpib_collector::catalog::{Kind, CATALOG};
-use mpib_probes::ProbesFile;
+use mpib_collector::catalog::{declared_family, families, Family, Kind};
+use mpib_probes::{Declared, Merge, ProbesFile, RailCounter, ValueUnit, DECLARATIONS};
 
 /// Families the fixture does not feed: no hint file and no sysfs in the isolated run.
 const UNFED: [&str; 2] = ["mpib_connection_hint_sup_ratio", "mpib_nic_counter_total"];
 
+/// The catalog plus the families the fixture file declares beyond this version's.
+fn family_of(name: &str) -> Option<Family> {
+    let declared = [WIDGETS_DECLARATION, FIXTURE_PROCESS_DECLARATION]
+        .iter()
+        .find(|d| d.name == name)
+        .map(|d| declared_family(&Declared::from(d)).unwrap());
+    declared.or_else(|| mpib_collector::catalog::family_of(name))
+}
+
 fn check_against_catalog(scrape: &Scrape) {
     for (family, kind) in &scrape.types {
-        let spec = mpib_collector::catalog::find(family)
-            .unwrap_or_else(|| panic!("family {family} is not in the catalog"));
+        let spec =
+            family_of(family).unwrap_or_else(|| panic!("family {family} is not in the catalog"));
         assert_eq!(kind, spec.kind.as_str(), "{family}");
     }
     for sample in &scrape.samples {
-        let spec = mpib_collector::catalog::family_of(&sample.name)
+        let spec = family_of(&sample.name)
             .unwrap_or_else(|| panic!("sample {} is not in the catalog", sample.name));
         let mut want: BTreeSet<&str> = spec.labels.iter().copied().collect();
         if sample.name.ends_with("_bucket") && spec.kind == Kind::Histogram {
@@ -31,10 +40,10 @@ fn check_against_catalog(scrape: &Scrape) {
         let got: BTreeSet<&str> = sample.labels.keys().map(String::as_str).collect();
         assert_eq!(got, want, "labels of {sample:?}");
     }
-    for spec in CATALOG {
-        if !UNFED.contains(&spec.name) {
+    for spec in families() {
+        if !UNFED.contains(&spec.name.as_str()) {
             assert!(
-                scrape.has_family(spec.name),
+                scrape.has_family(&spec.name),
                 "{} missing from\n{}",
                 spec.name,
                 scrape.text
@@ -83,6 +92,18 @@ fn check_fixture_values(scrape: &Scrape) {
     assert_eq!(scrape.value("mpib_rail_tx_bytes_total", &sup), 250_000.0);
     assert_eq!(scrape.value("mpib_srq_depth", &sup), 7.0);
     assert_eq!(scrape.value("mpib_rail_rx_bytes_total", &sup), 0.0);
+    // Values the fixture's file declares and this collector was not built with.
+    assert_eq!(scrape.value("mpib_fixture_widgets_total", &sup), 7.0);
+    assert_eq!(scrape.value("mpib_fixture_widgets_total", &sout), 0.0);
+    assert_eq!(scrape.value("mpib_fixture_process_bytes_total", &p), 4096.0);
+    assert!(
+        scrape.text.contains(&format!(
+            "# HELP mpib_fixture_widgets_total {}",
+            WIDGETS_DECLARATION.help
+        )),
+        "{}",
+        scrape.text
+    );
     check_histogram(scrape, &sout, 3.0, 3_003_000e-9);
     check_histogram(scrape, &sup, 1.0, 100e-9);
     check_process_values(scrape);
@@ -174,7 +195,7 @@ fn check_histogram(scrape: &Scrape, labels: &[(&str, &str)], count: f64, sum: f6
 #[test]
 fn scrape_matches_fixture_and_catalog() {
     let dir = TempDir::new("scrape");
-    let probes = ProbesFile::create(dir.path(), &live_writer()).unwrap();
+    let probes = fixture_file(dir.path(), &live_writer());
     fill_fixture(&probes);
     let mut args = isolated(&dir);
     args.extend(["--interval-ms".into(), "100".into()]);
@@ -196,7 +217,7 @@ fn scrape_matches_fixture_and_catalog() {
 #[test]
 fn once_prints_the_exposition() {
     let dir = TempDir::new("once");
-    let probes = ProbesFile::create(dir.path(), &live_writer()).unwrap();
+    let probes = fixture_file(dir.path(), &live_writer());
     fill_fixture(&probes);
     let args = isolated(&dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -214,9 +235,43 @@ fn once_prints_the_exposition() {
 }
 
 #[test]
+fn a_declaration_that_takes_anothers_name_is_refused_alone() {
+    let dir = TempDir::new("clash");
+    let clash = RailCounter::at(21).declare(
+        ValueUnit::Count,
+        Merge::Sum,
+        "mpib_probes_reaped_total",
+        "A rail value under the collector's own name.",
+    );
+    let mut declarations = DECLARATIONS.to_vec();
+    declarations.extend([WIDGETS_DECLARATION, clash]);
+    let probes = ProbesFile::create_declaring(dir.path(), &live_writer(), &declarations).unwrap();
+    probes.rail(0).add(WIDGETS, 3);
+    probes.rail(0).add(RailCounter::at(21), 99);
+    let args = isolated(&dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_once(dir.path(), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(
+        scrape.value("mpib_probes_declarations_refused_total", &[]),
+        1.0
+    );
+    assert_eq!(scrape.value("mpib_probes_reaped_total", &[]), 0.0);
+    assert_eq!(scrape.matching("mpib_probes_reaped_total", &[]).len(), 1);
+    let sout = [("rail", "sout")];
+    assert_eq!(scrape.value("mpib_fixture_widgets_total", &sout), 3.0);
+    assert!(
+        stderr.contains("not exporting a declaration: \"mpib_probes_reaped_total\" is already exported as a counter"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn nic_counters_from_a_fake_sysfs_tree() {
     let dir = TempDir::new("sysfs");
-    let probes = ProbesFile::create(dir.path(), &live_writer()).unwrap();
+    let probes = fixture_file(dir.path(), &live_writer());
     fill_fixture(&probes);
     let sys = dir.join("sys");
     let port1 = sys.join("class/infiniband/mlx5_0/ports/1");
@@ -259,7 +314,7 @@ fn nic_counters_from_a_fake_sysfs_tree() {
 #[test]
 fn hint_ratio_from_a_fake_hint_file() {
     let dir = TempDir::new("hint");
-    let probes = ProbesFile::create(dir.path(), &live_writer()).unwrap();
+    let probes = fixture_file(dir.path(), &live_writer());
     fill_fixture(&probes);
     let hint_path = dir.join("hints");
     // slot 5 (the advanced connection) = 768/1024; slot 0 (vanilla) must not be exported.

@@ -23,6 +23,7 @@ mod bench {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Instant;
 
+    use mpib_probes::declared::RAIL_TX_BYTES;
     use mpib_probes::{
         Direction, EventKind, ProbesFile, RailInfo, SlowTransfer, WriterInfo, NO_CONNECTION,
     };
@@ -60,7 +61,7 @@ mod bench {
         for n in [1, 2, 8] {
             let per_thread = UPDATES / 10;
             report_threads("own lane, plain store (probes.rail)", n, per_thread, |i| {
-                probes.rail(1).add_tx_bytes(black_box(i & 0xff));
+                probes.rail(1).add(RAIL_TX_BYTES, black_box(i & 0xff));
             });
             report_threads("one shared counter, fetch_add", n, per_thread, |i| {
                 black_box(&shared).fetch_add(black_box(i & 0xff), Ordering::Relaxed);
@@ -92,7 +93,7 @@ mod bench {
         let rail = probes.rail(0);
         report("rail counter add (load+store, file)", UPDATES, || {
             for i in 0..UPDATES {
-                rail.add_tx_bytes(black_box(i & 0xff));
+                rail.add(RAIL_TX_BYTES, black_box(i & 0xff));
             }
         });
         report(
@@ -100,7 +101,7 @@ mod bench {
             UPDATES,
             || {
                 for i in 0..UPDATES {
-                    probes.rail(0).add_tx_bytes(black_box(i & 0xff));
+                    probes.rail(0).add(RAIL_TX_BYTES, black_box(i & 0xff));
                 }
             },
         );
@@ -108,7 +109,7 @@ mod bench {
         let dummy = off.rail(0);
         report("rail counter add (disabled handle)", UPDATES, || {
             for i in 0..UPDATES {
-                dummy.add_tx_bytes(black_box(i & 0xff));
+                dummy.add(RAIL_TX_BYTES, black_box(i & 0xff));
             }
         });
         let locked = AtomicU64::new(0);

@@ -16,6 +16,7 @@
 //! publishes no other data. Cache coherence alone gives a reader every word untorn and, per
 //! word, never going backwards. Nothing on these paths allocates, locks or enters the kernel.
 
+use crate::declared::{RailCounter, RailGauge};
 use crate::histogram::bucket_index;
 use crate::layout::{LaneBlock, RailBlock};
 use crate::sync::{load_own, AtomicU64, Ordering};
@@ -65,89 +66,23 @@ impl<'a> RailProbe<'a> {
         }
     }
 
-    /// Bytes sent on this rail.
+    /// Add `n` to the rail counter `counter` (a [`crate::declared`] constant such as
+    /// `RAIL_TX_BYTES`).
     #[inline]
-    pub fn add_tx_bytes(self, n: u64) {
-        bump(&self.block.counters.tx_bytes, n, self.shared);
+    pub fn add(self, counter: RailCounter, n: u64) {
+        bump(&self.block.counters.values[counter.slot()], n, self.shared);
     }
 
-    /// Bytes received on this rail.
+    /// Add 1 to the rail counter `counter`.
     #[inline]
-    pub fn add_rx_bytes(self, n: u64) {
-        bump(&self.block.counters.rx_bytes, n, self.shared);
+    pub fn inc(self, counter: RailCounter) {
+        self.add(counter, 1);
     }
 
-    /// Work requests posted (send, RDMA write and receive WRs).
+    /// Set the rail gauge `gauge` (such as `SRQ_DEPTH`) to `value`: this lane's last reading.
     #[inline]
-    pub fn add_wrs_posted(self, n: u64) {
-        bump(&self.block.counters.wrs_posted, n, self.shared);
-    }
-
-    /// One send-side completion polled.
-    #[inline]
-    pub fn inc_send_cqes(self) {
-        bump(&self.block.counters.send_cqes, 1, self.shared);
-    }
-
-    /// One receive-side completion polled.
-    #[inline]
-    pub fn inc_recv_cqes(self) {
-        bump(&self.block.counters.recv_cqes, 1, self.shared);
-    }
-
-    /// Current SRQ depth (posted, not yet consumed receive WRs): a gauge.
-    #[inline]
-    pub fn set_srq_depth(self, depth: u64) {
-        set(&self.block.counters.srq_depth, depth);
-    }
-
-    /// The SRQ's refill thresholds: gauges, usually set once.
-    #[inline]
-    pub fn set_srq_watermarks(self, low: u64, high: u64) {
-        set(&self.block.counters.srq_low_water, low);
-        set(&self.block.counters.srq_high_water, high);
-    }
-
-    /// One SRQ refill pass.
-    #[inline]
-    pub fn inc_srq_refills(self) {
-        bump(&self.block.counters.srq_refills, 1, self.shared);
-    }
-
-    /// The SRQ depth was found at or under its low water mark.
-    #[inline]
-    pub fn inc_srq_low_water_hits(self) {
-        bump(&self.block.counters.srq_low_water_hits, 1, self.shared);
-    }
-
-    /// A completion whose rail mask disagreed with the expected one.
-    #[inline]
-    pub fn inc_mask_mismatches(self) {
-        bump(&self.block.counters.mask_mismatches, 1, self.shared);
-    }
-
-    /// Any other protocol anomaly (bad imm, unknown slot, size mismatch...).
-    #[inline]
-    pub fn inc_protocol_errors(self) {
-        bump(&self.block.counters.protocol_errors, 1, self.shared);
-    }
-
-    /// One CTS (clear-to-send) entry posted.
-    #[inline]
-    pub fn inc_cts_posted(self) {
-        bump(&self.block.counters.cts_posted, 1, self.shared);
-    }
-
-    /// One CTS posted with a signalled completion.
-    #[inline]
-    pub fn inc_cts_signaled(self) {
-        bump(&self.block.counters.cts_signaled, 1, self.shared);
-    }
-
-    /// One completion with an error status.
-    #[inline]
-    pub fn inc_error_completions(self) {
-        bump(&self.block.counters.error_completions, 1, self.shared);
+    pub fn set(self, gauge: RailGauge, value: u64) {
+        set(&self.block.counters.values[gauge.slot()], value);
     }
 
     /// One post-to-completion latency observation, in ns (log2 bucket + sum, seqlocked).

@@ -15,6 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use crate::declared::WRITER_LANE_OVERFLOWS;
 use crate::layout::{FileImage, SHARED_LANE};
 use crate::writer::Owner;
 
@@ -110,6 +111,6 @@ fn claim(image: &FileImage, token: u64) -> usize {
             return lane;
         }
     }
-    image.process.lane_overflows.fetch_add(1, Ordering::Relaxed);
+    image.process.values[WRITER_LANE_OVERFLOWS.slot()].fetch_add(1, Ordering::Relaxed);
     SHARED_LANE
 }

@@ -9,6 +9,7 @@
 
 use core::mem::{align_of, offset_of, size_of};
 
+use crate::declared::{DECLARATION_CAPACITY, DECLARATION_HELP_LEN, DECLARATION_NAME_LEN};
 use crate::histogram::SeqHistogram;
 use crate::ring::{RingControl, SeqRecord};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8};
@@ -18,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 2;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 0;
+pub const ABI_MINOR: u16 = 1;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
@@ -47,8 +48,15 @@ pub const LATENCY_BUCKETS: usize = 64;
 pub const HEADER_LEN: usize = 512;
 /// Bytes of the host and device name fields (NUL-padded UTF-8, not necessarily terminated).
 pub const NAME_LEN: usize = 64;
-/// Entries in the header's region table.
-pub const REGION_COUNT: usize = 6;
+/// Entries in the header's region table (6 in files of minor version 0, which have no
+/// declarations region).
+pub const REGION_COUNT: usize = 7;
+/// Regions every file of this major has.
+pub(crate) const REQUIRED_REGIONS: usize = 6;
+/// Words of each rail block's value array ([`crate::declared`] gives each its meaning).
+pub const RAIL_VALUE_SLOTS: usize = 32;
+/// Words of the process block's value array.
+pub const PROCESS_VALUE_SLOTS: usize = 16;
 
 /// Region table index of the rail blocks.
 pub(crate) const REGION_RAILS: usize = 0;
@@ -62,9 +70,18 @@ pub(crate) const REGION_RING: usize = 3;
 pub(crate) const REGION_EVENTS: usize = 4;
 /// Region table index of the writer lanes' blocks.
 pub(crate) const REGION_LANES: usize = 5;
+/// Region table index of the value declarations (minor version 1 on).
+pub(crate) const REGION_DECLARATIONS: usize = 6;
 /// Region names, for error messages.
-pub(crate) const REGION_NAMES: [&str; REGION_COUNT] =
-    ["rails", "process", "connections", "ring", "events", "lanes"];
+pub(crate) const REGION_NAMES: [&str; REGION_COUNT] = [
+    "rails",
+    "process",
+    "connections",
+    "ring",
+    "events",
+    "lanes",
+    "declarations",
+];
 
 /// Where one region lives: byte offset and length in the file, record stride and count.
 #[repr(C)]
@@ -106,31 +123,17 @@ pub(crate) struct Header {
     pub(crate) sample_one_in: u32,
     pub(crate) region_count: u32,
     pub(crate) regions: [RegionDesc; REGION_COUNT],
-    pub(crate) _reserved: [u8; 24],
+    pub(crate) _reserved: [u8; 8],
     pub(crate) host_name: [u8; NAME_LEN],
     pub(crate) rails: [RailDesc; MAX_RAILS],
 }
 
-/// One rail's counters in one writer lane: `u64`s written only by the lane's thread (plain
-/// stores), or by read-modify-writes in the shared lane; 256 bytes.
+/// One rail's values in one writer lane: `u64`s written only by the lane's thread (plain
+/// stores), or by read-modify-writes in the shared lane; 256 bytes. What each word means is
+/// declared in [`crate::declared`] and written into the file's declarations region.
 #[repr(C, align(128))]
 pub(crate) struct RailCounters {
-    pub(crate) tx_bytes: AtomicU64,
-    pub(crate) rx_bytes: AtomicU64,
-    pub(crate) wrs_posted: AtomicU64,
-    pub(crate) send_cqes: AtomicU64,
-    pub(crate) recv_cqes: AtomicU64,
-    pub(crate) srq_depth: AtomicU64,
-    pub(crate) srq_low_water: AtomicU64,
-    pub(crate) srq_high_water: AtomicU64,
-    pub(crate) srq_refills: AtomicU64,
-    pub(crate) srq_low_water_hits: AtomicU64,
-    pub(crate) mask_mismatches: AtomicU64,
-    pub(crate) protocol_errors: AtomicU64,
-    pub(crate) cts_posted: AtomicU64,
-    pub(crate) cts_signaled: AtomicU64,
-    pub(crate) error_completions: AtomicU64,
-    pub(crate) _reserved: [u8; 136],
+    pub(crate) values: [AtomicU64; RAIL_VALUE_SLOTS],
 }
 
 /// One rail's post-to-completion latency histogram (ns), 640 bytes.
@@ -147,19 +150,11 @@ pub(crate) struct RailBlock {
     pub(crate) latency: LatencyBlock,
 }
 
-/// Per-process counters, 128 bytes. Every word is written by any thread (`fetch_add`).
+/// Per-process counters, 128 bytes. Every word is written by any thread (`fetch_add`); what
+/// each means is declared in [`crate::declared`].
 #[repr(C, align(128))]
 pub(crate) struct ProcessBlock {
-    /// `claim_connection` calls that found no free slot.
-    pub(crate) claim_failures: AtomicU64,
-    /// Advanced-mode connections that got no hint slot from the agent (absent, stuck, full or
-    /// refusing), and so move all their bytes on SOUT.
-    pub(crate) agent_unavailable: AtomicU64,
-    /// Threads that found every owned lane taken and write the shared lane.
-    pub(crate) lane_overflows: AtomicU64,
-    /// Slow-transfer events not recorded because another thread was writing the ring.
-    pub(crate) events_contended: AtomicU64,
-    pub(crate) _reserved: [u8; 96],
+    pub(crate) values: [AtomicU64; PROCESS_VALUE_SLOTS],
 }
 
 /// One writer lane's ownership and its transfer counts, 128 bytes.
@@ -200,6 +195,29 @@ pub(crate) struct ConnSlot {
     pub(crate) _reserved: [u8; 40],
 }
 
+/// One value declaration (Aeron's counter metadata record), 256 bytes; written before the
+/// version is published and never after. A record whose scope is 0 is empty.
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+pub(crate) struct DeclarationRecord {
+    /// 0 empty, 1 rail, 2 process.
+    pub(crate) scope: u8,
+    /// 1 counter, 2 gauge.
+    pub(crate) kind: u8,
+    /// 1 count, 2 bytes.
+    pub(crate) unit: u8,
+    /// 1 sum, 2 highest, 3 lowest among active lanes.
+    pub(crate) merge: u8,
+    pub(crate) slot: u16,
+    /// The witness slot of merge 3.
+    pub(crate) witness: u16,
+    pub(crate) _reserved: [u8; 8],
+    /// NUL-padded metric name.
+    pub(crate) name: [u8; DECLARATION_NAME_LEN],
+    /// NUL-padded help text.
+    pub(crate) help: [u8; DECLARATION_HELP_LEN],
+}
+
 /// One event record: a sequence word and 15 payload words, 128 bytes.
 pub(crate) type EventSlot = SeqRecord<EVENT_WORDS>;
 
@@ -216,8 +234,10 @@ pub(crate) const RING_OFF: usize = CONNECTIONS_OFF + CONNECTIONS_LEN;
 pub(crate) const RING_LEN: usize = size_of::<RingControl>();
 pub(crate) const EVENTS_OFF: usize = RING_OFF + RING_LEN;
 pub(crate) const EVENTS_LEN: usize = EVENT_CAPACITY * size_of::<EventSlot>();
-/// Total file length written by this version (170,752 bytes).
-pub const FILE_LEN: usize = EVENTS_OFF + EVENTS_LEN;
+pub(crate) const DECLARATIONS_OFF: usize = EVENTS_OFF + EVENTS_LEN;
+pub(crate) const DECLARATIONS_LEN: usize = DECLARATION_CAPACITY * size_of::<DeclarationRecord>();
+/// Total file length written by this version (187,136 bytes).
+pub const FILE_LEN: usize = DECLARATIONS_OFF + DECLARATIONS_LEN;
 
 /// The whole file of this version as one struct: the writer's view of its own mapping (and of
 /// the static dummy behind disabled handles). Readers go through the header's region table.
@@ -230,6 +250,7 @@ pub(crate) struct FileImage {
     pub(crate) conns: [ConnSlot; CONNECTION_SLOTS],
     pub(crate) ring: RingControl,
     pub(crate) events: [EventSlot; EVENT_CAPACITY],
+    pub(crate) declarations: [DeclarationRecord; DECLARATION_CAPACITY],
 }
 
 /// Expected stride of each region (a reader of this major refuses any other).
@@ -240,6 +261,7 @@ pub(crate) const REGION_STRIDES: [usize; REGION_COUNT] = [
     size_of::<RingControl>(),
     size_of::<EventSlot>(),
     size_of::<LaneBlock>(),
+    size_of::<DeclarationRecord>(),
 ];
 
 /// The region table a writer of this version puts in the header.
@@ -264,6 +286,11 @@ pub(crate) const REGION_TABLE: [RegionDesc; REGION_COUNT] = {
         desc(RING_OFF, RING_LEN, REGION_STRIDES[REGION_RING]),
         desc(EVENTS_OFF, EVENTS_LEN, REGION_STRIDES[REGION_EVENTS]),
         desc(LANES_OFF, LANES_LEN, REGION_STRIDES[REGION_LANES]),
+        desc(
+            DECLARATIONS_OFF,
+            DECLARATIONS_LEN,
+            REGION_STRIDES[REGION_DECLARATIONS],
+        ),
     ]
 };
 
@@ -287,29 +314,14 @@ const _: () = {
     assert!(offset_of!(Header, sample_one_in) == 64);
     assert!(offset_of!(Header, region_count) == 68);
     assert!(offset_of!(Header, regions) == 72);
-    assert!(offset_of!(Header, _reserved) == 168);
+    assert!(offset_of!(Header, _reserved) == 184);
     assert!(offset_of!(Header, host_name) == 192);
     assert!(offset_of!(Header, rails) == 256);
 };
 
 const _: () = {
     assert!(size_of::<RailCounters>() == 256 && align_of::<RailCounters>() == 128);
-    assert!(offset_of!(RailCounters, tx_bytes) == 0);
-    assert!(offset_of!(RailCounters, rx_bytes) == 8);
-    assert!(offset_of!(RailCounters, wrs_posted) == 16);
-    assert!(offset_of!(RailCounters, send_cqes) == 24);
-    assert!(offset_of!(RailCounters, recv_cqes) == 32);
-    assert!(offset_of!(RailCounters, srq_depth) == 40);
-    assert!(offset_of!(RailCounters, srq_low_water) == 48);
-    assert!(offset_of!(RailCounters, srq_high_water) == 56);
-    assert!(offset_of!(RailCounters, srq_refills) == 64);
-    assert!(offset_of!(RailCounters, srq_low_water_hits) == 72);
-    assert!(offset_of!(RailCounters, mask_mismatches) == 80);
-    assert!(offset_of!(RailCounters, protocol_errors) == 88);
-    assert!(offset_of!(RailCounters, cts_posted) == 96);
-    assert!(offset_of!(RailCounters, cts_signaled) == 104);
-    assert!(offset_of!(RailCounters, error_completions) == 112);
-    assert!(offset_of!(RailCounters, _reserved) == 120);
+    assert!(offset_of!(RailCounters, values) == 0);
     assert!(size_of::<SeqHistogram<LATENCY_BUCKETS>>() == 16 + 8 * LATENCY_BUCKETS);
     assert!(size_of::<LatencyBlock>() == 640 && offset_of!(LatencyBlock, _pad) == 528);
     assert!(size_of::<RailBlock>() == 896 && offset_of!(RailBlock, latency) == 256);
@@ -317,10 +329,7 @@ const _: () = {
 
 const _: () = {
     assert!(size_of::<ProcessBlock>() == 128 && align_of::<ProcessBlock>() == 128);
-    assert!(offset_of!(ProcessBlock, claim_failures) == 0);
-    assert!(offset_of!(ProcessBlock, agent_unavailable) == 8);
-    assert!(offset_of!(ProcessBlock, lane_overflows) == 16);
-    assert!(offset_of!(ProcessBlock, events_contended) == 24);
+    assert!(offset_of!(ProcessBlock, values) == 0);
     assert!(size_of::<LaneBlock>() == 128 && align_of::<LaneBlock>() == 128);
     assert!(offset_of!(LaneBlock, owner) == 0 && offset_of!(LaneBlock, claims) == 8);
     assert!(offset_of!(LaneBlock, transfers_by_mask) == 16);
@@ -341,12 +350,17 @@ const _: () = {
     assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
     assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
     assert!(EVENT_CAPACITY.is_power_of_two());
+    assert!(size_of::<DeclarationRecord>() == 256);
+    assert!(offset_of!(DeclarationRecord, slot) == 4);
+    assert!(offset_of!(DeclarationRecord, witness) == 6);
+    assert!(offset_of!(DeclarationRecord, name) == 16);
+    assert!(offset_of!(DeclarationRecord, help) == 80);
 };
 
 const _: () = {
     assert!(RAILS_OFF == 512 && PROCESS_OFF == 29_184 && LANES_OFF == 29_312);
     assert!(CONNECTIONS_OFF == 31_360 && RING_OFF == 39_552 && EVENTS_OFF == 39_680);
-    assert!(FILE_LEN == 170_752 && LANES_OFF % 128 == 0);
+    assert!(DECLARATIONS_OFF == 170_752 && FILE_LEN == 187_136 && LANES_OFF % 128 == 0);
     assert!(RAILS_OFF % 128 == 0 && PROCESS_OFF % 128 == 0 && CONNECTIONS_OFF % 128 == 0);
     assert!(RING_OFF % 128 == 0 && EVENTS_OFF % 128 == 0);
     assert!(FILE_LEN <= u32::MAX as usize);
@@ -357,4 +371,5 @@ const _: () = {
     assert!(offset_of!(FileImage, conns) == CONNECTIONS_OFF);
     assert!(offset_of!(FileImage, ring) == RING_OFF);
     assert!(offset_of!(FileImage, events) == EVENTS_OFF);
+    assert!(offset_of!(FileImage, declarations) == DECLARATIONS_OFF);
 };

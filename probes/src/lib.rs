@@ -7,7 +7,7 @@
 //! offsets (never pointers), counters written by plain stores from one thread each (a writer
 //! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 2.0, 170,752 bytes)
+//! # Layout (ABI 2.1, 187,136 bytes)
 //!
 //! ```text
 //! offset   size
@@ -18,21 +18,22 @@
 //!                 32 start_ns u64           40 heartbeat_ns u64 (atomic, refreshed)
 //!                 48 closed_ns u64 (atomic) 56 slow_threshold_ns u64
 //!                 64 sample_one_in u32      68 region_count u32
-//!                 72 regions[6] {offset u32, len u32, stride u32, count u32}
-//!                168 reserved[24]          192 host_name[64]
+//!                 72 regions[7] {offset u32, len u32, stride u32, count u32}
+//!                184 reserved[8]           192 host_name[64]
 //!                256 rails[2] {device[64], port u32, speed_mbps u32, reserved[56]}
 //!    512  28672  Rail blocks, 16 lanes x 2 rails x 896 (lane l, rail r at l * 2 + r;
 //!                rail 0 = SOUT, rail 1 = SUP)
-//!                  +0   counters: 15 x u64 (the lane's thread) + reserved -> 256
+//!                  +0   values[32] u64 (the lane's thread; meanings declared) -> 256
 //!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
-//!  29184    128  Process block: claim_failures, agent_unavailable, lane_overflows,
-//!                events_contended (u64, any thread), reserved
+//!  29184    128  Process block: values[16] u64 (any thread; meanings declared)
 //!  29312   2048  Lane blocks, 16 x 128: owner u64, claims u64, transfers_by_mask[4] u64
 //!  31360   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
 //!                peer ipv4/port, direction, path class, mode, hint slot, opened/closed ns,
 //!                bytes, busy ns and completed bytes per rail
 //!  39552    128  Event ring control: written u64 (total records ever written), writing u64
 //!  39680 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
+//! 170752  16384  Declarations, 64 x 256: what each value word means (name, kind, unit, help,
+//!                slot, lane merge rule), written before the version ([`declared`])
 //! ```
 //!
 //! Every region starts on a 128-byte boundary; sizes and offsets are frozen by compile-time
@@ -43,6 +44,7 @@
 //! # Quick start
 //!
 //! ```no_run
+//! use mpib_probes::declared::{RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES};
 //! use mpib_probes::{LoadState, ProbesFile, ProbesReader, RailInfo, WriterInfo};
 //! # fn main() -> std::io::Result<()> {
 //! let rails = vec![
@@ -51,13 +53,13 @@
 //! ];
 //! let probes = ProbesFile::create("/dev/shm/mpib".as_ref(), &WriterInfo::for_this_process(rails))?;
 //! let sout = probes.rail(0);
-//! sout.add_tx_bytes(4096);
-//! sout.inc_send_cqes();
+//! sout.add(RAIL_TX_BYTES, 4096);
+//! sout.inc(RAIL_SEND_COMPLETIONS);
 //! sout.record_latency_ns(12_000);
 //!
 //! // The collector:
 //! if let LoadState::Ready(reader) = ProbesReader::open(probes.path().unwrap_or("".as_ref()))? {
-//!     assert_eq!(reader.snapshot().rails[0].counters.tx_bytes, 4096);
+//!     assert_eq!(reader.snapshot().rails[0].counter(RAIL_TX_BYTES), 4096);
 //! }
 //! probes.remove()?;
 //! # Ok(())
@@ -102,6 +104,8 @@ mod conn;
 #[cfg(not(loom))]
 pub mod counters;
 #[cfg(not(loom))]
+pub mod declared;
+#[cfg(not(loom))]
 mod lanes;
 #[cfg(not(loom))]
 mod layout;
@@ -121,16 +125,19 @@ mod tests_lanes;
 pub use crate::{
     conn::{ConnectionProbe, ConnectionSnapshot, ConnectionState, REUSE_LINGER_NS},
     counters::{RailProbe, TransferProbe},
+    declared::{
+        Declaration, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope, ValueKind,
+        ValueUnit, DECLARATIONS,
+    },
     histogram::{bucket_index, bucket_lower_bound, HistogramSnapshot},
     layout::{
         ABI_MAJOR, ABI_MINOR, ABI_VERSION, CONNECTION_SLOTS, EVENT_CAPACITY, EVENT_WORDS, FILE_LEN,
-        HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, RAIL_NAMES, RAIL_SOUT, RAIL_SUP,
-        REGION_COUNT, SHARED_LANE, WRITER_LANES,
+        HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, PROCESS_VALUE_SLOTS, RAIL_NAMES,
+        RAIL_SOUT, RAIL_SUP, RAIL_VALUE_SLOTS, REGION_COUNT, SHARED_LANE, WRITER_LANES,
     },
     reader::{
         version_string, Corruption, DrainedEvents, EventCursor, FileInfo, LatencySnapshot,
-        LoadState, ProbesReader, RailCounterValues, RailSnapshot, SlowTransferRecord, Snapshot,
-        TransferCounts,
+        LoadState, ProbesReader, RailSnapshot, SlowTransferRecord, Snapshot, TransferCounts,
     },
     types::{
         now_ns, ConnectionInfo, Direction, EventKind, Mode, PathClass, RailInfo, SlowTransfer,

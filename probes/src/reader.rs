@@ -22,12 +22,16 @@ use std::path::{Path, PathBuf};
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::conn::{read_slot, ConnectionSnapshot};
+use crate::declared::{
+    Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope, DECLARATIONS,
+};
 use crate::histogram::HistogramSnapshot;
 use crate::layout::{
-    ConnSlot, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc, ABI_MAJOR,
-    ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, REGION_CONNECTIONS, REGION_COUNT,
-    REGION_EVENTS, REGION_LANES, REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING,
-    REGION_STRIDES, SHARED_LANE, WRITER_LANES,
+    ConnSlot, DeclarationRecord, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc,
+    ABI_MAJOR, ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, PROCESS_VALUE_SLOTS,
+    RAIL_VALUE_SLOTS, REGION_CONNECTIONS, REGION_COUNT, REGION_DECLARATIONS, REGION_EVENTS,
+    REGION_LANES, REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES,
+    REQUIRED_REGIONS, SHARED_LANE, WRITER_LANES,
 };
 use crate::ring::{Ring, RingControl, RingCursor};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
@@ -68,6 +72,8 @@ impl fmt::Display for Corruption {
 }
 
 /// The outcome of [`ProbesReader::open`].
+// A reader is made once per file and moved once into the caller's table: its size is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum LoadState {
     /// The writer has not finished initialising the file (Aeron `AWAIT_VERSION`).
@@ -109,37 +115,29 @@ pub struct FileInfo {
     pub sample_one_in: u32,
 }
 
-/// One rail's counter values.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[allow(missing_docs)] // each field is the counter of the same name in docs/PROBES_LAYOUT.md
-pub struct RailCounterValues {
-    pub tx_bytes: u64,
-    pub rx_bytes: u64,
-    pub wrs_posted: u64,
-    pub send_cqes: u64,
-    pub recv_cqes: u64,
-    pub srq_depth: u64,
-    pub srq_low_water: u64,
-    pub srq_high_water: u64,
-    pub srq_refills: u64,
-    pub srq_low_water_hits: u64,
-    pub mask_mismatches: u64,
-    pub protocol_errors: u64,
-    pub cts_posted: u64,
-    pub cts_signaled: u64,
-    pub error_completions: u64,
-}
-
 /// One rail's post-to-completion latency histogram copy (ns, log2 buckets).
 pub type LatencySnapshot = HistogramSnapshot<LATENCY_BUCKETS>;
 
 /// One rail's copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RailSnapshot {
-    /// Counters and gauges.
-    pub counters: RailCounterValues,
+    /// The rail's value words merged over the writer lanes, each by its declared rule (see
+    /// [`ProbesReader::declarations`]); undeclared words are summed.
+    pub values: [u64; RAIL_VALUE_SLOTS],
     /// Latency histogram.
     pub latency: LatencySnapshot,
+}
+
+impl RailSnapshot {
+    /// The value of rail counter `counter`.
+    pub fn counter(&self, counter: RailCounter) -> u64 {
+        self.values[counter.slot()]
+    }
+
+    /// The value of rail gauge `gauge`.
+    pub fn gauge(&self, gauge: RailGauge) -> u64 {
+        self.values[gauge.slot()]
+    }
 }
 
 /// Completed transfers by active rail mask.
@@ -170,20 +168,21 @@ pub struct Snapshot {
     pub rails: Vec<RailSnapshot>,
     /// Transfers by active rail mask.
     pub transfers: TransferCounts,
-    /// Connection claims refused because the table was full.
-    pub claim_failures: u64,
-    /// Advanced-mode connections that got no hint slot from the agent.
-    pub agent_unavailable: u64,
+    /// The process block's value words (see [`ProbesReader::declarations`]).
+    pub process: [u64; PROCESS_VALUE_SLOTS],
     /// Writer lanes held by a thread right now (of [`WRITER_LANES`] - 1 owned lanes).
     pub lanes_in_use: u32,
-    /// Threads that found every owned lane taken and counted in the shared lane.
-    pub lane_overflows: u64,
-    /// Slow-transfer events given up because another thread was writing the ring.
-    pub events_contended: u64,
     /// Active and closed connections.
     pub connections: Vec<ConnectionSnapshot>,
     /// Event records written so far (including overwritten ones).
     pub events_written: u64,
+}
+
+impl Snapshot {
+    /// The value of process counter `counter`.
+    pub fn process_counter(&self, counter: ProcessCounter) -> u64 {
+        self.process[counter.slot()]
+    }
 }
 
 /// A reader's position in the event ring.
@@ -213,6 +212,10 @@ pub struct ProbesReader {
     path: PathBuf,
     regions: [RegionDesc; REGION_COUNT],
     info: FileInfo,
+    declarations: Vec<Declared>,
+    refused_declarations: Vec<String>,
+    /// The merge rule of each rail word (a `Vec`, to keep `LoadState` small).
+    rail_merge: Vec<Merge>,
 }
 
 // SAFETY: the mapping is read-only and only read through atomics and immutable fields.
@@ -259,12 +262,69 @@ impl ProbesReader {
         let info = file_info(header, version);
         let path = path.to_path_buf();
         let regions = header.regions;
-        Ok(LoadState::Ready(ProbesReader {
+        let mut reader = ProbesReader {
             map,
             path,
             regions,
             info,
-        }))
+            declarations: Vec::new(),
+            refused_declarations: Vec::new(),
+            rail_merge: vec![Merge::Sum; RAIL_VALUE_SLOTS],
+        };
+        reader.load_declarations(header.region_count as usize);
+        Ok(LoadState::Ready(reader))
+    }
+
+    /// Read the declarations region (minor version 1 on), or take this version's own
+    /// declarations for a file of minor version 0, whose words mean the same.
+    fn load_declarations(&mut self, region_count: usize) {
+        let found: Vec<Result<Option<Declared>, String>> = if region_count > REGION_DECLARATIONS {
+            (0..self.regions[REGION_DECLARATIONS].count as usize)
+                .map(|i| {
+                    // SAFETY: REGION_DECLARATIONS holds DeclarationRecords (checked in `open`)
+                    // and `i` is below its count; records are immutable once published.
+                    let record =
+                        unsafe { self.record::<DeclarationRecord>(REGION_DECLARATIONS, i) };
+                    record.decode()
+                })
+                .collect()
+        } else {
+            DECLARATIONS
+                .iter()
+                .map(|d| Ok(Some(Declared::from(d))))
+                .collect()
+        };
+        for entry in found {
+            match entry {
+                Ok(Some(d)) => {
+                    let clash = self
+                        .declarations
+                        .iter()
+                        .any(|o| o.name == d.name || (o.scope == d.scope && o.slot == d.slot));
+                    if clash {
+                        let why = format!("{:?} repeats a name or a slot", d.name);
+                        self.refused_declarations.push(why);
+                        continue;
+                    }
+                    if d.scope == Scope::Rail {
+                        self.rail_merge[usize::from(d.slot)] = d.merge;
+                    }
+                    self.declarations.push(d);
+                }
+                Ok(None) => {}
+                Err(why) => self.refused_declarations.push(why),
+            }
+        }
+    }
+
+    /// The values this file declares (the collector exports each one).
+    pub fn declarations(&self) -> &[Declared] {
+        &self.declarations
+    }
+
+    /// Declaration records this reader could not use, each with the reason.
+    pub fn refused_declarations(&self) -> &[String] {
+        &self.refused_declarations
     }
 
     /// The path this reader opened.
@@ -314,6 +374,7 @@ impl ProbesReader {
             .collect();
         // SAFETY: REGION_PROCESS holds a ProcessBlock; `open` checked count >= 1.
         let process = unsafe { self.record::<ProcessBlock>(REGION_PROCESS, 0) };
+        let process = process.values.each_ref().map(load);
         let (mut by_mask, mut lanes_in_use) = ([0u64; 4], 0);
         for lane in 0..WRITER_LANES {
             // SAFETY: REGION_LANES holds LaneBlocks; `open` checked count >= WRITER_LANES.
@@ -343,43 +404,50 @@ impl ProbesReader {
                 sup_only,
                 both,
             },
-            claim_failures: load(&process.claim_failures),
-            agent_unavailable: load(&process.agent_unavailable),
+            process,
             lanes_in_use,
-            lane_overflows: load(&process.lane_overflows),
-            events_contended: load(&process.events_contended),
             connections,
             events_written: self.ring().map_or(0, |r| r.written()),
         }
     }
 
-    /// Rail `rail`'s counters and histogram summed over the writer lanes. The SRQ gauges are
-    /// each lane's last reading: the depth shown is the lowest among the lanes that have a
-    /// receive side (a water mark or a depth set; the one nearest to running dry), the water
-    /// marks the highest.
+    /// Rail `rail`'s values and histogram over the writer lanes: each word merged by its
+    /// declared rule (sum, highest, or lowest among the lanes that use it), histograms merged.
     fn rail_over_lanes(&self, rail: usize) -> RailSnapshot {
         let mut total = RailSnapshot {
-            counters: RailCounterValues::default(),
+            values: [0; RAIL_VALUE_SLOTS],
             latency: LatencySnapshot {
                 buckets: [0; LATENCY_BUCKETS],
                 sum: 0,
                 consistent: true,
             },
         };
-        let mut lowest_depth: Option<u64> = None;
+        let mut lowest: [Option<u64>; RAIL_VALUE_SLOTS] = [None; RAIL_VALUE_SLOTS];
         for lane in 0..WRITER_LANES {
             // SAFETY: REGION_RAILS holds RailBlocks; `open` checked count >= WRITER_LANES *
             // MAX_RAILS and rail_count <= MAX_RAILS.
             let block = unsafe { self.record::<RailBlock>(REGION_RAILS, lane * MAX_RAILS + rail) };
             let part = rail_snapshot(block, lane == SHARED_LANE);
-            // A lane that never set a water mark nor a depth has no receive side.
-            if part.counters.srq_high_water > 0 || part.counters.srq_depth > 0 {
-                let depth = part.counters.srq_depth;
-                lowest_depth = Some(lowest_depth.map_or(depth, |d| d.min(depth)));
+            for (slot, merge) in self.rail_merge.iter().enumerate() {
+                let (mine, theirs) = (&mut total.values[slot], part.values[slot]);
+                match *merge {
+                    Merge::Sum => *mine = mine.wrapping_add(theirs),
+                    Merge::Highest => *mine = (*mine).max(theirs),
+                    Merge::LowestActive { witness } => {
+                        if theirs > 0 || part.values[usize::from(witness)] > 0 {
+                            let low = &mut lowest[slot];
+                            *low = Some(low.map_or(theirs, |l| l.min(theirs)));
+                        }
+                    }
+                }
             }
-            total.add(&part);
+            total.latency.merge(&part.latency);
         }
-        total.counters.srq_depth = lowest_depth.unwrap_or(0);
+        for (slot, low) in lowest.iter().enumerate() {
+            if let Some(low) = low {
+                total.values[slot] = *low;
+            }
+        }
         total
     }
 
@@ -418,54 +486,13 @@ impl fmt::Debug for ProbesReader {
     }
 }
 
-impl RailSnapshot {
-    /// Add another lane's copy: counters summed, water marks the highest, histograms merged
-    /// (the caller sets the SRQ depth).
-    fn add(&mut self, other: &RailSnapshot) {
-        let (a, b) = (&mut self.counters, &other.counters);
-        for (mine, theirs) in [
-            (&mut a.tx_bytes, b.tx_bytes),
-            (&mut a.rx_bytes, b.rx_bytes),
-            (&mut a.wrs_posted, b.wrs_posted),
-            (&mut a.send_cqes, b.send_cqes),
-            (&mut a.recv_cqes, b.recv_cqes),
-            (&mut a.srq_refills, b.srq_refills),
-            (&mut a.srq_low_water_hits, b.srq_low_water_hits),
-            (&mut a.mask_mismatches, b.mask_mismatches),
-            (&mut a.protocol_errors, b.protocol_errors),
-            (&mut a.cts_posted, b.cts_posted),
-            (&mut a.cts_signaled, b.cts_signaled),
-            (&mut a.error_completions, b.error_completions),
-        ] {
-            *mine = mine.wrapping_add(theirs);
-        }
-        a.srq_low_water = a.srq_low_water.max(b.srq_low_water);
-        a.srq_high_water = a.srq_high_water.max(b.srq_high_water);
-        self.latency.merge(&other.latency);
-    }
-}
-
 fn rail_snapshot(block: &RailBlock, shared: bool) -> RailSnapshot {
-    let c = &block.counters;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     RailSnapshot {
-        counters: RailCounterValues {
-            tx_bytes: load(&c.tx_bytes),
-            rx_bytes: load(&c.rx_bytes),
-            wrs_posted: load(&c.wrs_posted),
-            send_cqes: load(&c.send_cqes),
-            recv_cqes: load(&c.recv_cqes),
-            srq_depth: load(&c.srq_depth),
-            srq_low_water: load(&c.srq_low_water),
-            srq_high_water: load(&c.srq_high_water),
-            srq_refills: load(&c.srq_refills),
-            srq_low_water_hits: load(&c.srq_low_water_hits),
-            mask_mismatches: load(&c.mask_mismatches),
-            protocol_errors: load(&c.protocol_errors),
-            cts_posted: load(&c.cts_posted),
-            cts_signaled: load(&c.cts_signaled),
-            error_completions: load(&c.error_completions),
-        },
+        values: block
+            .counters
+            .values
+            .each_ref()
+            .map(|a| a.load(Ordering::Relaxed)),
         latency: if shared {
             block.latency.hist.read_shared()
         } else {
@@ -507,10 +534,12 @@ fn check_header(header: &Header, actual: u64) -> Result<(), Corruption> {
     if header.rail_count == 0 || header.rail_count as usize > MAX_RAILS {
         return Err(Corruption::BadHeader("rail_count"));
     }
-    if (header.region_count as usize) < REGION_COUNT {
+    let minor = header.abi_version.load(Ordering::Relaxed) & 0xffff;
+    let region_count = header.region_count as usize;
+    if region_count < REQUIRED_REGIONS || (minor >= 1 && region_count < REGION_COUNT) {
         return Err(Corruption::BadHeader("region_count"));
     }
-    for (i, desc) in header.regions.iter().enumerate() {
+    for (i, desc) in header.regions.iter().enumerate().take(region_count) {
         check_region(i, desc, header_len, header.file_len)?;
     }
     let counts = header.regions.map(|d| d.count as usize);

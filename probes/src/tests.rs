@@ -2,11 +2,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::declared::{
+    CONNECTIONS_WITHOUT_AGENT, CONNECTION_CLAIM_FAILURES, CTS_POSTED, CTS_SIGNALED,
+    MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS, RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES,
+    RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS, SRQ_DEPTH, SRQ_HIGH_WATER,
+    SRQ_LOW_WATER, SRQ_LOW_WATER_HITS, SRQ_REFILLS,
+};
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::declared::{self, Declaration, Merge, RailCounter, ValueKind, ValueUnit};
 use crate::types::tests::sample_transfer;
 use crate::*;
 
@@ -86,9 +93,9 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x00, 0x00, 0x02, 0x00, // abi_version 2.0
+        0x01, 0x00, 0x02, 0x00, // abi_version 2.1
         0x00, 0x02, 0x00, 0x00, // header_len 512
-        0x00, 0x9b, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 170752
+        0x00, 0xdb, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 187136
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
         0x02, 0x00, 0x00, 0x00, // rail_count 2
         0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, // start_ns
@@ -96,11 +103,11 @@ fn golden_header_bytes() {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // closed_ns
         0x20, 0xa1, 0x07, 0x00, 0x00, 0x00, 0x00, 0x00, // slow_threshold_ns 500000
         0xe8, 0x03, 0x00, 0x00, // sample_one_in 1000
-        0x06, 0x00, 0x00, 0x00, // region_count 6
+        0x07, 0x00, 0x00, 0x00, // region_count 7
     ];
     assert_eq!(bytes[..72], golden);
     // Region table: (offset, len, stride, count).
-    let regions: Vec<[u32; 4]> = (0..6)
+    let regions: Vec<[u32; 4]> = (0..7)
         .map(|r| core::array::from_fn(|f| le32(&bytes, 72 + r * 16 + f * 4)))
         .collect();
     let expected = [
@@ -110,16 +117,127 @@ fn golden_header_bytes() {
         [39_552, 128, 128, 1],
         [39_680, 131_072, 128, 1024],
         [29_312, 2048, 128, 16],
+        [170_752, 16_384, 256, 64],
     ];
     assert_eq!(regions, expected);
-    assert!(bytes[168..192].iter().all(|b| *b == 0), "reserved is zero");
+    assert!(bytes[184..192].iter().all(|b| *b == 0), "reserved is zero");
+    // The first declaration record: rail, counter, bytes, sum, slot 0, its name.
+    let record = &bytes[170_752..170_752 + 256];
+    assert_eq!(record[..8], [1, 1, 2, 1, 0, 0, 0, 0]);
+    assert_eq!(&record[16..41], b"mpib_rail_tx_bytes_total\0");
+    let depth = &bytes[170_752 + 5 * 256..][..8];
+    assert_eq!(
+        depth,
+        [1, 2, 1, 3, 5, 0, 7, 0],
+        "srq_depth: gauge, lowest active, witness 7"
+    );
     assert_eq!(&bytes[192..199], b"node-a\0");
     assert_eq!(&bytes[256..263], b"mlx5_0\0");
     assert_eq!(le32(&bytes, 256 + 64), 1);
     assert_eq!(le32(&bytes, 256 + 68), 200_000, "rail 0 speed_mbps");
     assert_eq!(&bytes[384..391], b"mlx5_3\0");
     assert_eq!(le32(&bytes, 384 + 64), 2);
-    assert!(bytes[512..].iter().all(|b| *b == 0), "regions start zeroed");
+    assert!(
+        bytes[512..170_752].iter().all(|b| *b == 0),
+        "regions start zeroed"
+    );
+}
+
+/// A value the crate does not declare, as a test fixture or a newer writer would add it.
+const WIDGETS: RailCounter = RailCounter::at(20);
+const FIXTURE_DECLARATION: Declaration = WIDGETS.declare(
+    ValueUnit::Count,
+    Merge::Sum,
+    "mpib_fixture_widgets_total",
+    "Widgets.",
+);
+
+#[test]
+fn a_reader_learns_values_from_the_file() {
+    let dir = TempDir::new();
+    let mut declarations = DECLARATIONS.to_vec();
+    declarations.push(FIXTURE_DECLARATION);
+    let probes = ProbesFile::create_declaring(&dir.0, &info(), &declarations).unwrap();
+    probes.rail(RAIL_SUP).add(WIDGETS, 3);
+    probes.rail(RAIL_SUP).add(WIDGETS, 4);
+    let reader = open_ready(probes.path().unwrap());
+    let found = reader.declarations();
+    assert_eq!(found.len(), DECLARATIONS.len() + 1);
+    assert_eq!(found.last(), Some(&Declared::from(&FIXTURE_DECLARATION)));
+    assert!(reader.refused_declarations().is_empty());
+    assert_eq!(reader.snapshot().rails[RAIL_SUP].values[20], 7);
+}
+
+#[test]
+fn a_minor_0_file_means_this_versions_declarations() {
+    let dir = TempDir::new();
+    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    probes.rail(RAIL_SOUT).add(RAIL_TX_BYTES, 9);
+    let mut old = fs::read(probes.path().unwrap()).unwrap();
+    old[8..12].copy_from_slice(&0x0002_0000u32.to_le_bytes());
+    old[68..72].copy_from_slice(&6u32.to_le_bytes());
+    old[168..184].fill(0);
+    old[16..24].copy_from_slice(&170_752u64.to_le_bytes());
+    old.truncate(170_752);
+    let LoadState::Ready(reader) = open_state(&old, &dir.0) else {
+        panic!("a 2.0 file is readable")
+    };
+    let names: Vec<&str> = reader
+        .declarations()
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    let own: Vec<&str> = DECLARATIONS.iter().map(|d| d.name).collect();
+    assert_eq!(names, own);
+    assert_eq!(reader.snapshot().rails[0].counter(RAIL_TX_BYTES), 9);
+    // A 2.1 file must have the declarations region.
+    let mut short_table = fs::read(probes.path().unwrap()).unwrap();
+    short_table[68..72].copy_from_slice(&6u32.to_le_bytes());
+    assert!(matches!(
+        open_state(&short_table, &dir.0),
+        LoadState::Corrupt(Corruption::BadHeader("region_count"))
+    ));
+}
+
+#[test]
+fn bad_declarations_are_refused_by_name() {
+    let dir = TempDir::new();
+    let refuse = |extra: Declaration| {
+        let mut declarations = DECLARATIONS.to_vec();
+        declarations.push(extra);
+        let err = ProbesFile::create_declaring(&dir.0, &info(), &declarations).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        err.to_string()
+    };
+    let same_slot = RailCounter::at(0).declare(ValueUnit::Count, Merge::Sum, "mpib_x_total", "");
+    assert!(refuse(same_slot).contains("\"mpib_x_total\""));
+    let bad_name = WIDGETS.declare(ValueUnit::Count, Merge::Sum, "Mpib-X", "");
+    assert!(refuse(bad_name).contains("[a-z0-9_]"));
+    let summed_max = WIDGETS.declare(ValueUnit::Count, Merge::Highest, "mpib_y_total", "");
+    assert!(refuse(summed_max).contains("Merge::Sum"));
+
+    // A record a reader cannot use is skipped with its reason; the others stay.
+    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    let mut bytes = fs::read(probes.path().unwrap()).unwrap();
+    bytes[170_752 + 256] = 9; // the second record's scope
+    let LoadState::Ready(reader) = open_state(&bytes, &dir.0) else {
+        panic!("still readable")
+    };
+    assert_eq!(reader.declarations().len(), DECLARATIONS.len() - 1);
+    let refused = reader.refused_declarations();
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].contains("mpib_rail_rx_bytes_total") && refused[0].contains("scope 9"));
+}
+
+#[test]
+fn this_versions_declarations_are_valid() {
+    declared::check(DECLARATIONS).unwrap();
+    for d in DECLARATIONS {
+        assert!(d.name.starts_with("mpib_"), "{}", d.name);
+        let total = d.name.ends_with("_total");
+        assert_eq!(total, d.kind == ValueKind::Counter, "{}", d.name);
+        assert!(!d.help.is_empty(), "{}", d.name);
+    }
 }
 
 #[test]
@@ -127,27 +245,28 @@ fn counters_round_trip_through_a_file() {
     let dir = TempDir::new();
     let probes = ProbesFile::create(&dir.0, &info()).unwrap();
     let (sout, sup) = (probes.rail(RAIL_SOUT), probes.rail(RAIL_SUP));
-    sout.add_tx_bytes(1000);
-    sout.add_tx_bytes(24);
-    sout.add_rx_bytes(7);
-    sout.add_wrs_posted(3);
-    sout.inc_send_cqes();
-    sout.inc_recv_cqes();
-    sout.inc_recv_cqes();
-    sout.set_srq_depth(9);
-    sout.set_srq_depth(8);
-    sout.set_srq_watermarks(16, 512);
-    sout.inc_srq_refills();
-    sout.inc_srq_low_water_hits();
-    sout.inc_mask_mismatches();
-    sout.inc_protocol_errors();
-    sout.inc_cts_posted();
-    sout.inc_cts_signaled();
-    sout.inc_error_completions();
+    sout.add(RAIL_TX_BYTES, 1000);
+    sout.add(RAIL_TX_BYTES, 24);
+    sout.add(RAIL_RX_BYTES, 7);
+    sout.add(RAIL_WORK_REQUESTS, 3);
+    sout.inc(RAIL_SEND_COMPLETIONS);
+    sout.inc(RAIL_RECV_COMPLETIONS);
+    sout.inc(RAIL_RECV_COMPLETIONS);
+    sout.set(SRQ_DEPTH, 9);
+    sout.set(SRQ_DEPTH, 8);
+    sout.set(SRQ_LOW_WATER, 16);
+    sout.set(SRQ_HIGH_WATER, 512);
+    sout.inc(SRQ_REFILLS);
+    sout.inc(SRQ_LOW_WATER_HITS);
+    sout.inc(MASK_MISMATCHES);
+    sout.inc(PROTOCOL_ERRORS);
+    sout.inc(CTS_POSTED);
+    sout.inc(CTS_SIGNALED);
+    sout.inc(RAIL_ERROR_COMPLETIONS);
     sout.record_latency_ns(1500);
     sout.record_latency_ns(0);
-    sup.add_tx_bytes(5);
-    probes.rail(7).add_tx_bytes(1 << 40); // out of range: disabled handle, not rail 1
+    sup.add(RAIL_TX_BYTES, 5);
+    probes.rail(7).add(RAIL_TX_BYTES, 1 << 40); // out of range: disabled handle, not rail 1
     for mask in [1, 1, 2, 3, 3, 3, 0, 7] {
         probes.transfers().record(mask);
     }
@@ -163,37 +282,42 @@ fn counters_round_trip_through_a_file() {
     assert_eq!(info.rails[1].speed_mbps, 400_000);
     let snap = reader.snapshot();
     assert_eq!((snap.pid, snap.heartbeat_ns, snap.closed_ns), (4242, 99, 0));
-    let c = snap.rails[0].counters;
-    let expected = RailCounterValues {
-        tx_bytes: 1024,
-        rx_bytes: 7,
-        wrs_posted: 3,
-        send_cqes: 1,
-        recv_cqes: 2,
-        srq_depth: 8,
-        srq_low_water: 16,
-        srq_high_water: 512,
-        srq_refills: 1,
-        srq_low_water_hits: 1,
-        mask_mismatches: 1,
-        protocol_errors: 1,
-        cts_posted: 1,
-        cts_signaled: 1,
-        error_completions: 1,
-    };
-    assert_eq!(c, expected);
+    let rail = &snap.rails[0];
+    let counters = [
+        (RAIL_TX_BYTES, 1024),
+        (RAIL_RX_BYTES, 7),
+        (RAIL_WORK_REQUESTS, 3),
+        (RAIL_SEND_COMPLETIONS, 1),
+        (RAIL_RECV_COMPLETIONS, 2),
+        (SRQ_REFILLS, 1),
+        (SRQ_LOW_WATER_HITS, 1),
+        (MASK_MISMATCHES, 1),
+        (PROTOCOL_ERRORS, 1),
+        (CTS_POSTED, 1),
+        (CTS_SIGNALED, 1),
+        (RAIL_ERROR_COMPLETIONS, 1),
+    ];
+    for (counter, value) in counters {
+        assert_eq!(rail.counter(counter), value, "{counter:?}");
+    }
+    let gauges = [(SRQ_DEPTH, 8), (SRQ_LOW_WATER, 16), (SRQ_HIGH_WATER, 512)];
+    for (gauge, value) in gauges {
+        assert_eq!(rail.gauge(gauge), value, "{gauge:?}");
+    }
+    let used: u64 = rail.values[15..].iter().sum();
+    assert_eq!(used, 0, "undeclared words stay 0");
     let lat = snap.rails[0].latency;
     assert!(lat.consistent);
     assert_eq!(
         (lat.count(), lat.sum, lat.buckets[11], lat.buckets[0]),
         (2, 1500, 1, 1)
     );
-    assert_eq!(snap.rails[1].counters.tx_bytes, 5);
+    assert_eq!(snap.rails[1].counter(RAIL_TX_BYTES), 5);
     let t = snap.transfers;
     assert_eq!((t.no_rail, t.sout_only, t.sup_only, t.both), (1, 2, 1, 4));
     probes.remove().unwrap();
     assert_eq!(
-        reader.snapshot().rails[0].counters.tx_bytes,
+        reader.snapshot().rails[0].counter(RAIL_TX_BYTES),
         1024,
         "mapping outlives unlink"
     );
@@ -205,13 +329,13 @@ fn disabled_handles_are_no_ops() {
     let probes = ProbesFile::disabled();
     assert!(!probes.is_enabled() && probes.path().is_none());
     let rail = probes.rail(0);
-    rail.add_tx_bytes(5);
+    rail.add(RAIL_TX_BYTES, 5);
     rail.record_latency_ns(77);
     probes.transfers().record(3);
     probes.heartbeat(1);
     probes.record_slow_transfer(&sample_transfer(0));
     assert!(probes.claim_connection(&conn_info(1)).is_none());
-    RailProbe::disabled().inc_cts_posted();
+    RailProbe::disabled().inc(CTS_POSTED);
     TransferProbe::disabled().record(1);
     probes.remove().unwrap();
 }
@@ -220,12 +344,12 @@ fn disabled_handles_are_no_ops() {
 fn disabled_writes_reach_no_file() {
     let dir = TempDir::new();
     let probes = ProbesFile::disabled();
-    probes.rail(1).add_tx_bytes(5);
+    probes.rail(1).add(RAIL_TX_BYTES, 5);
     probes.transfers().record(3);
     probes.record_slow_transfer(&sample_transfer(0));
     let real = ProbesFile::create(&dir.0, &info()).unwrap();
     let snap = open_ready(real.path().unwrap()).snapshot();
-    assert_eq!(snap.rails[0].counters, RailCounterValues::default());
+    assert_eq!(snap.rails[0].values, [0; RAIL_VALUE_SLOTS]);
     assert_eq!(
         (snap.transfers, snap.events_written),
         (TransferCounts::default(), 0)
@@ -255,14 +379,17 @@ fn connection_claim_and_release_through_a_file() {
         "table full"
     );
     held[3].add_split([100, 200]);
-    probes.inc_agent_unavailable();
-    probes.inc_agent_unavailable();
+    probes.add(CONNECTIONS_WITHOUT_AGENT, 1);
+    probes.add(CONNECTIONS_WITHOUT_AGENT, 1);
     let snap = reader.snapshot();
     assert_eq!(
-        (snap.connections.len(), snap.claim_failures),
+        (
+            snap.connections.len(),
+            snap.process_counter(CONNECTION_CLAIM_FAILURES)
+        ),
         (CONNECTION_SLOTS, 1)
     );
-    assert_eq!(snap.agent_unavailable, 2);
+    assert_eq!(snap.process_counter(CONNECTIONS_WITHOUT_AGENT), 2);
     let c3 = snap.connections[3];
     assert_eq!(
         (c3.index, c3.info, c3.rail_bytes),
@@ -323,7 +450,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("3.3".into(), "2.0".into())
+                ("3.3".into(), "2.1".into())
             );
         }
         other => panic!("{other:?}"),

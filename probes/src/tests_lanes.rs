@@ -2,6 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::declared::{
+    RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS, SRQ_DEPTH, SRQ_HIGH_WATER,
+    SRQ_LOW_WATER, WRITER_LANE_OVERFLOWS,
+};
 use std::sync::Barrier;
 
 use crate::tests::{info, open_ready, TempDir};
@@ -17,12 +21,12 @@ fn count_from_threads(probes: &ProbesFile, threads: usize) {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
-                    probes.rail(RAIL_SUP).add_wrs_posted(0); // claims this thread's lane
+                    probes.rail(RAIL_SUP).add(RAIL_WORK_REQUESTS, 0); // claims this thread's lane
                     claimed.wait();
                     for i in 0..ADDS {
                         let rail = probes.rail(RAIL_SUP);
-                        rail.add_tx_bytes(3);
-                        rail.inc_send_cqes();
+                        rail.add(RAIL_TX_BYTES, 3);
+                        rail.inc(RAIL_SEND_COMPLETIONS);
                         rail.record_latency_ns(1000 + i);
                         probes.transfers().record(0b10);
                     }
@@ -53,15 +57,15 @@ fn threads_beyond_the_lanes_still_count_exactly() {
     let snapshot = open_ready(probes.path().unwrap()).snapshot();
     let n = threads as u64;
     let sup = &snapshot.rails[RAIL_SUP];
-    assert_eq!(sup.counters.tx_bytes, 3 * ADDS * n);
-    assert_eq!(sup.counters.send_cqes, ADDS * n);
+    assert_eq!(sup.counter(RAIL_TX_BYTES), 3 * ADDS * n);
+    assert_eq!(sup.counter(RAIL_SEND_COMPLETIONS), ADDS * n);
     assert_eq!(sup.latency.count(), ADDS * n);
     let sum_per_thread: u64 = (0..ADDS).map(|i| 1000 + i).sum();
     assert_eq!(sup.latency.sum, sum_per_thread * n);
     assert_eq!(snapshot.transfers.sup_only, ADDS * n);
-    assert_eq!(snapshot.rails[RAIL_SOUT].counters.tx_bytes, 0);
+    assert_eq!(snapshot.rails[RAIL_SOUT].counter(RAIL_TX_BYTES), 0);
     assert_eq!(
-        snapshot.lane_overflows,
+        snapshot.process_counter(WRITER_LANE_OVERFLOWS),
         (threads - SHARED_LANE) as u64,
         "the threads beyond the owned lanes shared the last one"
     );
@@ -82,9 +86,12 @@ fn a_lane_is_handed_on_with_its_counts() {
     }
     let snapshot = open_ready(probes.path().unwrap()).snapshot();
     let n = 6 * WRITER_LANES as u64;
-    assert_eq!(snapshot.rails[RAIL_SUP].counters.tx_bytes, 3 * ADDS * n);
+    assert_eq!(
+        snapshot.rails[RAIL_SUP].counter(RAIL_TX_BYTES),
+        3 * ADDS * n
+    );
     assert_eq!(snapshot.transfers.sup_only, ADDS * n);
-    assert_eq!(snapshot.lane_overflows, 0);
+    assert_eq!(snapshot.process_counter(WRITER_LANE_OVERFLOWS), 0);
     assert!(snapshot.rails[RAIL_SUP].latency.consistent);
 }
 
@@ -102,26 +109,28 @@ fn srq_gauges_show_the_lowest_depth_of_the_lanes_that_receive() {
                 let rail = probes.rail(RAIL_SOUT);
                 match gauges {
                     Some((low, high, depth)) => {
-                        rail.set_srq_watermarks(low, high);
-                        rail.set_srq_depth(depth);
+                        rail.set(SRQ_LOW_WATER, low);
+
+                        rail.set(SRQ_HIGH_WATER, high);
+                        rail.set(SRQ_DEPTH, depth);
                     }
-                    None => rail.add_tx_bytes(1),
+                    None => rail.add(RAIL_TX_BYTES, 1),
                 }
                 all_set.wait();
             });
         }
     });
-    let counters = open_ready(probes.path().unwrap()).snapshot().rails[RAIL_SOUT].counters;
+    let rail = open_ready(probes.path().unwrap()).snapshot().rails[RAIL_SOUT];
     assert_eq!(
         (
-            counters.srq_depth,
-            counters.srq_low_water,
-            counters.srq_high_water
+            rail.gauge(SRQ_DEPTH),
+            rail.gauge(SRQ_LOW_WATER),
+            rail.gauge(SRQ_HIGH_WATER)
         ),
         (70, 64, 512),
         "a lane without a receive side does not pull the depth to 0"
     );
-    assert_eq!(counters.tx_bytes, 1);
+    assert_eq!(rail.counter(RAIL_TX_BYTES), 1);
 }
 
 #[test]
@@ -131,7 +140,7 @@ fn a_disabled_file_takes_updates_from_any_thread() {
         for _ in 0..4 {
             scope.spawn(|| {
                 for _ in 0..1000 {
-                    probes.rail(RAIL_SUP).add_tx_bytes(1);
+                    probes.rail(RAIL_SUP).add(RAIL_TX_BYTES, 1);
                     probes.transfers().record(1);
                 }
             });

@@ -31,10 +31,14 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::conn::{self, ConnectionProbe};
 use crate::counters::{RailProbe, TransferProbe};
+use crate::declared::{
+    self, Declaration, ProcessCounter, CONNECTION_CLAIM_FAILURES, DECLARATIONS,
+    DECLARATION_CAPACITY, EVENTS_CONTENDED,
+};
 use crate::lanes;
 use crate::layout::{
-    FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC, MAX_RAILS, REGION_COUNT,
-    REGION_TABLE, SHARED_LANE,
+    DeclarationRecord, FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC,
+    MAX_RAILS, REGION_COUNT, REGION_TABLE, SHARED_LANE,
 };
 use crate::ring::Ring;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -98,13 +102,35 @@ impl ProbesFile {
     /// Create `dir/mpib-<pid>-<start_ns>.probes` (creating `dir` too), size it, map it,
     /// initialise it and publish its version last.
     ///
+    /// The file declares this version's values ([`DECLARATIONS`]).
+    ///
     /// # Errors
     ///
     /// `InvalidInput` if `info.rails` does not hold 1 or 2 rails; otherwise any error from
     /// creating the directory or the file (which must not exist yet), sizing or mapping it.
     pub fn create(dir: &Path, info: &WriterInfo) -> io::Result<ProbesFile> {
+        ProbesFile::create_declaring(dir, info, DECLARATIONS)
+    }
+
+    /// [`create`](ProbesFile::create) with `declarations` in the file's declarations region
+    /// instead of this version's: how a test (or a newer writer) shows a reader values it was
+    /// not built with.
+    ///
+    /// # Errors
+    ///
+    /// As `create`, and `InvalidInput` naming the declaration that [`declared::check`]
+    /// refuses.
+    pub fn create_declaring(
+        dir: &Path,
+        info: &WriterInfo,
+        declarations: &[Declaration],
+    ) -> io::Result<ProbesFile> {
         if info.rails.is_empty() || info.rails.len() > MAX_RAILS {
             let msg = format!("probes: 1 to {MAX_RAILS} rails, got {}", info.rails.len());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        if let Err(msg) = declared::check(declarations) {
+            let msg = format!("probes: {msg}");
             return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         }
         fs::create_dir_all(dir)?;
@@ -132,6 +158,13 @@ impl ProbesFile {
         // SAFETY: the mapping is FILE_LEN = size_of::<FileImage>() bytes, page-aligned (so
         // 128-aligned), readable and writable, and lives in `owner` as long as `image`.
         unsafe { write_header(image.as_ptr().cast::<Header>(), &header_image(info)) };
+        let records = declaration_records(declarations);
+        // SAFETY: as above; the declarations region lies inside the mapping, no reference to
+        // it exists yet, and the records are plain bytes written before the version.
+        unsafe {
+            let at = core::ptr::addr_of_mut!((*image.as_ptr()).declarations);
+            at.write(records);
+        }
         // SAFETY: as above; the header is now initialised, everything else is zero (valid).
         let header = unsafe { &image.as_ref().header };
         // SYNC: pairs with the Relaxed load + fence(Acquire) of the version in the reader's
@@ -229,20 +262,16 @@ impl ProbesFile {
         let claimed = conn::claim(&image.conns, info);
         if claimed.is_none() {
             // Several threads may claim: a locked add, off the hot path.
-            image.process.claim_failures.fetch_add(1, Ordering::Relaxed);
+            self.add(CONNECTION_CLAIM_FAILURES, 1);
         }
         claimed
     }
 
-    /// Count an advanced-mode connection the agent gave no hint slot (any thread).
-    pub fn inc_agent_unavailable(&self) {
-        if self.is_enabled() {
-            let image = self.image();
-            image
-                .process
-                .agent_unavailable
-                .fetch_add(1, Ordering::Relaxed);
-        }
+    /// Add `n` to the process counter `counter` (a [`crate::declared`] constant such as
+    /// `CONNECTIONS_WITHOUT_AGENT`). Any thread: a locked add, off the hot path.
+    pub fn add(&self, counter: ProcessCounter, n: u64) {
+        let values = &self.image().process.values;
+        values[counter.slot()].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Append a slow (or sampled) transfer to the event ring, overwriting the oldest record
@@ -253,10 +282,7 @@ impl ProbesFile {
         let image = self.image();
         if let Some(ring) = Ring::new(&image.ring, &image.events) {
             if ring.try_push(&transfer.encode()).is_none() {
-                image
-                    .process
-                    .events_contended
-                    .fetch_add(1, Ordering::Relaxed);
+                self.add(EVENTS_CONTENDED, 1);
             }
         }
     }
@@ -326,10 +352,19 @@ fn header_image(info: &WriterInfo) -> Header {
         sample_one_in: info.sample_one_in,
         region_count: REGION_COUNT as u32,
         regions: REGION_TABLE,
-        _reserved: [0; 24],
+        _reserved: [0; 8],
         host_name: encode_name(&info.host),
         rails: [rail(0), rail(1)],
     }
+}
+
+/// The declarations region of a file declaring `declarations` (checked: they fit).
+fn declaration_records(declarations: &[Declaration]) -> [DeclarationRecord; DECLARATION_CAPACITY] {
+    let mut records = [DeclarationRecord::EMPTY; DECLARATION_CAPACITY];
+    for (record, d) in records.iter_mut().zip(declarations) {
+        *record = DeclarationRecord::encode(d);
+    }
+    records
 }
 
 /// Copy `src` into the header at `dst`, every byte except the version word (bytes 8..12),

@@ -5,6 +5,9 @@
 #![cfg(not(loom))]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use mpib_probes::declared::{
+    RAIL_RX_BYTES, RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, SRQ_HIGH_WATER, SRQ_LOW_WATER,
+};
 use std::env;
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -85,11 +88,13 @@ fn run_writer(dir: &Path) {
     let probes = ProbesFile::create(dir, &WriterInfo::for_this_process(rails)).unwrap();
     let (sout, sup) = (probes.rail(0), probes.rail(1));
     let conn = probes.claim_connection(&conn_info()).unwrap();
-    sout.set_srq_watermarks(32, 1024);
+    sout.set(SRQ_LOW_WATER, 32);
+
+    sout.set(SRQ_HIGH_WATER, 1024);
     for i in 0..EVENTS {
-        sout.add_tx_bytes(3);
-        sup.add_rx_bytes(5);
-        sout.inc_send_cqes();
+        sout.add(RAIL_TX_BYTES, 3);
+        sup.add(RAIL_RX_BYTES, 5);
+        sout.inc(RAIL_SEND_COMPLETIONS);
         sup.record_latency_ns(LATENCY_NS);
         probes.transfers().record((i % 3 + 1) as u8);
         conn.add_split([2, 1]);
@@ -180,7 +185,7 @@ fn parent_reads_what_a_child_process_writes() {
     while reader.heartbeat_ns() != DONE {
         returned += drain_checked(&reader, &mut cursor);
         let snap = reader.snapshot();
-        let tx = snap.rails[0].counters.tx_bytes;
+        let tx = snap.rails[0].counter(RAIL_TX_BYTES);
         assert!(tx >= last_tx, "counter went backwards");
         last_tx = tx;
         let lat = snap.rails[1].latency;
@@ -203,12 +208,19 @@ fn parent_reads_what_a_child_process_writes() {
 
     let snap = reader.snapshot();
     assert_eq!((snap.pid, snap.events_written), (child_pid, EVENTS));
-    let (sout, sup) = (snap.rails[0].counters, snap.rails[1].counters);
+    let (sout, sup) = (snap.rails[0], snap.rails[1]);
     assert_eq!(
-        (sout.tx_bytes, sout.send_cqes, sup.rx_bytes),
+        (
+            sout.counter(RAIL_TX_BYTES),
+            sout.counter(RAIL_SEND_COMPLETIONS),
+            sup.counter(RAIL_RX_BYTES)
+        ),
         (3 * EVENTS, EVENTS, 5 * EVENTS)
     );
-    assert_eq!((sout.srq_low_water, sout.srq_high_water), (32, 1024));
+    assert_eq!(
+        (sout.gauge(SRQ_LOW_WATER), sout.gauge(SRQ_HIGH_WATER)),
+        (32, 1024)
+    );
     let lat = snap.rails[1].latency;
     assert!(lat.consistent);
     assert_eq!((lat.count(), lat.buckets[7]), (EVENTS, EVENTS));

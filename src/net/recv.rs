@@ -4,6 +4,11 @@
 //!
 //! Allocation-free, lock-free and integer-only: all state is preallocated at accept time.
 
+use mpib_probes::declared::{
+    CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,
+    RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES, SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER,
+    SRQ_LOW_WATER_HITS, SRQ_REFILLS,
+};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
@@ -140,12 +145,14 @@ impl RecvData {
             let probe = self.telemetry.telemetry().rail(rail);
             if first_fill {
                 let (low, high) = (credits.low_water(), credits.high_water());
-                probe.set_srq_watermarks(u64::from(low), u64::from(high));
+                probe.set(SRQ_LOW_WATER, u64::from(low));
+
+                probe.set(SRQ_HIGH_WATER, u64::from(high));
             } else {
-                probe.inc_srq_refills();
-                probe.inc_srq_low_water_hits();
+                probe.inc(SRQ_REFILLS);
+                probe.inc(SRQ_LOW_WATER_HITS);
             }
-            probe.set_srq_depth(u64::from(credits.posted()));
+            probe.set(SRQ_DEPTH, u64::from(credits.posted()));
         }
         Ok(())
     }
@@ -294,9 +301,9 @@ impl RecvComm {
             inline: false,
         };
         let probe = data.telemetry.telemetry().rail(rail);
-        probe.inc_cts_posted();
+        probe.inc(CTS_POSTED);
         if wr.signaled {
-            probe.inc_cts_signaled();
+            probe.inc(CTS_SIGNALED);
         }
         // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, and is not
         // rewritten until this slot comes round again 256 receives later, after its completion.
@@ -382,7 +389,7 @@ impl RecvComm {
             data.telemetry
                 .telemetry()
                 .rail(rail)
-                .inc_error_completions();
+                .inc(RAIL_ERROR_COMPLETIONS);
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -415,12 +422,12 @@ impl RecvComm {
     /// One IMM: consume an SRQ credit, find the slot's request, learn and check the mask.
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         let probe = data.telemetry.telemetry().rail(rail);
-        probe.inc_recv_cqes();
+        probe.inc(RAIL_RECV_COMPLETIONS);
         if data.srq[rail.index()].on_consumed().is_err() {
             let what = format!("{rail} SRQ delivered more IMMs than receives posted");
             return self.protocol_error(data, rail, None, what);
         }
-        probe.set_srq_depth(u64::from(data.srq[rail.index()].posted()));
+        probe.set(SRQ_DEPTH, u64::from(data.srq[rail.index()].posted()));
         let imm = match Imm::from_wire(completion.imm) {
             Ok(imm) => imm,
             Err(e) => return self.protocol_error(data, rail, None, e.to_string()),
@@ -439,7 +446,7 @@ impl RecvComm {
         if let Some(bytes) = imm.size_bytes() {
             // Fast path: the IMM's own write carried this rail's bytes.
             request.imm_size = Some(bytes);
-            probe.add_rx_bytes(u64::from(completion.byte_len));
+            probe.add(RAIL_RX_BYTES, u64::from(completion.byte_len));
             data.telemetry
                 .add_rail_bytes(rail, u64::from(completion.byte_len));
         }
@@ -465,7 +472,7 @@ impl RecvComm {
                 for rail in Rail::ALL {
                     telemetry
                         .rail(rail)
-                        .add_rx_bytes(record.rail_bytes[rail.index()]);
+                        .add(RAIL_RX_BYTES, record.rail_bytes[rail.index()]);
                 }
                 data.telemetry.add_split(record.rail_bytes);
             }
@@ -491,8 +498,8 @@ impl RecvComm {
     ) -> Result<()> {
         let probe = data.telemetry.telemetry().rail(rail);
         match mask_error {
-            Some(MaskError::Mismatch { .. }) => probe.inc_mask_mismatches(),
-            _ => probe.inc_protocol_errors(),
+            Some(MaskError::Mismatch { .. }) => probe.inc(MASK_MISMATCHES),
+            _ => probe.inc(PROTOCOL_ERRORS),
         }
         data.protocol_errors += 1;
         let error = Error::internal(format!(

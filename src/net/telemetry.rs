@@ -5,6 +5,7 @@
 //! never branches on it. Failing to create the file is not fatal: it is logged and the plugin runs
 //! with probes disabled (telemetry must never take training down).
 
+use mpib_probes::declared::CONNECTIONS_WITHOUT_AGENT;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -129,7 +130,7 @@ impl Telemetry {
 
     /// Counts an advanced-mode connection that got no hint slot from the agent.
     pub(crate) fn agent_unavailable(&self) {
-        self.file.inc_agent_unavailable();
+        self.file.add(CONNECTIONS_WITHOUT_AGENT, 1);
     }
 
     /// Removes the file (clean shutdown); dropping the last reference does it too.

@@ -1,5 +1,9 @@
 //! Engine tests over the loopback fabric, through the internal API the FFI adapters call.
 
+use mpib_probes::declared::{
+    CTS_POSTED, RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES, RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES,
+    SRQ_HIGH_WATER, SRQ_LOW_WATER,
+};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -382,8 +386,11 @@ fn the_bdp_threshold_keeps_small_inter_island_transfers_on_sout() {
         transfer(&pair, size);
     }
     let (_reader, snapshot) = probes_snapshot(&dir);
-    let (sout, sup) = (&snapshot.rails[0].counters, &snapshot.rails[1].counters);
-    assert_eq!((sout.tx_bytes, sup.tx_bytes), (4096 + 65536, 65537));
+    let (sout, sup) = (&snapshot.rails[0], &snapshot.rails[1]);
+    assert_eq!(
+        (sout.counter(RAIL_TX_BYTES), sup.counter(RAIL_TX_BYTES)),
+        (4096 + 65536, 65537)
+    );
     close(pair);
 }
 
@@ -404,10 +411,13 @@ fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
     }
     let (reader, snapshot) = probes_snapshot(&dir);
     let total: u64 = sizes.iter().map(|s| *s as u64).sum();
-    let (sout, sup) = (&snapshot.rails[0].counters, &snapshot.rails[1].counters);
-    assert_eq!((sout.tx_bytes, sup.tx_bytes), (0, total));
+    let (sout, sup) = (&snapshot.rails[0], &snapshot.rails[1]);
     assert_eq!(
-        (sout.rx_bytes, sup.rx_bytes),
+        (sout.counter(RAIL_TX_BYTES), sup.counter(RAIL_TX_BYTES)),
+        (0, total)
+    );
+    assert_eq!(
+        (sout.counter(RAIL_RX_BYTES), sup.counter(RAIL_RX_BYTES)),
         (0, total),
         "receiver counts the same split"
     );
@@ -415,10 +425,16 @@ fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
         (snapshot.transfers.sup_only, snapshot.transfers.sout_only),
         (3, 1)
     );
-    assert_eq!(sup.send_cqes, 3);
-    assert_eq!(sup.recv_cqes, 3);
-    assert_eq!((sup.srq_low_water, sup.srq_high_water), (64, 512));
-    assert!(sup.cts_posted >= 4, "CTS ride SUP in vanilla intra-island");
+    assert_eq!(sup.counter(RAIL_SEND_COMPLETIONS), 3);
+    assert_eq!(sup.counter(RAIL_RECV_COMPLETIONS), 3);
+    assert_eq!(
+        (sup.gauge(SRQ_LOW_WATER), sup.gauge(SRQ_HIGH_WATER)),
+        (64, 512)
+    );
+    assert!(
+        sup.counter(CTS_POSTED) >= 4,
+        "CTS ride SUP in vanilla intra-island"
+    );
     assert_eq!(snapshot.rails[1].latency.count(), 3);
     let active: Vec<_> = snapshot
         .connections

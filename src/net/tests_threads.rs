@@ -1,6 +1,7 @@
 //! Several threads driving comms of one context at once, as NCCL's proxy threads do (one per
 //! communicator): every byte arrives and the probes' totals equal the bytes moved.
 
+use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES, WRITER_LANE_OVERFLOWS};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,15 +86,15 @@ fn eight_threads_on_eight_comms_count_every_byte_exactly() {
         .flat_map(|t| (0..TRANSFERS).map(move |k| size_of(t, k) as u64))
         .sum();
     let rails = &snapshot.rails;
-    let sent: u64 = rails.iter().map(|r| r.counters.tx_bytes).sum();
-    let received: u64 = rails.iter().map(|r| r.counters.rx_bytes).sum();
+    let sent: u64 = rails.iter().map(|r| r.counter(RAIL_TX_BYTES)).sum();
+    let received: u64 = rails.iter().map(|r| r.counter(RAIL_RX_BYTES)).sum();
     assert_eq!(
         (sent, received),
         (moved, moved),
         "probes totals vs bytes moved"
     );
     assert!(
-        rails.iter().all(|r| r.counters.tx_bytes > 0),
+        rails.iter().all(|r| r.counter(RAIL_TX_BYTES) > 0),
         "both rails carried bytes: {rails:?}"
     );
     let t = snapshot.transfers;
@@ -106,7 +107,7 @@ fn eight_threads_on_eight_comms_count_every_byte_exactly() {
         .map(|c| c.rail_bytes.iter().sum::<u64>())
         .sum();
     assert_eq!(by_connection, moved, "per-connection bytes of the senders");
-    assert_eq!(snapshot.lane_overflows, 0);
+    assert_eq!(snapshot.process_counter(WRITER_LANE_OVERFLOWS), 0);
     let ctx = Arc::clone(&pairs[0].ctx);
     for pair in pairs {
         close_send(pair.send).unwrap();

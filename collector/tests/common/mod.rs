@@ -2,6 +2,11 @@
 //! (bounded in time), scraping and parsing the Prometheus text.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use mpib_probes::declared::{
+    CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,
+    RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES, RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS,
+    SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER, SRQ_LOW_WATER_HITS, SRQ_REFILLS,
+};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -12,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mpib_probes::{
-    now_ns, ConnectionInfo, Direction, EventKind, Mode, PathClass, ProbesFile, RailInfo,
-    SlowTransfer, WriterInfo,
+    now_ns, ConnectionInfo, Declaration, Direction, EventKind, Merge, Mode, PathClass, ProbesFile,
+    ProcessCounter, RailCounter, RailInfo, SlowTransfer, ValueUnit, WriterInfo, DECLARATIONS,
 };
 
 pub const HOST: &str = "testhost";
@@ -117,35 +122,65 @@ pub fn both_rails_transfer(base: u64, conn_index: u32) -> SlowTransfer {
     }
 }
 
+/// A rail counter this version of the plugin does not declare: the test suite's own, as a
+/// newer plugin would add one. The collector must export it with no change.
+pub const WIDGETS: RailCounter = RailCounter::at(20);
+/// Its declaration, with the name the scrape must show.
+pub const WIDGETS_DECLARATION: Declaration = WIDGETS.declare(
+    ValueUnit::Count,
+    Merge::Sum,
+    "mpib_fixture_widgets_total",
+    "Widgets made by the test fixture (a value the collector was not built with).",
+);
+/// A process gauge-like counter of the fixture, in the process block.
+pub const FIXTURE_PROCESS: ProcessCounter = ProcessCounter::at(10);
+/// Its declaration.
+pub const FIXTURE_PROCESS_DECLARATION: Declaration = FIXTURE_PROCESS.declare(
+    ValueUnit::Bytes,
+    Merge::Sum,
+    "mpib_fixture_process_bytes_total",
+    "Bytes the test fixture counted for the whole process.",
+);
+
+/// A probes file declaring this version's values plus the fixture's two.
+pub fn fixture_file(dir: &Path, info: &WriterInfo) -> ProbesFile {
+    let mut declarations = DECLARATIONS.to_vec();
+    declarations.extend([WIDGETS_DECLARATION, FIXTURE_PROCESS_DECLARATION]);
+    ProbesFile::create_declaring(dir, info, &declarations).unwrap()
+}
+
 /// The known fixture: counters on both rails, transfers, two connections, a histogram and one
 /// slow transfer.
 pub fn fill_fixture(p: &ProbesFile) {
     let (sout, sup) = (p.rail(0), p.rail(1));
-    sout.add_tx_bytes(1_000_000);
-    sout.add_rx_bytes(500_000);
-    sout.add_wrs_posted(40);
+    sout.add(RAIL_TX_BYTES, 1_000_000);
+    sout.add(RAIL_RX_BYTES, 500_000);
+    sout.add(RAIL_WORK_REQUESTS, 40);
     for _ in 0..3 {
-        sout.inc_send_cqes();
+        sout.inc(RAIL_SEND_COMPLETIONS);
     }
     for _ in 0..2 {
-        sout.inc_recv_cqes();
+        sout.inc(RAIL_RECV_COMPLETIONS);
     }
-    sout.set_srq_depth(100);
-    sout.set_srq_watermarks(32, 256);
-    sout.inc_srq_refills();
-    sout.inc_srq_low_water_hits();
-    sout.inc_mask_mismatches();
-    sout.inc_protocol_errors();
+    sout.set(SRQ_DEPTH, 100);
+    sout.set(SRQ_LOW_WATER, 32);
+    sout.set(SRQ_HIGH_WATER, 256);
+    sout.inc(SRQ_REFILLS);
+    sout.inc(SRQ_LOW_WATER_HITS);
+    sout.inc(MASK_MISMATCHES);
+    sout.inc(PROTOCOL_ERRORS);
     for _ in 0..5 {
-        sout.inc_cts_posted();
+        sout.inc(CTS_POSTED);
     }
-    sout.inc_cts_signaled();
-    sout.inc_error_completions();
+    sout.inc(CTS_SIGNALED);
+    sout.inc(RAIL_ERROR_COMPLETIONS);
     sout.record_latency_ns(1500);
     sout.record_latency_ns(1500);
     sout.record_latency_ns(3_000_000);
-    sup.add_tx_bytes(250_000);
-    sup.set_srq_depth(7);
+    sup.add(RAIL_TX_BYTES, 250_000);
+    sup.add(WIDGETS, 7);
+    p.add(FIXTURE_PROCESS, 4096);
+    sup.set(SRQ_DEPTH, 7);
     sup.record_latency_ns(100);
     for mask in [1, 1, 1, 2, 3, 3] {
         p.transfers().record(mask);
@@ -430,7 +465,7 @@ impl Scrape {
     pub fn has_family(&self, name: &str) -> bool {
         self.samples
             .iter()
-            .any(|s| mpib_collector::catalog::family_of(&s.name).map(|f| f.name) == Some(name))
+            .any(|s| mpib_collector::catalog::family_of(&s.name).is_some_and(|f| f.name == name))
     }
 }
 

@@ -4,6 +4,7 @@
 //!
 //! Allocation-free, lock-free and integer-only: all state is preallocated at connect time.
 
+use mpib_probes::declared::{RAIL_ERROR_COMPLETIONS, RAIL_SEND_COMPLETIONS};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
@@ -353,7 +354,7 @@ impl SendComm {
             data.telemetry
                 .telemetry()
                 .rail(rail)
-                .inc_error_completions();
+                .inc(RAIL_ERROR_COMPLETIONS);
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -377,7 +378,7 @@ impl SendComm {
         }
         let now = now_ns();
         let probe = data.telemetry.telemetry().rail(rail);
-        probe.inc_send_cqes();
+        probe.inc(RAIL_SEND_COMPLETIONS);
         probe.record_latency_ns(now.saturating_sub(state.post_ns));
         state.done_ns[rail.index()] = now;
         let busy_ns = data.busy[rail.index()].completed(now);

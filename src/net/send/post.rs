@@ -10,6 +10,7 @@ use crate::proto::policy::{sup_bandwidth, within_bdp};
 use crate::proto::rail_mask::RailMask;
 use crate::proto::split::{slot_mask, RailSplit};
 use crate::proto::wr_id::{WrId, WrKind};
+use mpib_probes::declared::{RAIL_TX_BYTES, RAIL_WORK_REQUESTS};
 
 use super::super::profiler;
 use super::super::request::now_ns;
@@ -196,8 +197,8 @@ impl SendComm {
         let telemetry = data.telemetry.telemetry();
         for rail in mask.rails() {
             let probe = telemetry.rail(rail);
-            probe.add_tx_bytes(rail_bytes[rail.index()]);
-            probe.add_wrs_posted(lengths[rail.index()] as u64);
+            probe.add(RAIL_TX_BYTES, rail_bytes[rail.index()]);
+            probe.add(RAIL_WORK_REQUESTS, lengths[rail.index()] as u64);
         }
         telemetry.transfers().record(mask.bits());
         data.telemetry.add_split(rail_bytes);

@@ -1,5 +1,6 @@
 //! The metric catalog, for the dashboard lint (`tests/dashboards.rs`): the metric names and, per
-//! family, the label names. The collector's are read from `collector/src/catalog.rs`, else from
+//! family, the label names. The collector's are read from `collector/src/catalog.rs` and the
+//! values the probes files declare from `probes/src/declared.rs`, else from
 //! `docs/OBSERVABILITY.md` (names only), else from the contract list below (names only); the
 //! policy agent's (`mpib_agent_*`) are merged in from `agent/src/catalog.rs`, names and labels.
 
@@ -91,9 +92,16 @@ impl Catalog {
                 "{} has no \"mpib_...\" string literal",
                 catalog_rs.display()
             );
-            let labels = catalog_labels(&text);
+            let mut labels = catalog_labels(&text);
+            let mut names = names;
+            let declared_rs = crate::root().join("probes/src/declared.rs");
+            if let Ok(declared) = std::fs::read_to_string(&declared_rs) {
+                let found = declared_labels(&declared, &text);
+                names.extend(found.keys().cloned());
+                labels.extend(found);
+            }
             return Catalog {
-                source: "collector/src/catalog.rs".into(),
+                source: "collector/src/catalog.rs and probes/src/declared.rs".into(),
                 names,
                 labels,
             };
@@ -164,6 +172,62 @@ impl Catalog {
 /// LABELS_CONST,` (the agent's, no unit), and each `[pub] const LABELS_CONST: &[&str] = &[...];`
 /// lists the label names. Entries that do not parse are left out (no label check for them).
 pub fn catalog_labels(src: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let consts = label_consts(src);
+    let mut out = BTreeMap::new();
+    for (k, _) in src.match_indices("= \"mpib_") {
+        let rest = &src[k + 3..];
+        let Some(close) = rest.find('"') else {
+            continue;
+        };
+        let name = &rest[..close];
+        let fields: Vec<&str> = rest[close + 1..].splitn(5, ',').map(str::trim).collect();
+        // fields[0] is empty (the comma right after the name), fields[1] the kind; the label
+        // constant is the next field (agent) or the one after the unit (collector).
+        if let Some(labels) = fields
+            .iter()
+            .skip(2)
+            .take(2)
+            .find_map(|ident| consts.get(*ident))
+        {
+            out.insert(name.to_string(), labels.clone());
+        }
+    }
+    out
+}
+
+/// `{family: label names}` of the values `probes/src/declared.rs` declares: each `declare!`
+/// entry reads `ID: RailCounter|RailGauge|ProcessCounter = slot, ..., "name", "help";`, and the
+/// collector exports rail values with its `RAIL_LABELS` and process values with its
+/// `PROCESS_LABELS` (both read from `catalog_src`).
+pub fn declared_labels(
+    declared_src: &str,
+    catalog_src: &str,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let consts = label_consts(catalog_src);
+    let mut out = BTreeMap::new();
+    let Some(start) = declared_src.find("declare! {") else {
+        return out;
+    };
+    for entry in declared_src[start..].split(';') {
+        let scope = if entry.contains(": RailCounter =") || entry.contains(": RailGauge =") {
+            "RAIL_LABELS"
+        } else if entry.contains(": ProcessCounter =") {
+            "PROCESS_LABELS"
+        } else {
+            continue;
+        };
+        let name = string_literals(entry)
+            .into_iter()
+            .find(|s| s.starts_with("mpib_") && is_metric_name(s));
+        if let (Some(name), Some(labels)) = (name, consts.get(scope)) {
+            out.insert(name, labels.clone());
+        }
+    }
+    out
+}
+
+/// The `[pub] const NAME: &[&str] = &[...];` label lists of a catalog source.
+fn label_consts(src: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut consts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (k, _) in src.match_indices("const ") {
         let rest = &src[k + "const ".len()..];
@@ -186,26 +250,7 @@ pub fn catalog_labels(src: &str) -> BTreeMap<String, BTreeSet<String>> {
             string_literals(&body[open..]).into_iter().collect(),
         );
     }
-    let mut out = BTreeMap::new();
-    for (k, _) in src.match_indices("= \"mpib_") {
-        let rest = &src[k + 3..];
-        let Some(close) = rest.find('"') else {
-            continue;
-        };
-        let name = &rest[..close];
-        let fields: Vec<&str> = rest[close + 1..].splitn(5, ',').map(str::trim).collect();
-        // fields[0] is empty (the comma right after the name), fields[1] the kind; the label
-        // constant is the next field (agent) or the one after the unit (collector).
-        if let Some(labels) = fields
-            .iter()
-            .skip(2)
-            .take(2)
-            .find_map(|ident| consts.get(*ident))
-        {
-            out.insert(name.to_string(), labels.clone());
-        }
-    }
-    out
+    consts
 }
 
 fn is_metric_name(s: &str) -> bool {
