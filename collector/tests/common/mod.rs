@@ -2,6 +2,8 @@
 //! (bounded in time), scraping and parsing the Prometheus text.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod otlp_receiver;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -190,6 +192,9 @@ fn base_command(dir: &Path, extra: &[&str]) -> Command {
         "MPIB_COLLECTOR_STALE_AFTER",
         "MPIB_COLLECTOR_LISTEN",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "MPIB_COLLECTOR_OTLP_SIGNALS",
+        "OTEL_METRIC_EXPORT_INTERVAL",
         "MPIB_HINT_PATH",
         "MPIB_SYSFS_ROOT",
     ] {
