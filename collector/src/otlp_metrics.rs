@@ -197,7 +197,7 @@ async fn post(
     let response = client
         .request(http_request)
         .await
-        .map_err(|e| format!("POST {uri}: {e}"))?;
+        .map_err(|e| format!("POST {uri}: {}", with_sources(&e)))?;
     let status = response.status();
     let body = response
         .into_body()
@@ -212,6 +212,18 @@ async fn post(
     }
     // An empty or undecodable body is still a success: the status said so.
     Ok(ExportMetricsServiceResponse::decode(body).unwrap_or_default())
+}
+
+/// `e` followed by its sources (hyper's own text is only "client error (Connect)").
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn log_partial_success(endpoint: &str, partial: &ExportMetricsPartialSuccess) {
