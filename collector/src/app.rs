@@ -1,13 +1,16 @@
-//! Running the collector: logging, the optional OTLP pipeline, the scan loop, the endpoint
-//! and a clean shutdown on SIGINT/SIGTERM (pending spans are flushed).
+//! Running the collector: logging, the optional OTLP pipelines (traces, metrics), the scan
+//! loop, the endpoint and a clean shutdown on SIGINT/SIGTERM (pending spans are flushed and
+//! the last scan's metrics exported once more).
 
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tracing::{error, info, warn, Level};
 use tracing_subscriber::filter::{EnvFilter, Targets};
@@ -17,6 +20,8 @@ use tracing_subscriber::Layer as _;
 
 use crate::collector::{host_name, Collector};
 use crate::config::Config;
+use crate::export::Exporter;
+use crate::otlp_metrics::{self, MetricsExporter, Pusher};
 use crate::server;
 use crate::traces::Traces;
 
@@ -52,24 +57,58 @@ async fn shutdown_traces(traces: Option<Arc<Traces>>) {
     }
 }
 
+/// The OTLP pipelines the configuration asks for (built inside the runtime).
+fn otlp(config: &Config) -> Result<(Option<Arc<Traces>>, Option<Pusher>), String> {
+    let traces = match config.traces_endpoint() {
+        Some(endpoint) => {
+            let delay = config
+                .interval
+                .clamp(Duration::from_millis(100), Duration::from_secs(5));
+            let traces = Traces::new(endpoint, config.otlp_protocol, delay, &host_name())?;
+            Some(Arc::new(traces))
+        }
+        None => None,
+    };
+    let pusher = match config.metrics_endpoint() {
+        Some(endpoint) => {
+            let exporter = MetricsExporter::new(endpoint, config.otlp_protocol)?;
+            Some(Pusher::new(exporter, host_name()))
+        }
+        None => None,
+    };
+    Ok((traces, pusher))
+}
+
+/// Start the periodic OTLP metrics export of `exporter`'s scans; it stops (after one last
+/// export) when `stopped` turns true.
+fn spawn_metrics(
+    pusher: Option<Pusher>,
+    exporter: Arc<Exporter>,
+    config: &Config,
+    stopped: watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    let pusher = pusher?;
+    info!(
+        "exporting OTLP metrics ({}) to {} every {:?}",
+        config.otlp_protocol.as_str(),
+        config.otlp_endpoint.as_deref().unwrap_or_default(),
+        config.otlp_metrics_interval
+    );
+    let interval = config.otlp_metrics_interval;
+    Some(tokio::spawn(otlp_metrics::run(
+        pusher, exporter, interval, stopped,
+    )))
+}
+
 /// Run the collector until a signal (or after one pass with `--once`). Call inside a
 /// multi-threaded Tokio runtime.
 pub async fn run(config: Config) -> ExitCode {
-    let traces = match &config.otlp_endpoint {
-        Some(endpoint) => {
-            let delay = config.interval.clamp(
-                std::time::Duration::from_millis(100),
-                std::time::Duration::from_secs(5),
-            );
-            match Traces::new(endpoint, delay, &host_name()) {
-                Ok(traces) => Some(Arc::new(traces)),
-                Err(e) => {
-                    eprintln!("mpib-collector: error: {e}");
-                    return ExitCode::from(1);
-                }
-            }
+    let (traces, pusher) = match otlp(&config) {
+        Ok(pipelines) => pipelines,
+        Err(e) => {
+            eprintln!("mpib-collector: error: {e}");
+            return ExitCode::from(1);
         }
-        None => None,
     };
     init_logging(traces.as_deref());
     let mut collector = Collector::new(config.clone(), traces.clone());
@@ -80,6 +119,11 @@ pub async fn run(config: Config) -> ExitCode {
             .write_all(collector.render().as_bytes())
             .and_then(|()| stdout.flush());
         drop(stdout);
+        if let Some(mut pusher) = pusher {
+            let exporter = collector.exporter();
+            let pushed = pusher.push(&exporter.last_points(), true).await;
+            exporter.count_otlp_export(&pushed);
+        }
         shutdown_traces(traces).await;
         return match printed {
             Ok(()) => ExitCode::SUCCESS,
@@ -89,12 +133,16 @@ pub async fn run(config: Config) -> ExitCode {
             }
         };
     }
-    let code = serve_until_signal(&config, &mut collector).await;
+    let code = serve_until_signal(&config, &mut collector, pusher).await;
     shutdown_traces(traces).await;
     code
 }
 
-async fn serve_until_signal(config: &Config, collector: &mut Collector) -> ExitCode {
+async fn serve_until_signal(
+    config: &Config,
+    collector: &mut Collector,
+    pusher: Option<Pusher>,
+) -> ExitCode {
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -124,6 +172,7 @@ async fn serve_until_signal(config: &Config, collector: &mut Collector) -> ExitC
         config.interval
     );
     let (stop, stopped) = watch::channel(false);
+    let metrics = spawn_metrics(pusher, collector.exporter(), config, stopped.clone());
     let server = tokio::spawn(server::serve(listener, collector.exporter(), stopped));
     let mut ticker = tokio::time::interval(config.interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -136,5 +185,10 @@ async fn serve_until_signal(config: &Config, collector: &mut Collector) -> ExitC
     }
     let _ = stop.send(true);
     let _ = server.await;
+    if let Some(metrics) = metrics {
+        if let Err(e) = metrics.await {
+            warn!("OTLP metrics task: {e}");
+        }
+    }
     ExitCode::SUCCESS
 }

@@ -111,6 +111,7 @@ const CONN_INFO_LABELS: &[&str] = &[
 ];
 const COLLECTOR_LABELS: &[&str] = &["host"];
 const SKIP_LABELS: &[&str] = &["host", "reason"];
+const RESULT_LABELS: &[&str] = &["host", "result"];
 const NIC_LABELS: &[&str] = &["host", "device", "port", "counter"];
 
 macro_rules! specs {
@@ -167,6 +168,10 @@ specs! {
         COLLECTOR_LABELS,
         "Value declarations in probes files that the collector does not export (a name taken by \
          another family or kind, a bad name, an unknown code), each counted once per file.";
+    /// OTLP metrics exports.
+    OTLP_METRIC_EXPORTS = "mpib_otlp_metric_exports_total", Counter, Count, RESULT_LABELS,
+        "OTLP metrics exports by result: ok or failed (a failed one is retried with the next \
+         scan; the log says why once).";
     /// Probes files refused.
     PROBES_SKIPPED = "mpib_probes_skipped_total", Counter, Count, SKIP_LABELS,
         "Probes files refused, by reason: version, corrupt or truncated (each counted once).";

@@ -540,5 +540,10 @@ impl Collector {
         exporter.counter(&catalog::PROBES_REAPED, &host, self.reaped, start);
         let refused = self.declarations_refused;
         exporter.counter(&catalog::DECLARATIONS_REFUSED, &host, refused, start);
+        let (ok, failed) = exporter.otlp_exports();
+        for (result, count) in [("ok", ok), ("failed", failed)] {
+            let labels = [self.host.as_str(), result];
+            exporter.counter(&catalog::OTLP_METRIC_EXPORTS, &labels, count, start);
+        }
     }
 }

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::otlp_metrics::Protocol;
+
 /// Everything the collector needs to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -18,8 +20,14 @@ pub struct Config {
     pub stale_after: Duration,
     /// Address of the `/metrics` endpoint.
     pub listen: SocketAddr,
-    /// OTLP/gRPC endpoint for slow-transfer traces; `None` = traces off.
+    /// OTLP endpoint (base URL) for slow-transfer traces and metrics; `None` = OTLP off.
     pub otlp_endpoint: Option<String>,
+    /// OTLP transport for both signals.
+    pub otlp_protocol: Protocol,
+    /// Which signals go to the OTLP endpoint.
+    pub otlp_signals: Signals,
+    /// Time between OTLP metrics exports.
+    pub otlp_metrics_interval: Duration,
     /// The agent's hint file (advanced mode).
     pub hint_path: PathBuf,
     /// Root of sysfs (`/sys`); tests point it at a fake tree.
@@ -36,10 +44,76 @@ impl Default for Config {
             stale_after: Duration::from_secs(30),
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             otlp_endpoint: None,
+            otlp_protocol: Protocol::Grpc,
+            otlp_signals: Signals::default(),
+            otlp_metrics_interval: Duration::from_millis(10_000),
             hint_path: PathBuf::from("/tmp/mpib/hints"),
             sysfs_root: PathBuf::from("/sys"),
             once: false,
         }
+    }
+}
+
+impl Config {
+    /// The OTLP endpoint when traces are sent to it.
+    pub fn traces_endpoint(&self) -> Option<&str> {
+        self.otlp_endpoint
+            .as_deref()
+            .filter(|_| self.otlp_signals.traces)
+    }
+
+    /// The OTLP endpoint when metrics are sent to it.
+    pub fn metrics_endpoint(&self) -> Option<&str> {
+        self.otlp_endpoint
+            .as_deref()
+            .filter(|_| self.otlp_signals.metrics)
+    }
+}
+
+/// The OTLP signals sent to the endpoint, each on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Signals {
+    /// Slow transfers as spans.
+    pub traces: bool,
+    /// Every scan's series as metrics.
+    pub metrics: bool,
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Signals {
+            traces: true,
+            metrics: true,
+        }
+    }
+}
+
+impl Signals {
+    /// A comma-separated list of `traces` and `metrics`, or `none`.
+    ///
+    /// # Errors
+    ///
+    /// Any other entry (or an empty list), named in the message.
+    pub fn parse(value: &str) -> Result<Signals, String> {
+        let accepted = "accepted: traces, metrics, traces,metrics or none";
+        if value.trim() == "none" {
+            return Ok(Signals {
+                traces: false,
+                metrics: false,
+            });
+        }
+        let mut signals = Signals {
+            traces: false,
+            metrics: false,
+        };
+        for entry in value.split(',').map(str::trim) {
+            match entry {
+                "traces" => signals.traces = true,
+                "metrics" => signals.metrics = true,
+                other => return Err(format!("unknown OTLP signal '{other}' ({accepted})")),
+            }
+        }
+        Ok(signals)
     }
 }
 
@@ -74,7 +148,8 @@ pub fn help_text() -> String {
 The MPIB plugin writes one probes file per process (per-rail counters, connections,
 slow-transfer events) into shared memory. This sidecar maps them read-only and serves
 them as Prometheus metrics; with an OTLP endpoint it also sends each slow transfer as a
-trace (one span, one child span per rail). Flags override environment variables.
+trace (one span, one child span per rail) and pushes the same metrics as OTLP. Flags
+override environment variables.
 
 USAGE:
     mpib-collector [OPTIONS]
@@ -92,17 +167,29 @@ OPTIONS:
     --listen <ADDR>          Address of the Prometheus endpoint http://ADDR/metrics; port 0
                              picks a free port (printed on stdout).
                              [env: MPIB_COLLECTOR_LISTEN] [default: 127.0.0.1:9464]
-    --otlp-endpoint <URL>    OTLP/gRPC endpoint for slow-transfer traces, such as
-                             http://127.0.0.1:4317. Traces are off when unset.
+    --otlp-endpoint <URL>    OTLP endpoint (base URL) for slow-transfer traces and
+                             metrics: gRPC such as http://127.0.0.1:4317, HTTP such as
+                             http://127.0.0.1:4318 (/v1/traces and /v1/metrics are added).
+                             OTLP is off when unset.
                              [env: OTEL_EXPORTER_OTLP_ENDPOINT] [default: off]
+    --otlp-protocol <P>      OTLP transport: grpc or http/protobuf.
+                             [env: OTEL_EXPORTER_OTLP_PROTOCOL] [default: grpc]
+    --otlp-signals <LIST>    Signals sent to the endpoint: traces, metrics,
+                             traces,metrics or none. Metrics carry the Prometheus names
+                             and labels. [env: MPIB_COLLECTOR_OTLP_SIGNALS]
+                             [default: traces,metrics]
+    --otlp-metrics-interval-ms <MS>
+                             Milliseconds between OTLP metrics exports (100..=3600000);
+                             each sends the last scan (cumulative values).
+                             [env: OTEL_METRIC_EXPORT_INTERVAL] [default: 10000]
     --hint-path <PATH>       The agent's hint file; feeds mpib_connection_hint_sup_ratio
                              for advanced-mode connections (absent file: no metric).
                              [env: MPIB_HINT_PATH] [default: /tmp/mpib/hints]
     --sysfs-root <DIR>       Root of sysfs for the NICs' own counters
                              (<DIR>/class/infiniband/<dev>/ports/<port>/{{counters,hw_counters}}).
                              [env: MPIB_SYSFS_ROOT] [default: /sys]
-    --once                   Scan once, print the Prometheus text to stdout, flush traces
-                             and exit (no HTTP endpoint).
+    --once                   Scan once, print the Prometheus text to stdout, flush traces,
+                             export the OTLP metrics once and exit (no HTTP endpoint).
     -h, --help               Print this help and exit.
     -V, --version            Print the version and exit.
 
@@ -124,11 +211,14 @@ enum Opt {
     StaleAfter,
     Listen,
     OtlpEndpoint,
+    OtlpProtocol,
+    OtlpSignals,
+    OtlpMetricsInterval,
     HintPath,
     SysfsRoot,
 }
 
-const OPTIONS: [(&str, &str, Opt); 7] = [
+const OPTIONS: [(&str, &str, Opt); 10] = [
     ("--probes-dir", "MPIB_PROBES_DIR", Opt::ProbesDir),
     (
         "--interval-ms",
@@ -145,6 +235,21 @@ const OPTIONS: [(&str, &str, Opt); 7] = [
         "--otlp-endpoint",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         Opt::OtlpEndpoint,
+    ),
+    (
+        "--otlp-protocol",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        Opt::OtlpProtocol,
+    ),
+    (
+        "--otlp-signals",
+        "MPIB_COLLECTOR_OTLP_SIGNALS",
+        Opt::OtlpSignals,
+    ),
+    (
+        "--otlp-metrics-interval-ms",
+        "OTEL_METRIC_EXPORT_INTERVAL",
+        Opt::OtlpMetricsInterval,
     ),
     ("--hint-path", "MPIB_HINT_PATH", Opt::HintPath),
     ("--sysfs-root", "MPIB_SYSFS_ROOT", Opt::SysfsRoot),
@@ -196,15 +301,7 @@ where
 fn apply(config: &mut Config, opt: Opt, value: &str) -> Result<(), String> {
     match opt {
         Opt::ProbesDir => config.probes_dir = PathBuf::from(value),
-        Opt::IntervalMs => {
-            let ms: u64 = value
-                .parse()
-                .map_err(|_| format!("'{value}' is not a number of milliseconds"))?;
-            if !(1..=3_600_000).contains(&ms) {
-                return Err(format!("{ms} ms is outside 1..=3600000"));
-            }
-            config.interval = Duration::from_millis(ms);
-        }
+        Opt::IntervalMs => config.interval = parse_ms(value, 1)?,
         Opt::StaleAfter => config.stale_after = parse_duration(value)?,
         Opt::Listen => {
             config.listen = value
@@ -212,10 +309,24 @@ fn apply(config: &mut Config, opt: Opt, value: &str) -> Result<(), String> {
                 .map_err(|_| format!("'{value}' is not an address like 127.0.0.1:9464"))?;
         }
         Opt::OtlpEndpoint => config.otlp_endpoint = Some(value.to_owned()),
+        Opt::OtlpProtocol => config.otlp_protocol = Protocol::parse(value)?,
+        Opt::OtlpSignals => config.otlp_signals = Signals::parse(value)?,
+        Opt::OtlpMetricsInterval => config.otlp_metrics_interval = parse_ms(value, 100)?,
         Opt::HintPath => config.hint_path = PathBuf::from(value),
         Opt::SysfsRoot => config.sysfs_root = PathBuf::from(value),
     }
     Ok(())
+}
+
+/// Milliseconds in `min..=3600000`.
+fn parse_ms(value: &str, min: u64) -> Result<Duration, String> {
+    let ms: u64 = value
+        .parse()
+        .map_err(|_| format!("'{value}' is not a number of milliseconds"))?;
+    if !(min..=3_600_000).contains(&ms) {
+        return Err(format!("{ms} ms is outside {min}..=3600000"));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 /// `30`, `30s`, `500ms` or `2m`.
@@ -292,6 +403,65 @@ mod tests {
         assert!(e.starts_with("MPIB_COLLECTOR_STALE_AFTER"), "{e}");
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn otlp_options() {
+        let Command::Run(c) = run(&[], &[]).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.otlp_protocol, Protocol::Grpc);
+        assert_eq!(c.otlp_signals, Signals::default());
+        assert_eq!(c.otlp_metrics_interval, Duration::from_secs(10));
+        assert_eq!((c.traces_endpoint(), c.metrics_endpoint()), (None, None));
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://e:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("MPIB_COLLECTOR_OTLP_SIGNALS", "metrics"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "250"),
+        ];
+        let Command::Run(c) = run(&[], &env).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.otlp_protocol, Protocol::HttpProtobuf);
+        assert_eq!(c.otlp_metrics_interval, Duration::from_millis(250));
+        assert_eq!(c.traces_endpoint(), None);
+        assert_eq!(c.metrics_endpoint(), Some("http://e:4318"));
+        let args = ["--otlp-protocol=grpc", "--otlp-signals", "traces"];
+        let Command::Run(c) = run(&args, &env).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.otlp_protocol, Protocol::Grpc);
+        assert_eq!(c.traces_endpoint(), Some("http://e:4318"));
+        assert_eq!(c.metrics_endpoint(), None);
+        let Command::Run(c) = run(&["--otlp-signals", "none"], &env).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!((c.traces_endpoint(), c.metrics_endpoint()), (None, None));
+    }
+
+    #[test]
+    fn otlp_errors_name_the_value() {
+        let e = run(&["--otlp-protocol", "http/json"], &[]).unwrap_err().0;
+        assert!(
+            e.starts_with("--otlp-protocol") && e.contains("'http/json'"),
+            "{e}"
+        );
+        assert!(e.contains("grpc, http/protobuf"), "{e}");
+        let e = run(&[], &[("MPIB_COLLECTOR_OTLP_SIGNALS", "logs")])
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("MPIB_COLLECTOR_OTLP_SIGNALS") && e.contains("'logs'"),
+            "{e}"
+        );
+        let e = run(&["--otlp-signals", "traces,"], &[]).unwrap_err().0;
+        assert!(e.contains("''"), "{e}");
+        let e = run(&["--otlp-metrics-interval-ms", "99"], &[])
+            .unwrap_err()
+            .0;
+        assert!(e.contains("outside 100..=3600000"), "{e}");
+        assert_eq!(Signals::parse(" metrics , traces"), Ok(Signals::default()));
     }
 
     #[test]

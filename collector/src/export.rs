@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tracing::error;
 
 use crate::catalog::{Family, Kind, MetricSpec, CATALOG};
 use crate::latency;
+use crate::otlp_metrics::Pushed;
 use crate::points::{HistogramValue, Point, ScanPoints, Value};
 
 static METADATA: Metadata<'static> =
@@ -45,6 +47,8 @@ pub struct Exporter {
     points: Mutex<Arc<ScanPoints>>,
     pending: Mutex<Vec<Point>>,
     families: Mutex<HashMap<String, Arc<Family>>>,
+    /// OTLP metric exports that succeeded and that failed.
+    otlp_exports: [AtomicU64; 2],
     scan_lock: RwLock<()>,
 }
 
@@ -86,6 +90,7 @@ impl Exporter {
             points: Mutex::new(Arc::new(ScanPoints::default())),
             pending: Mutex::new(Vec::new()),
             families: Mutex::new(HashMap::new()),
+            otlp_exports: [AtomicU64::new(0), AtomicU64::new(0)],
             scan_lock: RwLock::new(()),
         };
         for spec in CATALOG {
@@ -230,6 +235,22 @@ impl Exporter {
         if values.len() == family.labels.len() {
             self.push(family, values, start_ns, Value::Histogram(value));
         }
+    }
+
+    /// Count one OTLP metrics export attempt (an unchanged scan, not sent, is not counted).
+    pub fn count_otlp_export(&self, pushed: &Pushed) {
+        let index = match pushed {
+            Pushed::Unchanged => return,
+            Pushed::Sent => 0,
+            Pushed::Failed(_) => 1,
+        };
+        self.otlp_exports[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// OTLP metrics exports so far: `(succeeded, failed)`.
+    pub fn otlp_exports(&self) -> (u64, u64) {
+        let [ok, failed] = &self.otlp_exports;
+        (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
     }
 
     /// End a scan: publish the points recorded since the last call as the scan of `time_ns`.

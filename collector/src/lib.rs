@@ -27,6 +27,7 @@ pub mod export;
 pub mod files;
 pub mod hint;
 pub mod latency;
+pub mod otlp_metrics;
 pub mod points;
 pub mod process;
 pub mod server;

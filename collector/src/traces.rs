@@ -3,10 +3,13 @@
 //!
 //! Spans are built with the OpenTelemetry API directly (explicit start and end times from the
 //! event record, not the collector's clock). Integer attributes are `i64`: a `u64` would arrive
-//! as a string. The exporter is OTLP/gRPC (tonic); it must be built inside a Tokio runtime,
-//! while the SDK's batch processor runs on its own thread.
+//! as a string. The exporter is OTLP/gRPC (tonic) or OTLP/HTTP protobuf (hyper); it must be
+//! built inside a Tokio runtime, while the SDK's batch processor runs on its own thread (the
+//! HTTP requests are therefore handed to the runtime, see [`RuntimeHttpClient`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
 
 use mpib_probes::{
     Direction, EventKind, FileInfo, SlowTransfer, SlowTransferRecord, MAX_RAILS, NO_CONNECTION,
@@ -16,11 +19,16 @@ use opentelemetry::trace::{
     Span as _, SpanKind, TraceContextExt, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider,
 };
 use opentelemetry_sdk::Resource;
+use tokio::runtime::Handle;
+
+use crate::otlp_metrics::{signal_url, Protocol, EXPORT_TIMEOUT};
 
 /// Service name of the resource.
 pub const SERVICE_NAME: &str = "mpib-collector";
@@ -36,19 +44,35 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// Export to the OTLP/gRPC `endpoint`, batching for at most `delay`. Call inside a Tokio
-    /// runtime. `host` and `pid` (the collector's) go into the resource.
+    /// Export to the OTLP `endpoint` (the base URL; over HTTP the spans go to
+    /// `{endpoint}/v1/traces`) with `protocol`, batching for at most `delay`. Call inside a
+    /// Tokio runtime. `host` and `pid` (the collector's) go into the resource.
     ///
     /// # Errors
     ///
-    /// The exporter cannot be built (for example an invalid endpoint URI).
-    pub fn new(endpoint: &str, delay: Duration, host: &str) -> Result<Traces, String> {
-        let exporter = SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .with_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| format!("OTLP exporter for {endpoint}: {e}"))?;
+    /// The exporter cannot be built (for example an invalid endpoint URI, or no runtime).
+    pub fn new(
+        endpoint: &str,
+        protocol: Protocol,
+        delay: Duration,
+        host: &str,
+    ) -> Result<Traces, String> {
+        let built = match protocol {
+            Protocol::Grpc => SpanExporter::builder()
+                .with_tonic()
+                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .build(),
+            Protocol::HttpProtobuf => SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(signal_url(endpoint, "v1/traces"))
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_http_client(RuntimeHttpClient::new()?)
+                .build(),
+        };
+        let exporter = built.map_err(|e| format!("OTLP exporter for {endpoint}: {e}"))?;
         let config = BatchConfigBuilder::default()
             .with_scheduled_delay(delay)
             .build();
@@ -118,6 +142,42 @@ impl Traces {
     /// The SDK's shutdown error, as text.
     pub fn shutdown(&self) -> Result<(), String> {
         self.provider.shutdown().map_err(|e| e.to_string())
+    }
+}
+
+/// The hyper client of `opentelemetry-http`, with each request run on the Tokio runtime the
+/// exporter was built in: the SDK's batch processor exports from its own thread, outside any
+/// runtime, where hyper (and its timeout) cannot run.
+#[derive(Debug)]
+pub struct RuntimeHttpClient {
+    client: HyperClient,
+    runtime: Handle,
+}
+
+impl RuntimeHttpClient {
+    /// A client bound to the current runtime.
+    ///
+    /// # Errors
+    ///
+    /// Called outside a Tokio runtime.
+    pub fn new() -> Result<RuntimeHttpClient, String> {
+        let runtime = Handle::try_current()
+            .map_err(|e| format!("the OTLP/HTTP exporter needs a Tokio runtime: {e}"))?;
+        Ok(RuntimeHttpClient {
+            client: HyperClient::with_default_connector(EXPORT_TIMEOUT, None),
+            runtime,
+        })
+    }
+}
+
+#[async_trait]
+impl HttpClient for RuntimeHttpClient {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = self.client.clone();
+        let task = self
+            .runtime
+            .spawn(async move { client.send_bytes(request).await });
+        task.await?
     }
 }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use mpib_probes::{now_ns, ProbesFile};
 
-const HEALTH: [&str; 4] = [
+const HEALTH: [&str; 5] = [
+    "mpib_otlp_metric_exports_total",
     "mpib_probes_files",
     "mpib_probes_skipped_total",
     "mpib_probes_reaped_total",

@@ -9,19 +9,16 @@ use std::fs;
 use std::time::Duration;
 
 use common::*;
-use mpib_collector::catalog::{declared_family, families, Family, Kind};
-use mpib_probes::{Declared, Merge, ProbesFile, RailCounter, ValueUnit, DECLARATIONS};
+use mpib_collector::catalog::{families, Family, Kind};
+use mpib_probes::{Merge, ProbesFile, RailCounter, ValueUnit, DECLARATIONS};
 
 /// Families the fixture does not feed: no hint file and no sysfs in the isolated run.
 const UNFED: [&str; 2] = ["mpib_connection_hint_sup_ratio", "mpib_nic_counter_total"];
 
-/// The catalog plus the families the fixture file declares beyond this version's.
+/// The catalog plus the families the fixture file declares beyond this version's (a
+/// histogram's sample names resolve to the histogram).
 fn family_of(name: &str) -> Option<Family> {
-    let declared = [WIDGETS_DECLARATION, FIXTURE_PROCESS_DECLARATION]
-        .iter()
-        .find(|d| d.name == name)
-        .map(|d| declared_family(&Declared::from(d)).unwrap());
-    declared.or_else(|| mpib_collector::catalog::family_of(name))
+    known_family(name).or_else(|| mpib_collector::catalog::family_of(name))
 }
 
 fn check_against_catalog(scrape: &Scrape) {

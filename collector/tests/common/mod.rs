@@ -2,6 +2,8 @@
 //! (bounded in time), scraping and parsing the Prometheus text.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod otlp_receiver;
+
 use mpib_probes::declared::{
     CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,
     RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES, RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS,
@@ -142,6 +144,15 @@ pub const FIXTURE_PROCESS_DECLARATION: Declaration = FIXTURE_PROCESS.declare(
     "Bytes the test fixture counted for the whole process.",
 );
 
+/// The family named `name`: one of this version's, or one the fixture file declares.
+pub fn known_family(name: &str) -> Option<mpib_collector::catalog::Family> {
+    let fixture = [WIDGETS_DECLARATION, FIXTURE_PROCESS_DECLARATION];
+    let declared = fixture.iter().find(|d| d.name == name).map(|d| {
+        mpib_collector::catalog::declared_family(&mpib_probes::Declared::from(d)).unwrap()
+    });
+    declared.or_else(|| mpib_collector::catalog::find(name))
+}
+
 /// A probes file declaring this version's values plus the fixture's two.
 pub fn fixture_file(dir: &Path, info: &WriterInfo) -> ProbesFile {
     let mut declarations = DECLARATIONS.to_vec();
@@ -225,6 +236,9 @@ fn base_command(dir: &Path, extra: &[&str]) -> Command {
         "MPIB_COLLECTOR_STALE_AFTER",
         "MPIB_COLLECTOR_LISTEN",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "MPIB_COLLECTOR_OTLP_SIGNALS",
+        "OTEL_METRIC_EXPORT_INTERVAL",
         "MPIB_HINT_PATH",
         "MPIB_SYSFS_ROOT",
     ] {
