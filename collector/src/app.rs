@@ -121,7 +121,7 @@ pub async fn run(config: Config) -> ExitCode {
         drop(stdout);
         if let Some(mut pusher) = pusher {
             let exporter = collector.exporter();
-            let pushed = pusher.push(&exporter.last_points(), true).await;
+            let pushed = pusher.push(&exporter.last_points(), false).await;
             exporter.count_otlp_export(&pushed);
         }
         shutdown_traces(traces).await;
@@ -182,6 +182,10 @@ async fn serve_until_signal(
             _ = term.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = int.recv() => { info!("SIGINT: shutting down"); break; }
         }
+    }
+    if metrics.is_some() {
+        // The last values, for the metrics task's final export.
+        collector.scan();
     }
     let _ = stop.send(true);
     let _ = server.await;

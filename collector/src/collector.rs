@@ -76,6 +76,8 @@ pub struct Collector {
     declarations_refused: u64,
     /// When this collector started, ns since the Unix epoch: the start of its own series.
     started_ns: u64,
+    /// When the host booted: the start of the NIC counters' series.
+    boot_ns: u64,
     files_found: usize,
     dir_note: Option<String>,
     hint_note: Option<String>,
@@ -111,6 +113,7 @@ impl Collector {
             reaped: 0,
             declarations_refused: 0,
             started_ns: mpib_probes::now_ns(),
+            boot_ns: sysfs::boot_time_ns().unwrap_or_else(mpib_probes::now_ns),
             files_found: 0,
             dir_note: None,
             hint_note: None,
@@ -523,7 +526,7 @@ impl Collector {
             for (name, value) in counters {
                 let labels = [self.host.as_str(), &device, &port_label, &name];
                 self.exporter
-                    .counter(&catalog::NIC_COUNTER, &labels, value, self.started_ns);
+                    .counter(&catalog::NIC_COUNTER, &labels, value, self.boot_ns);
             }
         }
     }

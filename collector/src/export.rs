@@ -1,6 +1,7 @@
 //! The Prometheus side: a `metrics-exporter-prometheus` recorder owned by the collector (no
-//! global recorder), fed only through catalog specs, plus the histogram text the collector
-//! renders itself.
+//! global recorder), fed only through known families (the catalog's specs and the families
+//! admitted from probes files' declarations), plus the histogram text the collector renders
+//! itself. Every value set also becomes a point of the scan, for the OTLP export.
 //!
 //! # Series lifetime
 //!
@@ -47,6 +48,8 @@ pub struct Exporter {
     points: Mutex<Arc<ScanPoints>>,
     pending: Mutex<Vec<Point>>,
     families: Mutex<HashMap<String, Arc<Family>>>,
+    /// Names of the collector's own families ([`CATALOG`]): a probes file may not declare them.
+    own: std::collections::HashSet<&'static str>,
     /// OTLP metric exports that succeeded and that failed.
     otlp_exports: [AtomicU64; 2],
     scan_lock: RwLock<()>,
@@ -90,6 +93,7 @@ impl Exporter {
             points: Mutex::new(Arc::new(ScanPoints::default())),
             pending: Mutex::new(Vec::new()),
             families: Mutex::new(HashMap::new()),
+            own: CATALOG.iter().map(|spec| spec.name).collect(),
             otlp_exports: [AtomicU64::new(0), AtomicU64::new(0)],
             scan_lock: RwLock::new(()),
         };
@@ -115,14 +119,21 @@ impl Exporter {
         }
     }
 
-    /// Admit a family a probes file declares: the exporter's copy when a family of that name
-    /// is already known with the same kind, unit and labels (or is new, and then described).
+    /// Admit a family a probes file declares: the exporter's copy when another file declared
+    /// it with the same kind, unit and labels (or it is new, and then described).
     ///
     /// # Errors
     ///
-    /// The name is taken by a family of another kind, unit or label set (one of the
-    /// collector's own, or another file's), or is a histogram's sample name.
+    /// The name is one of the collector's own families (two values would feed one series), is
+    /// declared by another file with another kind, unit or label set, or is a histogram's
+    /// sample name.
     pub fn admit(&self, family: Family) -> Result<Arc<Family>, String> {
+        if self.own.contains(family.name.as_str()) {
+            return Err(format!(
+                "{:?} is one of the collector's own families",
+                family.name
+            ));
+        }
         let mut families = self.lock_families();
         if let Some(known) = families.get(&family.name) {
             let same = known.kind == family.kind
@@ -430,12 +441,21 @@ mod tests {
     #[test]
     fn a_declared_name_cannot_take_another_familys() {
         let exporter = Exporter::new(Duration::from_secs(1));
-        let taken = Family {
-            name: PROBES_REAPED.name.to_owned(),
+        // Same kind, unit and labels as the collector's own: still refused.
+        let own = Family::of_spec(&PROBES_REAPED);
+        let e = exporter.admit(own).unwrap_err();
+        assert!(e.contains("one of the collector's own families"), "{e}");
+        let first = Family {
+            name: "mpib_other".to_owned(),
             ..Family::of_spec(&PROBES_FILES)
         };
-        let e = exporter.admit(taken).unwrap_err();
-        assert!(e.contains("already exported as a counter"), "{e}");
+        exporter.admit(first.clone()).unwrap();
+        let other_kind = Family {
+            kind: Kind::Counter,
+            ..first
+        };
+        let e = exporter.admit(other_kind).unwrap_err();
+        assert!(e.contains("already exported as a gauge"), "{e}");
         let sample = Family {
             name: "mpib_transfer_latency_seconds_sum".to_owned(),
             ..Family::of_spec(&PROBES_FILES)

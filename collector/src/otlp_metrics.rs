@@ -238,9 +238,9 @@ fn log_partial_success(endpoint: &str, partial: &ExportMetricsPartialSuccess) {
 /// What [`Pusher::push`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Pushed {
-    /// The scan was already sent: nothing to do.
+    /// The scan was already sent, or has no points (before the first scan): nothing to do.
     Unchanged,
-    /// Sent (or empty: nothing to send).
+    /// Sent, and the endpoint accepted it.
     Sent,
     /// The export failed with this error.
     Failed(String),
@@ -269,7 +269,9 @@ impl Pusher {
     /// logged when its text differs from the previous one; the first success after failures
     /// logs the recovery.
     pub async fn push(&mut self, scan: &ScanPoints, force: bool) -> Pushed {
-        if !force && self.last_sent_ns == Some(scan.time_ns) {
+        // An empty scan (before the first one) proves nothing about the endpoint: not an export.
+        let sent = !force && self.last_sent_ns == Some(scan.time_ns);
+        if sent || scan.points.is_empty() {
             return Pushed::Unchanged;
         }
         match self.exporter.export(scan, &self.host).await {
@@ -307,7 +309,8 @@ pub async fn run(
     interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
+    // The first export one interval after the start: the scan has run by then.
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         if *stop.borrow() {
@@ -325,7 +328,9 @@ pub async fn run(
             }
         }
     }
-    let pushed = pusher.push(&source.last_points(), true).await;
+    // The caller scanned once more before stopping: this sends that last scan (or retries an
+    // unsent one), and skips one already sent.
+    let pushed = pusher.push(&source.last_points(), false).await;
     source.count_otlp_export(&pushed);
 }
 
@@ -417,11 +422,10 @@ mod tests {
                 pusher.push(&scan(1, true), false).await,
                 Pushed::Failed(_)
             ));
-            // An empty scan sends nothing, so it succeeds: the failure is over.
-            assert_eq!(pusher.push(&scan(2, false), false).await, Pushed::Sent);
-            assert_eq!(pusher.failing(), None);
+            // An empty scan sends nothing and is not an export: the failure is not over.
             assert_eq!(pusher.push(&scan(2, false), false).await, Pushed::Unchanged);
-            assert_eq!(pusher.push(&scan(2, false), true).await, Pushed::Sent);
+            assert_eq!(pusher.push(&scan(2, false), true).await, Pushed::Unchanged);
+            assert_eq!(pusher.failing(), Some(e.as_str()));
         }
     }
 }

@@ -66,10 +66,24 @@ fn read_value(path: &Path) -> Option<u64> {
     text.trim().parse().ok()
 }
 
+/// When this host booted, ns since the Unix epoch (`btime` in `/proc/stat`): the start of the
+/// NICs' counters, which count from boot (or from a driver reload, which nothing records).
+pub fn boot_time_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find_map(|l| l.strip_prefix("btime "))?;
+    line.trim().parse::<u64>().ok()?.checked_mul(1_000_000_000)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_time_is_in_the_past() {
+        let boot = boot_time_ns().unwrap();
+        assert!(boot > 1_500_000_000 * 1_000_000_000 && boot < mpib_probes::now_ns());
+    }
 
     #[test]
     fn reads_both_directories_and_converts_words() {

@@ -159,6 +159,16 @@ fn fixture(dir: &TempDir, start_ns: u64) -> ProbesFile {
 }
 
 fn start(dir: &TempDir, endpoint: &str, protocol: Protocol, signals: &str) -> Running {
+    start_every(dir, endpoint, protocol, signals, "200")
+}
+
+fn start_every(
+    dir: &TempDir,
+    endpoint: &str,
+    protocol: Protocol,
+    signals: &str,
+    interval_ms: &str,
+) -> Running {
     let mut args = isolated(dir);
     args.extend(
         [
@@ -169,7 +179,7 @@ fn start(dir: &TempDir, endpoint: &str, protocol: Protocol, signals: &str) -> Ru
             "--otlp-signals",
             signals,
             "--otlp-metrics-interval-ms",
-            "200",
+            interval_ms,
             "--interval-ms",
             "100",
         ]
@@ -455,6 +465,32 @@ fn metrics_match_the_scrape_over_grpc() {
 #[test]
 fn metrics_match_the_scrape_over_http() {
     metrics_match_the_scrape(Protocol::HttpProtobuf);
+}
+
+#[test]
+fn sigterm_exports_the_last_scan_before_exiting() {
+    let receiver = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("otlp-sigterm");
+    let _probes = fixture(&dir, now_ns());
+    // An hour between exports: only the final one can arrive during this test.
+    let running = start_every(
+        &dir,
+        &receiver.endpoint,
+        Protocol::Grpc,
+        "metrics",
+        "3600000",
+    );
+    let pid = std::process::id().to_string();
+    let sout = [("pid", pid.as_str()), ("rail", "sout")];
+    running.scrape_until(WAIT, |s| s.get(RAIL_TX, &sout).is_some());
+    assert!(
+        receiver.metrics().is_empty(),
+        "an export before the first scan or the interval"
+    );
+    assert!(running.terminate().success());
+    let requests = receiver.metrics();
+    assert_eq!(requests.len(), 1, "one final export");
+    assert!(has_metric(&requests, RAIL_TX));
 }
 
 #[test]

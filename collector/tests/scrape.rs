@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use mpib_collector::catalog::{families, Family, Kind};
-use mpib_probes::{Merge, ProbesFile, RailCounter, ValueUnit, DECLARATIONS};
+use mpib_probes::{Merge, ProbesFile, ProcessCounter, ValueUnit, DECLARATIONS};
 
 /// Families the fixture does not feed: no hint file and no sysfs in the isolated run.
 const UNFED: [&str; 2] = ["mpib_connection_hint_sup_ratio", "mpib_nic_counter_total"];
@@ -234,17 +234,19 @@ fn once_prints_the_exposition() {
 #[test]
 fn a_declaration_that_takes_anothers_name_is_refused_alone() {
     let dir = TempDir::new("clash");
-    let clash = RailCounter::at(21).declare(
+    // Same kind, unit and labels as the collector's own process counter: two values would
+    // feed one series, so it is refused all the same.
+    let clash = ProcessCounter::at(12).declare(
         ValueUnit::Count,
         Merge::Sum,
-        "mpib_probes_reaped_total",
-        "A rail value under the collector's own name.",
+        "mpib_slow_transfers_total",
+        "A process value under the collector's own name.",
     );
     let mut declarations = DECLARATIONS.to_vec();
     declarations.extend([WIDGETS_DECLARATION, clash]);
     let probes = ProbesFile::create_declaring(dir.path(), &live_writer(), &declarations).unwrap();
     probes.rail(0).add(WIDGETS, 3);
-    probes.rail(0).add(RailCounter::at(21), 99);
+    probes.add(ProcessCounter::at(12), 99);
     let args = isolated(&dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = run_once(dir.path(), &args);
@@ -255,12 +257,14 @@ fn a_declaration_that_takes_anothers_name_is_refused_alone() {
         scrape.value("mpib_probes_declarations_refused_total", &[]),
         1.0
     );
-    assert_eq!(scrape.value("mpib_probes_reaped_total", &[]), 0.0);
-    assert_eq!(scrape.matching("mpib_probes_reaped_total", &[]).len(), 1);
+    assert_eq!(scrape.value("mpib_slow_transfers_total", &[]), 0.0);
+    assert_eq!(scrape.matching("mpib_slow_transfers_total", &[]).len(), 1);
     let sout = [("rail", "sout")];
     assert_eq!(scrape.value("mpib_fixture_widgets_total", &sout), 3.0);
     assert!(
-        stderr.contains("not exporting a declaration: \"mpib_probes_reaped_total\" is already exported as a counter"),
+        stderr.contains(
+            "not exporting a declaration: \"mpib_slow_transfers_total\" is one of the collector's own"
+        ),
         "{stderr}"
     );
 }

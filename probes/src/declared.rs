@@ -95,10 +95,12 @@ macro_rules! handle {
                 $handle(slot)
             }
 
-            /// The word index in the block.
+            /// The word index in the block. Masked by the block's size (a power of two, so one
+            /// AND): `at` already keeps it inside, and the mask lets the compiler drop the
+            /// bounds check (and its panic path) even where `add` is not inlined.
             #[inline(always)]
             pub const fn slot(self) -> usize {
-                self.0 as usize
+                self.0 as usize & ($capacity - 1)
             }
 
             /// A declaration of this handle's kind and scope.
@@ -122,6 +124,8 @@ macro_rules! handle {
         }
     };
 }
+
+const _: () = assert!(RAIL_VALUE_SLOTS.is_power_of_two() && PROCESS_VALUE_SLOTS.is_power_of_two());
 
 handle!(RailCounter, Rail, Counter, RAIL_VALUE_SLOTS);
 handle!(RailGauge, Rail, Gauge, RAIL_VALUE_SLOTS);
@@ -223,6 +227,15 @@ pub const DECLARATION_NAME_LEN: usize = 64;
 pub const DECLARATION_HELP_LEN: usize = 176;
 /// Declaration records in a file.
 pub const DECLARATION_CAPACITY: usize = 64;
+
+/// The values a file of minor version 0 (ABI 2.0) has: the words this version declares that
+/// existed then (rail words 0 to 14, process words 0 to 3), at the same offsets.
+pub(crate) fn declared_in_minor_0(d: &Declaration) -> bool {
+    match d.scope {
+        Scope::Rail => d.slot < 15,
+        Scope::Process => d.slot < 4,
+    }
+}
 
 /// Why a set of declarations cannot go into a file, naming the declaration.
 pub fn check(declarations: &[Declaration]) -> Result<(), String> {

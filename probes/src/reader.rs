@@ -23,7 +23,8 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use crate::conn::{read_slot, ConnectionSnapshot};
 use crate::declared::{
-    Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope, DECLARATIONS,
+    declared_in_minor_0, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope,
+    DECLARATIONS,
 };
 use crate::histogram::HistogramSnapshot;
 use crate::layout::{
@@ -291,6 +292,7 @@ impl ProbesReader {
         } else {
             DECLARATIONS
                 .iter()
+                .filter(|d| declared_in_minor_0(d))
                 .map(|d| Ok(Some(Declared::from(d))))
                 .collect()
         };

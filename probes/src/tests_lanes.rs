@@ -110,7 +110,6 @@ fn srq_gauges_show_the_lowest_depth_of_the_lanes_that_receive() {
                 match gauges {
                     Some((low, high, depth)) => {
                         rail.set(SRQ_LOW_WATER, low);
-
                         rail.set(SRQ_HIGH_WATER, high);
                         rail.set(SRQ_DEPTH, depth);
                     }

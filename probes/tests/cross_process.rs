@@ -89,7 +89,6 @@ fn run_writer(dir: &Path) {
     let (sout, sup) = (probes.rail(0), probes.rail(1));
     let conn = probes.claim_connection(&conn_info()).unwrap();
     sout.set(SRQ_LOW_WATER, 32);
-
     sout.set(SRQ_HIGH_WATER, 1024);
     for i in 0..EVENTS {
         sout.add(RAIL_TX_BYTES, 3);

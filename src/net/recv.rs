@@ -146,7 +146,6 @@ impl RecvData {
             if first_fill {
                 let (low, high) = (credits.low_water(), credits.high_water());
                 probe.set(SRQ_LOW_WATER, u64::from(low));
-
                 probe.set(SRQ_HIGH_WATER, u64::from(high));
             } else {
                 probe.inc(SRQ_REFILLS);

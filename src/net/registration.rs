@@ -46,7 +46,7 @@ fn report_without_slot(message: std::fmt::Arguments<'_>) {
         warn!(
             log::NET,
             "{message} (further connections without a slot: INFO, and counted in the probes \
-             file's agent_unavailable)"
+             file's mpib_connections_without_agent_total)"
         );
     }
 }
