@@ -16,6 +16,7 @@
 //! * [`child`]: run one test in a fresh process (per-process plugin state, real unload).
 //! * [`env`]: environment changes serialised with every `init`.
 //! * [`testing`]: helpers shared by the integration tests.
+//! * [`other_user`]: a second local user for the trust tests.
 
 pub mod abi;
 pub mod agent;
@@ -24,6 +25,7 @@ pub mod child;
 pub mod env;
 pub mod error;
 pub mod net;
+pub mod other_user;
 pub mod pattern;
 pub mod plan;
 pub mod plugin;
