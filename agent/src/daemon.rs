@@ -171,6 +171,9 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
         }
         state.reclaimed("process_exited", dropped);
         state.in_use = Some(in_use);
+        if state.hints.damaged() {
+            repair_hints(&mut state);
+        }
         let notable = state.tick(&measured, &policies, interval_ns);
         drop(state);
         for line in notable {
@@ -182,6 +185,25 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
                 gone.len()
             ));
         }
+    }
+}
+
+/// Another process shrank the hint file: open it again (repairing it) and write the flows back,
+/// so new connections map a whole file.
+fn repair_hints(state: &mut State) {
+    let path = state.hints.path().to_path_buf();
+    match state.repair_hints() {
+        Ok(opened) => {
+            log::warn(&format!(
+                "hint file {}: another process shrank it; {opened:?} and its flows written back \
+                 (running connections that read it move their bytes on SOUT)",
+                path.display()
+            ));
+        }
+        Err(e) => log::warn(&format!(
+            "hint file {}: another process shrank it and it cannot be opened again: {e}",
+            path.display()
+        )),
     }
 }
 

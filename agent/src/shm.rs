@@ -21,6 +21,7 @@ use mpib::proto::hint::{
     check_header, encode_header, entry_offset, header_fields, DST_IP_OFFSET, HINT_FILE_LEN,
     HINT_HEADER_LEN, HINT_MAX_ENTRIES, SEQ_OFFSET, SRC_IP_OFFSET, SUP_BW_OFFSET,
 };
+use mpib_probes::guard::GuardedRange;
 
 /// One entry as read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +38,9 @@ pub struct Entry {
 
 /// The mapped hint file.
 pub struct HintFile {
+    /// Turns a fault (someone shrank the file) into zero pages instead of a SIGBUS that would
+    /// end the agent; dropped before `map`.
+    guard: GuardedRange,
     map: MmapMut,
     path: PathBuf,
     /// Held open with an exclusive `flock`: one agent per hint file (two would hand out the same
@@ -171,11 +175,43 @@ impl HintFile {
                 map.len()
             ));
         }
+        let guard = GuardedRange::new(map.as_ptr(), map.len())
+            .map_err(|e| format!("hint file {}: {e}", path.display()))?;
         Ok(HintFile {
+            guard,
             map,
             path: path.to_path_buf(),
             _lock: lock,
         })
+    }
+
+    /// Open the file at the same path again (repairing it), for a damaged mapping. The lock
+    /// moves to the new descriptor; on failure this one keeps it.
+    ///
+    /// # Errors
+    ///
+    /// As [`HintFile::open`].
+    pub fn reopen(&mut self) -> Result<Opened, String> {
+        // SAFETY: flock on our own valid descriptor.
+        unsafe { libc::flock(self._lock.as_raw_fd(), libc::LOCK_UN) };
+        match HintFile::open(&self.path) {
+            Ok((hints, opened)) => {
+                *self = hints;
+                Ok(opened)
+            }
+            Err(e) => {
+                // SAFETY: as above.
+                unsafe { libc::flock(self._lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether another process shrank the file under the mapping: the agent's writes since went
+    /// to private zero pages, and the plugins reading it went to all SOUT. The agent then opens
+    /// the file again (which repairs it) and writes its flows back.
+    pub fn damaged(&self) -> bool {
+        self.guard.faulted()
     }
 
     /// Where the file is.

@@ -11,7 +11,7 @@ use mpib::proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
 use crate::config::{Policies, Subnet};
 use crate::measure::FlowMeasurement;
 use crate::policy::{Adaptive, Decision, FlowPolicy, PolicyKind};
-use crate::shm::HintFile;
+use crate::shm::{HintFile, Opened};
 use crate::slots::{ConnectionKey, Pair, Process, Registered, SlotTable};
 
 /// One flow's agent-side state.
@@ -99,6 +99,26 @@ fn bump<K: Ord>(map: &mut BTreeMap<K, u64>, key: K) {
 }
 
 impl State {
+    /// Open a damaged hint file again (repairing it) and write every flow's address pair and
+    /// last share back.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened again; the damaged mapping stays.
+    pub fn repair_hints(&mut self) -> Result<Opened, String> {
+        let opened = self.hints.reopen()?;
+        for flow in self.slots.flows() {
+            let slot = flow.slot as usize;
+            self.hints.write_flow(slot, flow.pair.src, flow.pair.dst);
+            let share = self
+                .flows
+                .get(&flow.slot)
+                .map_or(0, |f| f.pinned.unwrap_or(f.sup_bw));
+            self.hints.write_sup_bw(slot, share);
+        }
+        Ok(opened)
+    }
+
     /// State over `hints`, taking back the flows the file names (a restart).
     pub fn new(hints: HintFile, policies: &Policies) -> State {
         let mut state = State {
@@ -308,7 +328,8 @@ impl State {
             } else {
                 flow.idle_s + interval_ns as f64 / 1e9
             };
-            if entry.seq % 2 == 0 && entry.sup_bw != flow.sup_bw {
+            // (A shrunk file reads zeros until the daemon repairs it: not someone's write.)
+            if entry.seq % 2 == 0 && entry.sup_bw != flow.sup_bw && !self.hints.damaged() {
                 // Someone else wrote the entry (a third-party tool): respect it.
                 self.counters.external_writes += 1;
                 flow.pinned = Some(entry.sup_bw);

@@ -407,3 +407,37 @@ fn flows_taken_back_after_a_restart_are_given_up_only_when_the_table_is_full() {
     assert_eq!(slot_of(request(&socket, register(999, 99))), 0);
     assert_eq!(again.entry(0).3, Ipv4Addr::new(10, 0, 0, 99));
 }
+
+#[test]
+fn a_hint_file_shrunk_under_the_agent_is_repaired_not_fatal() {
+    let dir = temp_dir("shrunk");
+    let agent = Agent::start(&dir, &["--policy", "static", "--interval-ms", "50"]);
+    assert_eq!(slot_of(request(&agent.socket(), register(1, 2))), 0);
+    assert_eq!(slot_of(request(&agent.socket(), register(2, 3))), 1);
+    let (code, _, _) = agent.command(&["set", "1", "300"]);
+    assert_eq!(code, 0);
+    // Another process shrinks the file; the agent's next write faults.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(agent.hints())
+        .expect("open the hint file")
+        .set_len(0)
+        .expect("truncate it");
+    let (code, out, err) = agent.command(&["set", "1", "400"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !agent.log_text().contains("another process shrank it") {
+        assert!(std::time::Instant::now() < deadline, "{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log_text();
+    assert!(log.contains("Repaired and its flows written back"), "{log}");
+    let (share, seq, src, dst) = agent.entry(1);
+    assert_eq!(share, 400, "the last share written back");
+    assert_eq!(seq % 2, 0);
+    assert!(
+        !src.is_unspecified() && !dst.is_unspecified(),
+        "the flow's pair written back"
+    );
+    assert_eq!(agent.stop(), 0, "still running, stops cleanly");
+}

@@ -328,20 +328,14 @@ impl Collector {
             return;
         };
         if now.len < t.identity.len {
-            warn!(
-                "probes file {} shrank from {} to {} bytes; dropped",
-                path.display(),
-                t.identity.len,
-                now.len
-            );
-            self.skipped[TRUNCATED] += 1;
-            if let Some(t) = self.tracked.remove(path) {
-                self.retire(&t);
-            }
-            self.refused.insert(path.to_path_buf(), now);
-            return;
+            let how = format!("shrank from {} to {} bytes", t.identity.len, now.len);
+            return self.drop_truncated(path, now, &how);
         }
         let snap = t.process.reader().snapshot();
+        if t.process.reader().faulted() {
+            // Truncated between the size check and the read: the guard gave zeros.
+            return self.drop_truncated(path, now, "shrank while being read");
+        }
         let heartbeat_age = Duration::from_nanos(ctx.now_ns.saturating_sub(snap.heartbeat_ns));
         if snap.closed_ns != 0 {
             self.finish(path, ctx, Finish::Closed);
@@ -356,6 +350,17 @@ impl Collector {
                 self.fading.remove(&(info.host.clone(), info.pid));
             }
         }
+    }
+
+    /// Stop exporting a file another process truncated (its values are gone): counted as
+    /// `truncated`, refused until it changes.
+    fn drop_truncated(&mut self, path: &Path, now: Identity, how: &str) {
+        warn!("probes file {} {how}; dropped", path.display());
+        self.skipped[TRUNCATED] += 1;
+        if let Some(t) = self.tracked.remove(path) {
+            self.retire(&t);
+        }
+        self.refused.insert(path.to_path_buf(), now);
     }
 
     /// Whether a new writer must wait for the old series of its `host`/`pid` to expire
@@ -414,8 +419,9 @@ impl Collector {
         let Some(mut t) = self.tracked.remove(path) else {
             return;
         };
-        if t.exported {
-            let snap = t.process.reader().snapshot();
+        let snap = t.process.reader().snapshot();
+        // A file truncated meanwhile reads as zeros: no last export of those.
+        if t.exported && !t.process.reader().faulted() {
             let lines = t.process.export(ctx, &snap);
             let info = t.process.info();
             let until = Instant::now() + self.idle_timeout;

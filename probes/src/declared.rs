@@ -219,6 +219,10 @@ declare! {
     EVENTS_CONTENDED: ProcessCounter = 3, Count, Merge::Sum, "mpib_events_contended_total",
         "Slow-transfer events the plugin gave up because another of its threads was writing \
          the event ring at that moment (it never waits for it).";
+    /// Advanced-mode connections that stopped reading a hint file another process broke.
+    HINT_FILE_LOST: ProcessCounter = 4, Count, Merge::Sum, "mpib_hint_file_lost_total",
+        "Advanced-mode connections that stopped reading the agent's hint file because another \
+         process shrank, replaced or removed it: they move all their bytes on SOUT.";
 }
 
 /// Bytes of a declaration's name field (the name is at most one byte shorter).

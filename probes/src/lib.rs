@@ -106,6 +106,8 @@ pub mod counters;
 #[cfg(not(loom))]
 pub mod declared;
 #[cfg(not(loom))]
+pub mod guard;
+#[cfg(not(loom))]
 mod lanes;
 #[cfg(not(loom))]
 mod layout;
@@ -118,6 +120,8 @@ pub mod writer;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+#[cfg(all(test, not(loom)))]
+mod tests_guard;
 #[cfg(all(test, not(loom)))]
 mod tests_lanes;
 

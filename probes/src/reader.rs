@@ -11,8 +11,10 @@
 //!
 //! The file is mapped read-only, so every atomic access here is a `Relaxed` load (the only
 //! kind guaranteed to work on read-only memory), followed by `fence(Acquire)` where ordering
-//! matters. All bounds are checked once in `open`; after that, reads cannot leave the mapping
-//! as long as nobody truncates the file (writers never do).
+//! matters. All bounds are checked once in `open`; after that, reads cannot leave the mapping.
+//! Writers never truncate, but anyone who can write the file can: the mapping is guarded
+//! ([`crate::guard`]), so a read past a new end returns zeros and [`ProbesReader::faulted`]
+//! says so, instead of a `SIGBUS` ending the reader.
 
 use std::fmt;
 use std::fs::File;
@@ -26,6 +28,7 @@ use crate::declared::{
     declared_in_minor_0, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope,
     DECLARATIONS,
 };
+use crate::guard::GuardedRange;
 use crate::histogram::HistogramSnapshot;
 use crate::layout::{
     ConnSlot, DeclarationRecord, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc,
@@ -209,6 +212,9 @@ pub struct DrainedEvents {
 
 /// A probes file mapped read-only and checked.
 pub struct ProbesReader {
+    /// Turns a fault of the mapping (the file shrank after `open`) into zero pages; dropped
+    /// before `map`.
+    guard: GuardedRange,
     map: MmapRaw,
     path: PathBuf,
     regions: [RegionDesc; REGION_COUNT],
@@ -237,6 +243,8 @@ impl ProbesReader {
             return Ok(LoadState::AwaitVersion);
         }
         let map = MmapOptions::new().map_raw_read_only(&file)?;
+        // Before the first access: the file may shrink at any time from here on.
+        let guard = GuardedRange::new(map.as_ptr(), map.len())?;
         let base = map.as_ptr();
         // SAFETY: the mapping is at least HEADER_LEN bytes and page-aligned; bytes 8..12 are
         // the version word, an AtomicU32 (4-aligned), only ever loaded Relaxed.
@@ -264,6 +272,7 @@ impl ProbesReader {
         let path = path.to_path_buf();
         let regions = header.regions;
         let mut reader = ProbesReader {
+            guard,
             map,
             path,
             regions,
@@ -327,6 +336,12 @@ impl ProbesReader {
     /// Declaration records this reader could not use, each with the reason.
     pub fn refused_declarations(&self) -> &[String] {
         &self.refused_declarations
+    }
+
+    /// Whether the file shrank under the mapping since `open` (another process truncated
+    /// it): what was read since is zeros, not the writer's values. Check it after reading.
+    pub fn faulted(&self) -> bool {
+        self.guard.faulted()
     }
 
     /// The path this reader opened.

@@ -21,7 +21,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64 as SerialCounter};
@@ -35,6 +35,7 @@ use crate::declared::{
     self, Declaration, ProcessCounter, CONNECTION_CLAIM_FAILURES, DECLARATIONS,
     DECLARATION_CAPACITY, EVENTS_CONTENDED,
 };
+use crate::guard::GuardedRange;
 use crate::lanes;
 use crate::layout::{
     DeclarationRecord, FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC,
@@ -57,8 +58,12 @@ pub fn file_name(pid: u32, start_ns: u64) -> String {
 /// A created file: its mapping, shared with the writer lanes' leases (which release their lane
 /// on thread exit only while the file is still mapped).
 pub(crate) struct Owner {
+    /// Turns a fault of the mapping (the file shrank) into zero pages; dropped before `_map`.
+    guard: GuardedRange,
     /// Keeps the mapping alive for as long as `image` is used.
     _map: MmapRaw,
+    /// The file's device and inode, to notice it was removed or replaced.
+    identity: (u64, u64),
     image: NonNull<FileImage>,
     /// Unique within the process: which file a thread's lane lease is for.
     serial: u64,
@@ -155,6 +160,15 @@ impl ProbesFile {
             let _ = fs::remove_file(&path);
             return Err(io::Error::other("probes: mmap returned null"));
         };
+        let guarded = GuardedRange::new(map.as_ptr(), FILE_LEN)
+            .and_then(|guard| Ok((guard, file.metadata()?)));
+        let (guard, metadata) = match guarded {
+            Ok(guarded) => guarded,
+            Err(err) => {
+                let _ = fs::remove_file(&path);
+                return Err(err);
+            }
+        };
         // SAFETY: the mapping is FILE_LEN = size_of::<FileImage>() bytes, page-aligned (so
         // 128-aligned), readable and writable, and lives in `owner` as long as `image`.
         unsafe { write_header(image.as_ptr().cast::<Header>(), &header_image(info)) };
@@ -173,7 +187,9 @@ impl ProbesFile {
         header.abi_version.store(ABI_VERSION, Ordering::Release);
         static SERIALS: SerialCounter = SerialCounter::new(1);
         let owner = Owner {
+            guard,
             _map: map,
+            identity: (metadata.dev(), metadata.ino()),
             image,
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             path,
@@ -293,6 +309,26 @@ impl ProbesFile {
         Ring::new(&image.ring, &image.events).map_or(0, |ring| ring.written())
     }
 
+    /// What happened to the file if another process shrank, removed or replaced it (the
+    /// writer goes on writing into memory nobody reads): `None` while it is fine, when
+    /// disabled, and after [`remove`](ProbesFile::remove). One `stat` of the path; call it off
+    /// the hot path.
+    pub fn lost(&self) -> Option<&'static str> {
+        let owner = self.owner.as_ref()?;
+        if owner.removed.load(Ordering::Acquire) {
+            return None;
+        }
+        if owner.guard.faulted() {
+            return Some("it shrank under the mapping (truncated by another process)");
+        }
+        match fs::symlink_metadata(&owner.path) {
+            Ok(m) if (m.dev(), m.ino()) == owner.identity => None,
+            Ok(_) => Some("another file was put in its place"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some("it was removed"),
+            Err(_) => None,
+        }
+    }
+
     /// Mark a clean shutdown (`closed_ns`) and unlink the file. Idempotent; handles stay
     /// valid until the `ProbesFile` is dropped. A no-op when disabled.
     ///
@@ -309,6 +345,12 @@ impl ProbesFile {
         // SYNC: none: read Relaxed by the collector, which only compares it with 0.
         let header = &self.image().header;
         header.closed_ns.store(now_ns().max(1), Ordering::Relaxed);
+        // Another file now at the path is not ours to remove (the race with a rename between
+        // this check and the unlink needs a process that can write the directory anyway).
+        let ours = fs::symlink_metadata(&owner.path).map(|m| (m.dev(), m.ino()));
+        if ours.is_ok_and(|identity| identity != owner.identity) {
+            return Ok(());
+        }
         match fs::remove_file(&owner.path) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
             _ => Ok(()),

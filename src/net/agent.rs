@@ -5,10 +5,14 @@
 //! Only advanced mode (`MPIB_MODE=1`) maps it; vanilla never does. Without it (or without a slot)
 //! every transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::unix::fs::MetadataExt as _;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use memmap2::Mmap;
+use mpib_probes::guard::GuardedRange;
 
+use super::telemetry::Telemetry;
 use crate::log;
 use crate::params::Settings;
 use crate::proto::hint::{
@@ -19,30 +23,85 @@ use crate::proto::hint::{
 /// Seqlock read attempts per transfer before keeping the previous value.
 const HINT_TRIES: u32 = 8;
 
+/// Reads between two checks that the mapped file is still the one at the path and whole: a
+/// `stat` every 64 sends costs a few ns per send. Until a check notices, a shrunk file reads
+/// zeros (all SOUT) through the guard, and a replaced one the last values its agent wrote.
+const CHECK_EVERY: u32 = 64;
+
+/// The hint file mapped once per process and path, shared by every connection reading it.
+struct HintMapping {
+    /// Turns a fault (the file shrank) into zero pages; dropped before `map`.
+    guard: GuardedRange,
+    map: Mmap,
+    path: String,
+    /// The mapped file's device and inode.
+    identity: (u64, u64),
+}
+
+impl HintMapping {
+    /// The process's mapping of `path`, mapped and checked on first use.
+    fn shared(path: &str) -> Result<Arc<HintMapping>, String> {
+        static MAPPINGS: Mutex<Vec<Weak<HintMapping>>> = Mutex::new(Vec::new());
+        let mut mappings = MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner);
+        mappings.retain(|m| m.strong_count() > 0);
+        let live = mappings.iter().filter_map(Weak::upgrade);
+        if let Some(mapping) = live.filter(|m| m.path == path).find(|m| m.lost().is_none()) {
+            return Ok(mapping);
+        }
+        let (map, guard, identity) = map_hints(path)?;
+        let mapping = Arc::new(HintMapping {
+            guard,
+            map,
+            path: path.to_owned(),
+            identity,
+        });
+        mappings.push(Arc::downgrade(&mapping));
+        Ok(mapping)
+    }
+
+    /// Why the mapping no longer shows the agent's hints, if it does not.
+    fn lost(&self) -> Option<&'static str> {
+        if self.guard.faulted() {
+            return Some("it shrank under the mapping (truncated by another process)");
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.identity => None,
+            Ok(_) => Some("another file was put in its place"),
+            Err(_) => Some("it was removed"),
+        }
+    }
+}
+
 /// Reads one connection's hint entry; without a mapping or a slot it reads 0 (all SOUT).
 pub(crate) struct HintReader {
-    map: Option<Mmap>,
+    mapping: Option<Arc<HintMapping>>,
+    telemetry: Option<Arc<Telemetry>>,
     slot: usize,
     last: u32,
+    reads: u32,
 }
 
 impl HintReader {
     /// The reader for vanilla mode or when the agent is absent: always 0.
     pub(crate) fn none() -> HintReader {
         HintReader {
-            map: None,
+            mapping: None,
+            telemetry: None,
             slot: 0,
             last: 0,
+            reads: 0,
         }
     }
 
     /// Maps the hint file read-only for `slot`; on any problem, WARN and read 0.
-    pub(crate) fn open(settings: &Settings, slot: u32) -> HintReader {
-        match map_hints(&settings.hint_path) {
-            Ok(map) => HintReader {
-                map: Some(map),
+    pub(crate) fn open(settings: &Settings, slot: u32, telemetry: Arc<Telemetry>) -> HintReader {
+        match HintMapping::shared(&settings.hint_path) {
+            Ok(mapping) => HintReader {
+                mapping: Some(mapping),
+                telemetry: Some(telemetry),
                 slot: slot as usize,
                 last: 0,
+                reads: 0,
             },
             Err(e) => {
                 warn!(
@@ -56,15 +115,48 @@ impl HintReader {
 
     /// The agent's current SUP share (parts per 1024); keeps the last value if every try raced.
     pub(crate) fn read(&mut self) -> u32 {
-        let Some(map) = &self.map else { return 0 };
+        let Some(mapping) = &self.mapping else {
+            return 0;
+        };
+        self.reads = self.reads.wrapping_add(1);
+        if self.reads % CHECK_EVERY == 0 {
+            if let Some(why) = mapping.lost() {
+                self.lose(why);
+                return 0;
+            }
+        }
         let cell = MappedCell {
-            base: map.as_ptr(),
+            base: mapping.map.as_ptr(),
             offset: entry_offset(self.slot),
         };
         if let Some(value) = read_hint(&cell, HINT_TRIES) {
             self.last = value;
         }
         self.last
+    }
+
+    /// Stop reading a hint file that is gone: all SOUT from now on, counted per connection and
+    /// logged once per process.
+    #[cold]
+    fn lose(&mut self, why: &str) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        let path = self
+            .mapping
+            .take()
+            .map(|m| m.path.clone())
+            .unwrap_or_default();
+        if let Some(telemetry) = self.telemetry.take() {
+            telemetry.hint_file_lost();
+        }
+        self.last = 0;
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            warn!(
+                log::NET,
+                "MPIB_HINT_PATH={path}: {why}; advanced-mode connections reading it now move all \
+                 their bytes on SOUT (counted in mpib_hint_file_lost_total; new connections map \
+                 the file again)"
+            );
+        }
     }
 }
 
@@ -77,7 +169,7 @@ pub fn read_hint_file(path: &str, slot: u32) -> Result<u32, String> {
             "hint slot {slot}, expected below {HINT_MAX_ENTRIES}"
         ));
     }
-    let map = map_hints(path)?;
+    let (map, _guard, _) = map_hints(path)?;
     let cell = MappedCell {
         base: map.as_ptr(),
         offset: entry_offset(slot as usize),
@@ -85,18 +177,20 @@ pub fn read_hint_file(path: &str, slot: u32) -> Result<u32, String> {
     Ok(read_hint(&cell, HINT_TRIES).unwrap_or(0))
 }
 
-fn map_hints(path: &str) -> Result<Mmap, String> {
+/// Maps the file at `path` (guarded before the first access) and checks its size and header;
+/// the mapping, its guard and the file's device and inode.
+fn map_hints(path: &str) -> Result<(Mmap, GuardedRange, (u64, u64)), String> {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let len = file
-        .metadata()
-        .map_err(|e| format!("cannot stat: {e}"))?
-        .len();
+    let metadata = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    let identity = (metadata.dev(), metadata.ino());
+    let len = metadata.len();
     if len < HINT_FILE_LEN as u64 {
         return Err(format!("{len} bytes, expected {HINT_FILE_LEN}"));
     }
     // SAFETY: a read-only shared mapping; the agent writes the entries concurrently, which is
     // why every field is read through atomics (`MappedCell`).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map: {e}"))?;
+    let guard = GuardedRange::new(map.as_ptr(), map.len()).map_err(|e| e.to_string())?;
     let word = |offset: usize| {
         u32::from_ne_bytes([
             map[offset],
@@ -106,7 +200,7 @@ fn map_hints(path: &str) -> Result<Mmap, String> {
         ])
     };
     check_header(word(0), word(4))?;
-    Ok(map)
+    Ok((map, guard, identity))
 }
 
 /// One hint entry inside the mapping.

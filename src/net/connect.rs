@@ -334,7 +334,10 @@ impl Connector {
             .ok_or_else(|| Error::internal("finish before prepare"))?;
         let settings = &self.ctx.settings;
         let hint = match &agent {
-            Some(registration) => HintReader::open(settings, registration.hint_slot),
+            Some(registration) => {
+                let telemetry = Arc::clone(&self.ctx.plugin.telemetry);
+                HintReader::open(settings, registration.hint_slot, telemetry)
+            }
             None => HintReader::none(),
         };
         let info = ConnectionInfo {

@@ -5,8 +5,9 @@
 //! never branches on it. Failing to create the file is not fatal: it is logged and the plugin runs
 //! with probes disabled (telemetry must never take training down).
 
-use mpib_probes::declared::CONNECTIONS_WITHOUT_AGENT;
+use mpib_probes::declared::{CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mpib_probes::{
@@ -31,7 +32,14 @@ pub(crate) struct Telemetry {
     sample_one_in: u32,
     /// Unix-epoch ns minus monotonic ns, so event times need no clock syscall.
     epoch_offset_ns: u64,
+    /// Monotonic ns of the next check that the file is still there and whole.
+    next_check_ns: AtomicU64,
+    /// Whether the loss of the file was logged.
+    lost: AtomicBool,
 }
+
+/// Time between two checks of the probes file (one `stat`), from the heartbeat.
+const CHECK_INTERVAL_NS: u64 = 1_000_000_000;
 
 impl Telemetry {
     /// Creates the probes file for the opened rails (or a disabled one).
@@ -43,6 +51,8 @@ impl Telemetry {
             slow_threshold_ns,
             sample_one_in: 0,
             epoch_offset_ns,
+            next_check_ns: AtomicU64::new(u64::MAX),
+            lost: AtomicBool::new(false),
         };
         if !settings.probes {
             return disabled(ProbesFile::disabled());
@@ -72,6 +82,8 @@ impl Telemetry {
                     slow_threshold_ns,
                     sample_one_in: settings.probes_sample,
                     epoch_offset_ns,
+                    next_check_ns: AtomicU64::new(0),
+                    lost: AtomicBool::new(false),
                 }
             }
             Err(e) => {
@@ -103,10 +115,34 @@ impl Telemetry {
         monotonic_ns + self.epoch_offset_ns
     }
 
-    /// Refreshes the writer heartbeat.
+    /// Refreshes the writer heartbeat; about once a second, also checks that the file is
+    /// still there and whole.
     #[inline]
     pub(crate) fn heartbeat(&self, monotonic_ns: u64) {
         self.file.heartbeat(self.epoch_ns(monotonic_ns));
+        if monotonic_ns >= self.next_check_ns.load(Ordering::Relaxed) {
+            self.check_file(monotonic_ns);
+        }
+    }
+
+    /// One WARN when another process shrank, removed or replaced the probes file: the plugin
+    /// goes on writing into memory nobody reads (a shrunk file's pages became private zero
+    /// pages, see `mpib_probes::guard`), and moving data.
+    #[cold]
+    fn check_file(&self, monotonic_ns: u64) {
+        self.next_check_ns
+            .store(monotonic_ns + CHECK_INTERVAL_NS, Ordering::Relaxed);
+        if let Some(why) = self.file.lost() {
+            if !self.lost.swap(true, Ordering::Relaxed) {
+                let path = self.file.path().map(|p| p.display().to_string());
+                warn!(
+                    log::INIT,
+                    "probes file {}: {why}; this process's telemetry stops (data transfer goes on)",
+                    path.unwrap_or_default()
+                );
+                self.next_check_ns.store(u64::MAX, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether a transfer that took `duration_ns` is recorded, and why; `sequence` drives 1-in-N
@@ -131,6 +167,12 @@ impl Telemetry {
     /// Counts an advanced-mode connection that got no hint slot from the agent.
     pub(crate) fn agent_unavailable(&self) {
         self.file.add(CONNECTIONS_WITHOUT_AGENT, 1);
+    }
+
+    /// Counts an advanced-mode connection that stopped reading a hint file that shrank, was
+    /// replaced or was removed.
+    pub(crate) fn hint_file_lost(&self) {
+        self.file.add(HINT_FILE_LOST, 1);
     }
 
     /// Removes the file (clean shutdown); dropping the last reference does it too.
