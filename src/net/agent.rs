@@ -38,6 +38,9 @@ impl HintReader {
 
     /// Maps the hint file read-only for `slot`; on any problem, WARN and read 0.
     pub(crate) fn open(settings: &Settings, slot: u32) -> HintReader {
+        if !super::registration::hint_file_trusted(settings) {
+            return HintReader::none();
+        }
         match map_hints(&settings.hint_path) {
             Ok(map) => HintReader {
                 map: Some(map),

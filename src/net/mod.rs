@@ -364,3 +364,5 @@ mod tests_agent;
 mod tests_peer;
 #[cfg(test)]
 mod tests_threads;
+#[cfg(test)]
+mod tests_trust;
