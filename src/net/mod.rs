@@ -24,6 +24,7 @@ mod memory;
 mod oob;
 mod peer;
 mod plugin;
+mod probes_access;
 mod profiler;
 mod recv;
 mod registration;
