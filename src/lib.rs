@@ -19,3 +19,4 @@ pub mod ffi;
 pub mod net;
 pub mod params;
 pub mod proto;
+mod trust;

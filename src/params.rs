@@ -106,6 +106,13 @@ pub const PARAMS: &[Param] = &[
         doc: "Advanced mode: the agent's registration socket (assigns each connection a hint slot).",
     },
     Param {
+        name: "MPIB_TRUSTED_UIDS",
+        default: "",
+        doc: "Besides root and the job's own user, the users (uids or names of /etc/passwd, comma separated) \
+              who may own the agent's socket, hint file and their directories, and the probes directory \
+              (an agent run as a dedicated user; docs/SECURITY.md).",
+    },
+    Param {
         name: "MPIB_IB_GID_INDEX",
         default: "",
         doc: "RoCE GID table index for both rails; unset: the IPv4-mapped RoCE v2 GID, chosen as NCCL does.",
@@ -154,6 +161,12 @@ pub const PARAMS: &[Param] = &[
         name: "MPIB_PROBES_DIR",
         default: "/dev/shm/mpib",
         doc: "Directory of the probes files (one per process, removed on clean shutdown).",
+    },
+    Param {
+        name: "MPIB_PROBES_GROUP",
+        default: "",
+        doc: "Group (gid or name of /etc/group) that may read the probes files: a new MPIB_PROBES_DIR is made \
+              0750 and each file 0640 with this group (unset: 0700 and 0600, the job's user only).",
     },
     Param {
         name: "MPIB_SLOW_US",
@@ -247,6 +260,8 @@ pub struct Settings {
     pub hint_path: String,
     /// MPIB_AGENT_SOCKET.
     pub agent_socket: String,
+    /// MPIB_TRUSTED_UIDS (names resolved), trusted besides root and the effective uid.
+    pub trusted_uids: Vec<u32>,
     /// MPIB_IB_GID_INDEX (None = automatic selection).
     pub gid_index: Option<u8>,
     /// MPIB_IB_TIMEOUT.
@@ -267,6 +282,8 @@ pub struct Settings {
     pub probes: bool,
     /// MPIB_PROBES_DIR.
     pub probes_dir: String,
+    /// MPIB_PROBES_GROUP (the name resolved).
+    pub probes_group: Option<u32>,
     /// MPIB_SLOW_US.
     pub slow_us: u64,
     /// MPIB_PROBES_SAMPLE.
@@ -338,6 +355,8 @@ impl Settings {
             hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| format!("{agent_dir}/hints")),
             agent_socket: get("MPIB_AGENT_SOCKET")
                 .unwrap_or_else(|| format!("{agent_dir}/agent.sock")),
+            trusted_uids: parse_names(&get, "MPIB_TRUSTED_UIDS", crate::trust::parse_uids)?
+                .unwrap_or_default(),
             gid_index: parse_optional(&get, "MPIB_IB_GID_INDEX", 255)?.map(|v| v as u8),
             ib_timeout: parse_int(&get, "MPIB_IB_TIMEOUT", 20, 1, 31)? as u8,
             ib_retry_count: parse_int(&get, "MPIB_IB_RETRY_CNT", 7, 0, 7)? as u8,
@@ -354,6 +373,7 @@ impl Settings {
             force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
             probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
+            probes_group: parse_names(&get, "MPIB_PROBES_GROUP", crate::trust::parse_group)?,
             slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
             probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
             bdp_bytes: u64::from(parse_int(&get, "MPIB_BDP_BYTES", 0, 0, u32::MAX)?),
@@ -423,6 +443,17 @@ fn parse_int(
             &format!("an integer in {min}..={max}"),
         )),
     }
+}
+
+/// A variable of user or group names, resolved by `parse` (whose error says what was expected).
+fn parse_names<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, ParamError> {
+    get(name)
+        .map(|text| parse(&text).map_err(|expected| invalid(name, &text, &expected)))
+        .transpose()
 }
 
 fn parse_optional(
@@ -528,6 +559,26 @@ mod tests {
             settings(&[("MPIB_OOB_ADDR", "10.0.0")]).unwrap_err().name,
             "MPIB_OOB_ADDR"
         );
+    }
+
+    #[test]
+    fn users_and_groups_are_resolved_at_init() {
+        let s = settings(&[
+            ("MPIB_TRUSTED_UIDS", "root, 1234"),
+            ("MPIB_PROBES_GROUP", "0"),
+        ])
+        .unwrap();
+        assert_eq!((s.trusted_uids, s.probes_group), (vec![0, 1234], Some(0)));
+        let s = settings(&[]).unwrap();
+        assert_eq!((s.trusted_uids, s.probes_group), (vec![], None));
+        let e = settings(&[("MPIB_PROBES_GROUP", "no-such-group-mpib")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_PROBES_GROUP");
+        assert!(
+            e.to_string().contains("no group `no-such-group-mpib`"),
+            "{e}"
+        );
+        let e = settings(&[("MPIB_TRUSTED_UIDS", "1,nobody-mpib")]).unwrap_err();
+        assert_eq!(e.name, "MPIB_TRUSTED_UIDS");
     }
 
     #[test]

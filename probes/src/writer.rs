@@ -144,7 +144,7 @@ impl ProbesFile {
             .read(true)
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(0o600)
             .open(&path)?;
         let mapped = file
             .set_len(FILE_LEN as u64)

@@ -95,6 +95,9 @@ impl HintReader {
 
     /// Maps the hint file read-only for `slot`; on any problem, WARN and read 0.
     pub(crate) fn open(settings: &Settings, slot: u32, telemetry: Arc<Telemetry>) -> HintReader {
+        if !super::registration::hint_file_trusted(settings) {
+            return HintReader::none();
+        }
         match HintMapping::shared(&settings.hint_path) {
             Ok(mapping) => HintReader {
                 mapping: Some(mapping),

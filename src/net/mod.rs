@@ -24,6 +24,7 @@ mod memory;
 mod oob;
 mod peer;
 mod plugin;
+mod probes_access;
 mod profiler;
 mod recv;
 mod registration;
@@ -364,3 +365,5 @@ mod tests_agent;
 mod tests_peer;
 #[cfg(test)]
 mod tests_threads;
+#[cfg(test)]
+mod tests_trust;

@@ -14,6 +14,7 @@
 //! job if the agent closed its end first.
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ use crate::proto::agent_wire::{
     conn_id, AgentRequest, AgentResponse, Header, Message, HEADER_LEN, MAX_MESSAGE_LEN,
 };
 use crate::proto::hint::HINT_MAX_ENTRIES;
+use crate::trust::{check_shared_path, is_missing, Trusted};
 
 use super::telemetry::Telemetry;
 
@@ -97,7 +99,7 @@ impl PendingRegistration {
             sup_dst: sup.1.octets(),
         };
         let flow = format!("{local}->{peer}");
-        match connect_nonblocking(&settings.agent_socket) {
+        match connect_trusted(settings) {
             Ok(socket) => Some(PendingRegistration {
                 socket,
                 request: request.encode(),
@@ -110,11 +112,18 @@ impl PendingRegistration {
                 socket_path: settings.agent_socket.clone(),
                 flow,
             }),
-            Err(e) => {
+            Err(Unreachable::Unavailable(e)) => {
                 report_without_slot(format_args!(
                     "MPIB_MODE=1 but the agent at MPIB_AGENT_SOCKET={} is unavailable ({e}); \
                      connection {flow} goes 100% SOUT",
                     settings.agent_socket
+                ));
+                None
+            }
+            Err(Unreachable::Refused(why)) => {
+                report_without_slot(format_args!(
+                    "MPIB_MODE=1 but advanced mode is refused for this path: {why}; connection \
+                     {flow} goes 100% SOUT"
                 ));
                 None
             }
@@ -238,6 +247,88 @@ impl Drop for AgentRegistration {
             ),
         }
     }
+}
+
+/// Why a connection gets no agent.
+pub(super) enum Unreachable {
+    /// Nothing (or nothing usable) answers at the socket.
+    Unavailable(std::io::Error),
+    /// A shared path or the agent's user is not trusted (docs/SECURITY.md, 'The plugin').
+    Refused(String),
+}
+
+/// Connects to the agent once its socket, the hint file and the agent's user are trusted: whoever
+/// can replace them could answer registrations and steer the split. Only a missing path is left
+/// to fail as before (nothing to trust; the connect or the mapping reports it).
+pub(super) fn connect_trusted(settings: &Settings) -> Result<Socket, Unreachable> {
+    let trusted = Trusted::new(&settings.trusted_uids);
+    for (path, what) in [
+        (&settings.agent_socket, "MPIB_AGENT_SOCKET"),
+        (&settings.hint_path, "MPIB_HINT_PATH"),
+    ] {
+        let path = Path::new(path);
+        if !is_missing(path) {
+            check_shared_path(path, what, &trusted).map_err(Unreachable::Refused)?;
+        }
+    }
+    let socket = connect_nonblocking(&settings.agent_socket).map_err(Unreachable::Unavailable)?;
+    // The listener's credentials, recorded by the kernel at listen(): a socket file of a trusted
+    // user may still be served by someone else's process (bound by them, then handed over).
+    let uid = peer_uid(&socket).map_err(Unreachable::Unavailable)?;
+    if trusted.contains(uid) {
+        return Ok(socket);
+    }
+    Err(Unreachable::Refused(format!(
+        "MPIB_AGENT_SOCKET {}: the agent serving it runs as uid {uid}{}; expected {}",
+        settings.agent_socket,
+        crate::trust::user_name(uid).map_or_else(String::new, |n| format!(" ({n})")),
+        trusted.describe()
+    )))
+}
+
+/// Re-checks the hint file right before it is mapped (`HintReader::open`): false, with the WARN of
+/// a connection without a slot, when it is no longer trusted.
+pub(crate) fn hint_file_trusted(settings: &Settings) -> bool {
+    let path = Path::new(&settings.hint_path);
+    let trusted = Trusted::new(&settings.trusted_uids);
+    if is_missing(path) {
+        return true;
+    }
+    match check_shared_path(path, "MPIB_HINT_PATH", &trusted) {
+        Ok(()) => true,
+        Err(why) => {
+            report_without_slot(format_args!(
+                "MPIB_MODE=1 but advanced mode is refused for this path: {why}; the connection \
+                 goes 100% SOUT"
+            ));
+            false
+        }
+    }
+}
+
+/// The effective uid of the process that listens at the other end (`SO_PEERCRED`).
+fn peer_uid(socket: &Socket) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut credentials = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a valid socket descriptor, and `credentials`/`len` describe a writable ucred.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(credentials).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(credentials.uid)
 }
 
 /// A non-blocking Unix stream socket connected to `path`. A Unix socket connects at once or not

@@ -20,8 +20,10 @@ use crate::fabric::Rail;
 use crate::log;
 use crate::params::{Mode, Settings};
 use crate::proto::island::PathClass;
+use crate::trust::Trusted;
 
 use super::comm::ConnectionInfo;
+use super::probes_access;
 use super::request::now_ns;
 use super::resources::Devices;
 
@@ -65,11 +67,25 @@ impl Telemetry {
                 speed_mbps: d.info().speed_mbps,
             })
             .collect();
+        let dir = Path::new(&settings.probes_dir);
+        let trusted = Trusted::new(&settings.trusted_uids);
+        if let Err(why) = probes_access::prepare_dir(dir, settings.probes_group, &trusted) {
+            warn!(
+                log::INIT,
+                "probes disabled for this process: {why}; data transfer goes on"
+            );
+            return disabled(ProbesFile::disabled());
+        }
         let mut info = WriterInfo::for_this_process(rails);
         info.slow_threshold_ns = slow_threshold_ns;
         info.sample_one_in = settings.probes_sample;
-        match ProbesFile::create(Path::new(&settings.probes_dir), &info) {
+        match ProbesFile::create(dir, &info) {
             Ok(file) => {
+                if let (Some(gid), Some(path)) = (settings.probes_group, file.path()) {
+                    if let Err(e) = probes_access::share_file(path, gid) {
+                        warn!(log::INIT, "probes: {e}; the file stays 0600");
+                    }
+                }
                 info!(
                     log::INIT,
                     "probes: {}",
