@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::access::{parse_ids, Access, Kind};
 use crate::policy::PolicyKind;
 
 /// Where things are; fixed for the life of the process (a reload that changes them says a
@@ -54,6 +55,14 @@ pub struct Policies {
     pub control_path: Option<PathBuf>,
     /// RDMA sysfs root (read at start only; flag `--sysfs-root`).
     pub sysfs_root: Option<PathBuf>,
+    /// Users who may register, uids or names, comma-separated (flag `--allowed-uids`).
+    pub allowed_uids: Option<String>,
+    /// Groups whose members (by the gid they connect with) may register (flag
+    /// `--allowed-gids`).
+    pub allowed_gids: Option<String>,
+    /// The two lists resolved to ids, with the flags applied (`Options::load_policies`).
+    #[serde(skip)]
+    pub access: Access,
 }
 
 impl Default for Policies {
@@ -67,6 +76,9 @@ impl Default for Policies {
             metrics_listen: None,
             control_path: None,
             sysfs_root: None,
+            allowed_uids: None,
+            allowed_gids: None,
+            access: Access::default(),
         }
     }
 }
@@ -191,8 +203,17 @@ fn mask(prefix: u8) -> u32 {
 impl Policies {
     /// Parses and checks a TOML text; the error names the file's item that was wrong.
     pub fn from_toml(text: &str) -> Result<Policies, String> {
-        let policies: Policies = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut policies: Policies = toml::from_str(text).map_err(|e| e.to_string())?;
         policies.check()?;
+        let resolve = |key: &str, list: &Option<String>, kind| {
+            list.as_deref()
+                .map(|value| parse_ids(value, kind).map_err(|e| format!("{key}: {e}")))
+                .transpose()
+        };
+        policies.access = Access {
+            uids: resolve("allowed_uids", &policies.allowed_uids, Kind::Users)?,
+            gids: resolve("allowed_gids", &policies.allowed_gids, Kind::Groups)?,
+        };
         Ok(policies)
     }
 
@@ -315,6 +336,14 @@ mod tests {
     }
 
     #[test]
+    fn allowed_lists_resolve_names() {
+        let p = Policies::from_toml("allowed_uids = \"root, 7\"\nallowed_gids = \"0\"").unwrap();
+        assert_eq!(p.access.uids, Some([0, 7].into()));
+        assert_eq!(p.access.gids, Some([0].into()));
+        assert_eq!(Policies::default().access, Access::default());
+    }
+
+    #[test]
     fn bad_files_name_the_item() {
         let cases = [
             ("default = \"fastest\"", "fastest"),
@@ -327,6 +356,11 @@ mod tests {
             ),
             ("[[rule]]\nclass = \"near\"\npolicy = \"capacity\"", "near"),
             ("[[rule]]\npolicy = \"adaptive\"\nsup_bw = 3", "only for"),
+            (
+                "allowed_uids = \"root,nobody-mpib-x\"",
+                "allowed_uids: no user named",
+            ),
+            ("allowed_gids = \"\"", "allowed_gids"),
         ];
         for (text, needle) in cases {
             let error = Policies::from_toml(text).err().unwrap();

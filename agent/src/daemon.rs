@@ -1,6 +1,7 @@
 //! `mpib-agent run`: open the hint file, bind the sockets, serve, and run the policy every
 //! interval until SIGTERM or SIGINT; SIGHUP reloads the configuration file.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -30,6 +31,10 @@ pub struct Options {
     pub policy: Option<PolicyKind>,
     /// `--interval-ms`: overrides the file's interval (kept across reloads).
     pub interval_ms: Option<u64>,
+    /// `--allowed-uids` or `MPIB_AGENT_ALLOWED_UIDS`: overrides the file's `allowed_uids`.
+    pub allowed_uids: Option<BTreeSet<u32>>,
+    /// `--allowed-gids` or `MPIB_AGENT_ALLOWED_GIDS`: overrides the file's `allowed_gids`.
+    pub allowed_gids: Option<BTreeSet<u32>>,
 }
 
 impl Options {
@@ -44,6 +49,12 @@ impl Options {
         }
         if let Some(ms) = self.interval_ms {
             policies.interval_ms = ms;
+        }
+        if let Some(uids) = &self.allowed_uids {
+            policies.access.uids = Some(uids.clone());
+        }
+        if let Some(gids) = &self.allowed_gids {
+            policies.access.gids = Some(gids.clone());
         }
         Ok(policies)
     }

@@ -5,6 +5,7 @@
 //! reads the plugins' probes files and sets each flow's SUP share by its policy. See
 //! `docs/AGENT.md` for the operator's view.
 
+pub mod access;
 pub mod catalog;
 pub mod config;
 pub mod control;

@@ -1,9 +1,11 @@
 //! The `mpib-agent` command: `run` (the daemon, the default), `status`, `set`.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use mpib_agent::access::{parse_ids, Kind};
 use mpib_agent::config::Paths;
 use mpib_agent::control::{self, Command};
 use mpib_agent::daemon::{self, Options};
@@ -13,6 +15,7 @@ const USAGE: &str = "\
 usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--interval-ms N]
                   [--hint-path PATH] [--socket PATH] [--control PATH] [--probes-dir DIR]
                   [--metrics-listen ADDR:PORT|off] [--sysfs-root DIR]
+                  [--allowed-uids LIST] [--allowed-gids LIST]
        mpib-agent status [--control PATH]
        mpib-agent set FLOW|--all SUP_BW|auto [--control PATH]
 
@@ -32,6 +35,13 @@ usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--i
   --probes-dir DIR  the plugins' probes files [env: MPIB_PROBES_DIR; default /dev/shm/mpib]
   --metrics-listen  Prometheus endpoint [default: 127.0.0.1:9465; off: none]
   --sysfs-root DIR  RDMA devices' sysfs [default: /sys/class/infiniband]
+  --allowed-uids LIST
+                    users who may register: uids or names, comma-separated; others are
+                    answered status 2 [env: MPIB_AGENT_ALLOWED_UIDS; file: allowed_uids;
+                    default: any local user, unless --allowed-gids is set]
+  --allowed-gids LIST
+                    groups who may register (the gid the client connects with): gids or
+                    names [env: MPIB_AGENT_ALLOWED_GIDS; file: allowed_gids; default: any]
 
 Exit status: 0 stopped cleanly or command done, 1 failed, 2 bad arguments or configuration.";
 
@@ -133,6 +143,8 @@ fn parse(args: &[String]) -> Result<Action, String> {
             config_path: std::env::var_os("MPIB_AGENT_CONFIG").map(PathBuf::from),
             policy: None,
             interval_ms: None,
+            allowed_uids: env_ids("MPIB_AGENT_ALLOWED_UIDS", Kind::Users)?,
+            allowed_gids: env_ids("MPIB_AGENT_ALLOWED_GIDS", Kind::Groups)?,
         },
         command: None,
         positional: Vec::new(),
@@ -201,6 +213,12 @@ fn read_flag<'a>(args: &'a [String], i: &mut usize, flags: &mut Flags<'a>) -> Re
             paths.sysfs_root = value(args, i, arg)?.into();
             flags.sysfs_given = true;
         }
+        "--allowed-uids" => {
+            flags.options.allowed_uids = Some(flag_ids(value(args, i, arg)?, arg, Kind::Users)?)
+        }
+        "--allowed-gids" => {
+            flags.options.allowed_gids = Some(flag_ids(value(args, i, arg)?, arg, Kind::Groups)?)
+        }
         "--all" => flags.positional.push("all"),
         flag if flag.starts_with('-') && flag.len() > 1 && flag.parse::<i64>().is_err() => {
             return Err(format!("unknown flag {flag:?}"))
@@ -230,6 +248,18 @@ fn apply_file_settings(flags: &mut Flags<'_>) -> Result<(), String> {
         paths.sysfs_root = path.clone();
     }
     Ok(())
+}
+
+/// An allowed list from the variable `name`, if set and not empty.
+fn env_ids(name: &str, kind: Kind) -> Result<Option<BTreeSet<u32>>, String> {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => flag_ids(&value, name, kind).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn flag_ids(value: &str, name: &str, kind: Kind) -> Result<BTreeSet<u32>, String> {
+    parse_ids(value, kind).map_err(|e| format!("{name}: {e}"))
 }
 
 fn parse_policy(text: &str) -> Result<PolicyKind, String> {

@@ -11,7 +11,9 @@
 //!
 //! The client's pid comes from the socket's peer credentials (`SO_PEERCRED`), not from the
 //! `conn_id`, whose pid bits are truncated: it is what ties a connection to a process that may
-//! exit without deregistering.
+//! exit without deregistering. Its uid and gid decide whether it may register at all
+//! (`--allowed-uids`, `--allowed-gids`: [`crate::access`]); a client refused so is answered
+//! status 2 like bad input, counted `not_allowed`, and logged once per uid.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::io::AsRawFd;
@@ -25,6 +27,7 @@ use mpib::proto::agent_wire::{
     AgentRequest, AgentResponse, AgentStatus, Header, HEADER_LEN, MAX_MESSAGE_LEN, MSG_DEREGISTER,
 };
 
+use crate::access::user_label;
 use crate::config::Policies;
 use crate::log;
 use crate::measure::start_ticks;
@@ -104,7 +107,7 @@ pub fn serve(listener: UnixListener, shared: Shared) {
 fn serve_client(mut stream: UnixStream, shared: &Shared) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
-    let process = peer_process(&stream);
+    let peer = peer_process(&stream);
     let mut messages = 0u64;
     loop {
         let mut buffer = [0u8; MAX_MESSAGE_LEN];
@@ -135,10 +138,13 @@ fn serve_client(mut stream: UnixStream, shared: &Shared) {
         let Ok(request) = AgentRequest::decode(&buffer[..expected]) else {
             return refuse(&mut stream, shared, header.msg_type, "wrong_length");
         };
-        let Some(process) = process else {
+        let Some((process, gid)) = peer else {
             return refuse(&mut stream, shared, header.msg_type, "no_credentials");
         };
         let policies = shared.policies.load();
+        if !policies.access.allows(process.uid, gid) {
+            return not_allowed(&mut stream, shared, header.msg_type, process, gid);
+        }
         let response = shared.lock().handle(process, request, &policies);
         if stream.write_all(response.encode().as_bytes()).is_err() {
             return;
@@ -162,6 +168,23 @@ fn refuse(stream: &mut UnixStream, shared: &Shared, msg_type: u8, reason: &'stat
         }
     };
     let _ = stream.write_all(response.encode().as_bytes());
+}
+
+/// Refuses a client whose uid and gid the allowed lists leave out; WARNs once per uid (a job
+/// retries on every connection: one line per connection would flood the log).
+fn not_allowed(stream: &mut UnixStream, shared: &Shared, msg_type: u8, process: Process, gid: u32) {
+    let first = shared.lock().refused_uids.insert(process.uid);
+    if first {
+        log::warn(&format!(
+            "registration refused: {} (pid {}, gid {gid}) is not allowed by --allowed-uids / \
+             --allowed-gids (MPIB_AGENT_ALLOWED_UIDS / MPIB_AGENT_ALLOWED_GIDS, allowed_uids / \
+             allowed_gids); answered status 2, and later refusals of this uid are only counted \
+             (mpib_agent_bad_clients_total{{reason=\"not_allowed\"}})",
+            user_label(process.uid),
+            process.pid
+        ));
+    }
+    refuse(stream, shared, msg_type, "not_allowed");
 }
 
 /// Reads until `buffer` is full, EOF, an error or `deadline`; returns the bytes read (an error
@@ -192,8 +215,8 @@ fn read_full(
     Ok(filled)
 }
 
-/// The connecting process from `SO_PEERCRED`.
-fn peer_process(stream: &UnixStream) -> Option<Process> {
+/// The connecting process and its gid from `SO_PEERCRED` (as they were at `connect`).
+fn peer_process(stream: &UnixStream) -> Option<(Process, u32)> {
     let mut credentials = libc::ucred {
         pid: 0,
         uid: 0,
@@ -215,9 +238,10 @@ fn peer_process(stream: &UnixStream) -> Option<Process> {
         return None;
     }
     let pid = credentials.pid as u32;
-    Some(Process {
+    let process = Process {
         pid,
         start_ticks: start_ticks(pid),
         uid: credentials.uid,
-    })
+    };
+    Some((process, credentials.gid))
 }

@@ -129,7 +129,10 @@ impl HintFile {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&temporary)
             .map_err(|e| format!("hint file {}: cannot create: {e}", temporary.display()))?;
-        // Readable by every job on the host, whatever the agent's umask.
+        // Readable by every job on the host, whatever the agent's umask: jobs of other users
+        // than the agent's map it. It holds no secret, only each flow's SUP share and its SOUT
+        // address pair (which every local user can see in the routing table anyway); only the
+        // agent writes it.
         let _ = file.set_permissions(std::fs::Permissions::from_mode(0o644));
         let built = file
             .set_len(HINT_FILE_LEN as u64)
@@ -274,7 +277,9 @@ impl HintFile {
 }
 
 /// Creates the directory (mode 0755) if missing; refuses one owned by another user (anyone who
-/// created `/tmp/mpib` first would otherwise control what the plugins read).
+/// created `/tmp/mpib` first would otherwise control what the plugins read) and one its group or
+/// others may write (they could remove the socket and bind their own, or swap the hint file:
+/// every job would then register with, and read shares from, an impostor).
 pub fn create_private_dir(dir: &Path) -> Result<(), String> {
     match std::fs::DirBuilder::new()
         .recursive(true)
@@ -296,6 +301,14 @@ pub fn create_private_dir(dir: &Path) -> Result<(), String> {
             "directory {} is owned by uid {}, not by this agent (uid {uid}) or root",
             dir.display(),
             meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "directory {} is writable by its group or others (mode {mode:04o}): they could \
+             replace the agent's socket or hint file; chmod go-w it or use another directory",
+            dir.display()
         ));
     }
     Ok(())
@@ -360,6 +373,22 @@ mod tests {
         );
         assert!(hints.flows().is_empty());
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_directory_others_may_write_is_refused() {
+        let path = temp("open-dir");
+        let dir = path.parent().unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let error = HintFile::open(&path).err().unwrap();
+        assert!(
+            error.contains("writable by its group or others (mode 1777)"),
+            "{error}"
+        );
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        assert!(HintFile::open(&path).is_ok());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

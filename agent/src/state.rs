@@ -68,6 +68,8 @@ pub struct State {
     /// Slots a live connection reads, per the probes files of the last tick (`None` until they
     /// have been read once after a start).
     pub in_use: Option<BTreeSet<u32>>,
+    /// Uids refused as not allowed so far: each is logged once, not once per connection.
+    pub refused_uids: BTreeSet<u32>,
 }
 
 impl Counters {
@@ -86,6 +88,7 @@ impl Counters {
                 "silent",
                 "busy",
                 "no_credentials",
+                "not_allowed",
             ]),
             reclaimed: zeros(&["process_exited", "orphan_unused"]),
             reloads: zeros(&["ok", "error"]),
@@ -129,6 +132,7 @@ impl State {
             probes_files: 0,
             started: Instant::now(),
             in_use: None,
+            refused_uids: BTreeSet::new(),
         };
         for (slot, entry) in state.hints.flows() {
             if entry.seq % 2 == 1 {

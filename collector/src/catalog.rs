@@ -174,7 +174,8 @@ specs! {
          scan; the log says why once).";
     /// Probes files refused.
     PROBES_SKIPPED = "mpib_probes_skipped_total", Counter, Count, SKIP_LABELS,
-        "Probes files refused, by reason: version, corrupt or truncated (each counted once).";
+        "Probes files refused, by reason: version, corrupt, truncated or untrusted (each \
+         counted once).";
     /// Dead writers' files removed.
     PROBES_REAPED = "mpib_probes_reaped_total", Counter, Count, COLLECTOR_LABELS,
         "Probes files of dead writers removed by the collector.";

@@ -11,6 +11,8 @@
 //! | `closed_ns` set, or gone from the directory | exported one last time, then its series expire |
 //! | a newer file of the same `host`/`pid` | superseded: a restart, exported one last time |
 //! | pid gone and heartbeat older than `stale_after` | exported one last time, then reaped (unlinked, counted, logged) |
+//! | new, untrusted (`trust`: a symlink, writable by group or others, an owner not allowed, a forgery) | one log line, counted once (`untrusted`), not reopened until the file, its owner or its mode changes; reaped like a refused file |
+//! | new, `Ready`, its pid not running | not exported (its owner cannot be checked); retried next scan; reaped when closed or its heartbeat is older than `stale_after` |
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
@@ -30,12 +32,14 @@ use crate::hint::{HintError, HintTable};
 use crate::process::{ExportContext, Process};
 use crate::sysfs;
 use crate::traces::Traces;
+use crate::trust::{self, FileCheck, Stat, WriterCheck};
 
 /// Refusal reasons, in `mpib_probes_skipped_total{reason}` order.
-const REASONS: [&str; 3] = ["version", "corrupt", "truncated"];
+const REASONS: [&str; 4] = ["version", "corrupt", "truncated", "untrusted"];
 const VERSION: usize = 0;
 const CORRUPT: usize = 1;
 const TRUNCATED: usize = 2;
+const UNTRUSTED: usize = 3;
 
 struct Tracked {
     process: Process,
@@ -71,7 +75,7 @@ pub struct Collector {
     /// Histogram lines of writers that went away (since when), kept while the recorder still
     /// has their other series.
     fading: HashMap<(String, u32), (Instant, Vec<String>)>,
-    skipped: [u64; 3],
+    skipped: [u64; REASONS.len()],
     reaped: u64,
     declarations_refused: u64,
     /// When this collector started, ns since the Unix epoch: the start of its own series.
@@ -109,7 +113,7 @@ impl Collector {
             refused: BTreeMap::new(),
             retired: HashMap::new(),
             fading: HashMap::new(),
-            skipped: [0; 3],
+            skipped: [0; REASONS.len()],
             reaped: 0,
             declarations_refused: 0,
             started_ns: mpib_probes::now_ns(),
@@ -234,42 +238,21 @@ impl Collector {
             return;
         };
         let shown = path.display();
-        let reason = match ProbesReader::open(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
-            Err(e) => {
-                if self.quiet.insert(path.to_path_buf()) {
-                    warn!("cannot open probes file {shown}: {e}");
-                }
-                return;
+        let stat = match trust::check_file(path, self.config.allowed_uids.as_ref()) {
+            Ok(FileCheck::Passed(stat)) => stat,
+            Ok(FileCheck::Untrusted(stat, why)) => {
+                return self.distrust(path, identity, &stat, &why)
             }
+            Err(e) => return self.cannot_open(path, &e),
+        };
+        let reason = match ProbesReader::open(path) {
+            Err(e) => return self.cannot_open(path, &e),
             Ok(LoadState::AwaitVersion) => {
                 debug!("probes file {shown} not published yet; retrying next scan");
                 self.reap_unreadable(path, &identity, "never published");
                 return;
             }
-            Ok(LoadState::Ready(reader)) => {
-                let info = reader.info();
-                let devices: Vec<String> = info
-                    .rails
-                    .iter()
-                    .map(|r| format!("{}:{}", r.device, r.port))
-                    .collect();
-                info!(
-                    "exporting probes file {shown}: pid {} on {}, ABI {}, rails [{}]",
-                    info.pid,
-                    info.host,
-                    version_string(info.abi_version),
-                    devices.join(", ")
-                );
-                let process = Process::new(reader);
-                let tracked = Tracked {
-                    process,
-                    identity,
-                    exported: false,
-                };
-                self.tracked.insert(path.to_path_buf(), tracked);
-                return;
-            }
+            Ok(LoadState::Ready(reader)) => return self.track(path, identity, &stat, reader),
             Ok(LoadState::Incompatible { found, expected }) => {
                 warn!(
                     "refusing probes file {shown}: it has ABI version {}, this collector reads {} \
@@ -289,6 +272,85 @@ impl Collector {
             }
         };
         self.skipped[reason] += 1;
+        self.refused.insert(path.to_path_buf(), identity);
+    }
+
+    /// A gone file is no error; another error is logged once.
+    fn cannot_open(&mut self, path: &Path, e: &io::Error) {
+        if e.kind() != io::ErrorKind::NotFound && self.quiet.insert(path.to_path_buf()) {
+            warn!("cannot open probes file {}: {e}", path.display());
+        }
+    }
+
+    /// Whether the operator listed `uid` in `--allowed-uids`.
+    fn listed(&self, uid: u32) -> bool {
+        self.config
+            .allowed_uids
+            .as_ref()
+            .is_some_and(|uids| uids.contains(&uid))
+    }
+
+    /// Export a ready file from this scan on when its writer is trusted: the process it claims
+    /// runs as the file's owner (or the owner is root). An untrusted file is refused; a file
+    /// whose pid is not running is left for the next scan, or reaped as a dead writer's.
+    fn track(&mut self, path: &Path, identity: Identity, stat: &Stat, reader: ProbesReader) {
+        let info = reader.info();
+        match trust::check_writer(path, stat, info.pid) {
+            WriterCheck::Trusted if trust::still_same(path, &identity, stat) => {}
+            WriterCheck::Trusted => return, // replaced meanwhile: look again next scan
+            WriterCheck::Untrusted(why) => return self.distrust(path, identity, stat, &why),
+            WriterCheck::Dead if trust::dead_file_is_stale(&reader, self.config.stale_after) => {
+                let why = "writer pid is gone and its file is closed or stale";
+                return self.reap(path, info.pid, why);
+            }
+            // An owner the operator listed is trusted without its process: what a collector
+            // in its own PID namespace (no writer visible) relies on.
+            WriterCheck::Dead if self.listed(stat.uid) => {}
+            WriterCheck::Dead => {
+                if self.quiet.insert(path.to_path_buf()) {
+                    info!(
+                        "not exporting probes file {}: its writer pid {} is not running (or not \
+                         visible here), so its owner cannot be checked against it; list the \
+                         owner in --allowed-uids to trust it without its process",
+                        path.display(),
+                        info.pid
+                    );
+                }
+                return;
+            }
+        }
+        let devices: Vec<String> = info
+            .rails
+            .iter()
+            .map(|r| format!("{}:{}", r.device, r.port))
+            .collect();
+        info!(
+            "exporting probes file {}: pid {} on {}, ABI {}, rails [{}]",
+            path.display(),
+            info.pid,
+            info.host,
+            version_string(info.abi_version),
+            devices.join(", ")
+        );
+        let process = Process::new(reader);
+        let tracked = Tracked {
+            process,
+            identity,
+            exported: false,
+        };
+        self.tracked.insert(path.to_path_buf(), tracked);
+    }
+
+    /// Refuse an untrusted file: one WARN, counted once, not reopened until it changes.
+    fn distrust(&mut self, path: &Path, identity: Identity, stat: &Stat, why: &str) {
+        warn!(
+            "not exporting probes file {}: owner {}, mode {:04o}: {why}; skipped until the \
+             file, its owner or its mode changes",
+            path.display(),
+            trust::user_label(stat.uid),
+            stat.mode
+        );
+        self.skipped[UNTRUSTED] += 1;
         self.refused.insert(path.to_path_buf(), identity);
     }
 
@@ -508,7 +570,7 @@ impl Collector {
             .collect();
         for (path, identity) in entries {
             match Identity::of(&path) {
-                Ok(now) if now.same_file(&identity) && now.len == identity.len => {
+                Ok(now) if now.unchanged(&identity) => {
                     self.reap_unreadable(&path, &now, "refused file of a dead writer");
                 }
                 _ => {

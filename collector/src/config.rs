@@ -2,6 +2,7 @@
 //! defaults. Parsing is a pure function of the arguments and an environment lookup, so it is
 //! tested without touching the process environment.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,6 +33,9 @@ pub struct Config {
     pub hint_path: PathBuf,
     /// Root of sysfs (`/sys`); tests point it at a fake tree.
     pub sysfs_root: PathBuf,
+    /// Owners whose probes files may be exported; `None` = any owner (the other trust checks
+    /// still apply: docs/SECURITY.md).
+    pub allowed_uids: Option<BTreeSet<u32>>,
     /// Scan and export once, print the Prometheus text to stdout and exit.
     pub once: bool,
 }
@@ -49,6 +53,7 @@ impl Default for Config {
             otlp_metrics_interval: Duration::from_millis(10_000),
             hint_path: PathBuf::from("/tmp/mpib/hints"),
             sysfs_root: PathBuf::from("/sys"),
+            allowed_uids: None,
             once: false,
         }
     }
@@ -118,6 +123,8 @@ impl Signals {
 }
 
 /// What the command line asks for.
+// Made once per run and matched at once: the size of `Run` costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Run the collector.
@@ -188,6 +195,11 @@ OPTIONS:
     --sysfs-root <DIR>       Root of sysfs for the NICs' own counters
                              (<DIR>/class/infiniband/<dev>/ports/<port>/{{counters,hw_counters}}).
                              [env: MPIB_SYSFS_ROOT] [default: /sys]
+    --allowed-uids <LIST>    Export only probes files owned by these users: uids or user
+                             names, comma-separated. Whatever the list, a file is exported
+                             only when it is a regular file nobody but its owner may write,
+                             owned by root or by the user of the live process it claims.
+                             [env: MPIB_COLLECTOR_ALLOWED_UIDS] [default: any owner]
     --once                   Scan once, print the Prometheus text to stdout, flush traces,
                              export the OTLP metrics once and exit (no HTTP endpoint).
     -h, --help               Print this help and exit.
@@ -216,9 +228,10 @@ enum Opt {
     OtlpMetricsInterval,
     HintPath,
     SysfsRoot,
+    AllowedUids,
 }
 
-const OPTIONS: [(&str, &str, Opt); 10] = [
+const OPTIONS: [(&str, &str, Opt); 11] = [
     ("--probes-dir", "MPIB_PROBES_DIR", Opt::ProbesDir),
     (
         "--interval-ms",
@@ -253,6 +266,11 @@ const OPTIONS: [(&str, &str, Opt); 10] = [
     ),
     ("--hint-path", "MPIB_HINT_PATH", Opt::HintPath),
     ("--sysfs-root", "MPIB_SYSFS_ROOT", Opt::SysfsRoot),
+    (
+        "--allowed-uids",
+        "MPIB_COLLECTOR_ALLOWED_UIDS",
+        Opt::AllowedUids,
+    ),
 ];
 
 /// Parse `args` (without the program name), reading unset options from `env`.
@@ -314,6 +332,7 @@ fn apply(config: &mut Config, opt: Opt, value: &str) -> Result<(), String> {
         Opt::OtlpMetricsInterval => config.otlp_metrics_interval = parse_ms(value, 100)?,
         Opt::HintPath => config.hint_path = PathBuf::from(value),
         Opt::SysfsRoot => config.sysfs_root = PathBuf::from(value),
+        Opt::AllowedUids => config.allowed_uids = Some(crate::trust::parse_uids(value)?),
     }
     Ok(())
 }
@@ -462,6 +481,28 @@ mod tests {
             .0;
         assert!(e.contains("outside 100..=3600000"), "{e}");
         assert_eq!(Signals::parse(" metrics , traces"), Ok(Signals::default()));
+    }
+
+    #[test]
+    fn allowed_uids() {
+        let Command::Run(c) = run(&["--allowed-uids", "root, 1001"], &[]).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.allowed_uids, Some(BTreeSet::from([0, 1001])));
+        let env = [("MPIB_COLLECTOR_ALLOWED_UIDS", "7")];
+        let Command::Run(c) = run(&[], &env).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.allowed_uids, Some(BTreeSet::from([7])));
+        let e = run(&["--allowed-uids=nobody-mpib-x"], &[]).unwrap_err().0;
+        assert!(
+            e.starts_with("--allowed-uids") && e.contains("no user named 'nobody-mpib-x'"),
+            "{e}"
+        );
+        let e = run(&[], &[("MPIB_COLLECTOR_ALLOWED_UIDS", "1,,2")])
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("MPIB_COLLECTOR_ALLOWED_UIDS"), "{e}");
     }
 
     #[test]

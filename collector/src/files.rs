@@ -20,6 +20,10 @@ pub struct Identity {
     pub len: u64,
     /// Modification time, ns since the Unix epoch (as far as the file system keeps it).
     pub mtime_ns: i128,
+    /// Owner.
+    pub uid: u32,
+    /// Permission bits.
+    pub mode: u32,
 }
 
 impl Identity {
@@ -35,12 +39,23 @@ impl Identity {
             ino: meta.ino(),
             len: meta.len(),
             mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            uid: meta.uid(),
+            mode: meta.mode() & 0o7777,
         })
     }
 
     /// Same file (device and inode), whatever its length and time.
     pub fn same_file(&self, other: &Identity) -> bool {
         self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// The same file, as long, with the same owner and mode: a refused file is looked at afresh
+    /// when any of these changes (a `chmod go-w` or a `chown` may make it trusted).
+    pub fn unchanged(&self, other: &Identity) -> bool {
+        self.same_file(other)
+            && self.len == other.len
+            && self.uid == other.uid
+            && self.mode == other.mode
     }
 
     /// Time since the last modification (zero if it is in the future).

@@ -15,7 +15,8 @@
 //!
 //! Modules: [`config`] (flags and environment), [`collector`] (the scan and the file life
 //! cycle), [`process`] (one writer's series), [`export`] (the recorder), [`latency`] (the
-//! histogram text), [`hint`] (the agent's hint file), [`files`], [`server`], [`app`].
+//! histogram text), [`hint`] (the agent's hint file), [`files`], [`trust`] (which files are
+//! exported), [`server`], [`app`].
 
 #![forbid(unsafe_code)]
 
@@ -33,3 +34,4 @@ pub mod process;
 pub mod server;
 pub mod sysfs;
 pub mod traces;
+pub mod trust;

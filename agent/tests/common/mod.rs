@@ -45,6 +45,11 @@ pub struct Agent {
 impl Agent {
     /// Starts `mpib-agent run` with its paths in `dir` and `extra` flags; waits until it serves.
     pub fn start(dir: &Path, extra: &[&str]) -> Agent {
+        Agent::start_with_env(dir, extra, &[])
+    }
+
+    /// [`Agent::start`] with variables set for the agent.
+    pub fn start_with_env(dir: &Path, extra: &[&str], vars: &[(&str, &str)]) -> Agent {
         let log = dir.join(format!("agent-{}.log", Instant::now().elapsed().as_nanos()));
         let child = Command::new(env!("CARGO_BIN_EXE_mpib-agent"))
             .arg("run")
@@ -57,6 +62,9 @@ impl Agent {
             .args(["--metrics-listen", "off"])
             .args(extra)
             .env_remove("MPIB_AGENT_CONFIG")
+            .env_remove("MPIB_AGENT_ALLOWED_UIDS")
+            .env_remove("MPIB_AGENT_ALLOWED_GIDS")
+            .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

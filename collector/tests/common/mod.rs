@@ -241,6 +241,7 @@ fn base_command(dir: &Path, extra: &[&str]) -> Command {
         "OTEL_METRIC_EXPORT_INTERVAL",
         "MPIB_HINT_PATH",
         "MPIB_SYSFS_ROOT",
+        "MPIB_COLLECTOR_ALLOWED_UIDS",
     ] {
         cmd.env_remove(var);
     }
