@@ -181,7 +181,8 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
             state.release(slot);
         }
         state.reclaimed("process_exited", dropped);
-        state.in_use = Some(in_use);
+        // Unreadable probes files hide connections: then no slot is known to be unused.
+        state.in_use = (measurer.unreadable == 0).then_some(in_use);
         if state.hints.damaged() {
             repair_hints(&mut state);
         }
@@ -199,22 +200,34 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
     }
 }
 
-/// Another process shrank the hint file: open it again (repairing it) and write the flows back,
-/// so new connections map a whole file.
+/// Another process shrank, removed or replaced the hint file: open it again (repairing or
+/// recreating it) and write the flows back, so new connections map a whole file. A failure is
+/// logged once until it changes (tried again every interval).
 fn repair_hints(state: &mut State) {
+    static LAST_ERROR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let path = state.hints.path().to_path_buf();
+    let mut last = LAST_ERROR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     match state.repair_hints() {
         Ok(opened) => {
+            *last = None;
             log::warn(&format!(
-                "hint file {}: another process shrank it; {opened:?} and its flows written back \
-                 (running connections that read it move their bytes on SOUT)",
+                "hint file {}: another process shrank, removed or replaced it; {opened:?} and its \
+                 flows written back (running connections that read it move their bytes on SOUT)",
                 path.display()
             ));
         }
-        Err(e) => log::warn(&format!(
-            "hint file {}: another process shrank it and it cannot be opened again: {e}",
-            path.display()
-        )),
+        Err(e) => {
+            if last.as_deref() != Some(e.as_str()) {
+                log::warn(&format!(
+                    "hint file {}: another process shrank, removed or replaced it, and it cannot \
+                     be opened again: {e}",
+                    path.display()
+                ));
+                *last = Some(e);
+            }
+        }
     }
 }
 

@@ -76,6 +76,9 @@ pub struct Measurer {
     own_uid: u32,
     /// Live probes files on the last read.
     pub files: usize,
+    /// Probes files the last refresh could not open for lack of permission: while any, which
+    /// slots are in use is not known (recovered slots are then kept, never reclaimed).
+    pub unreadable: usize,
 }
 
 impl Measurer {
@@ -92,6 +95,7 @@ impl Measurer {
             // SAFETY: geteuid has no preconditions.
             own_uid: unsafe { libc::geteuid() },
             files: 0,
+            unreadable: 0,
         }
     }
 
@@ -201,6 +205,7 @@ impl Measurer {
         let now = mpib_probes::now_ns();
         self.readers
             .retain(|path, (reader, _)| listed.contains(path) && live(reader, now));
+        let mut unreadable = 0;
         for path in listed {
             if self.readers.contains_key(&path) {
                 continue;
@@ -213,13 +218,18 @@ impl Measurer {
             if !meta.file_type().is_file() {
                 continue;
             }
-            if let Ok(LoadState::Ready(reader)) = ProbesReader::open(&path) {
-                if live(&reader, now) {
+            match ProbesReader::open(&path) {
+                Ok(LoadState::Ready(reader)) if live(&reader, now) => {
                     self.readers.insert(path, (reader, meta.uid()));
                 }
+                // Files are 0600 (0640 with MPIB_PROBES_GROUP): an agent that may not read
+                // one cannot tell which slots its connections read.
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => unreadable += 1,
+                _ => {}
             }
         }
         self.files = self.readers.len();
+        self.unreadable = unreadable;
     }
 
     /// Adds, per flow, the increase of the retransmission counters of the devices its rails use.

@@ -210,11 +210,24 @@ impl HintFile {
         }
     }
 
-    /// Whether another process shrank the file under the mapping: the agent's writes since went
-    /// to private zero pages, and the plugins reading it went to all SOUT. The agent then opens
-    /// the file again (which repairs it) and writes its flows back.
+    /// Whether another process shrank the file (under the mapping: the agent's writes since
+    /// went to private zero pages; or not yet touched), removed it or put another file in its
+    /// place: plugins reading it have moved to all SOUT, and new connections could not map it.
+    /// The agent then opens the file again (which repairs or recreates it) and writes its flows
+    /// back. Two `stat`s, once per interval.
     pub fn damaged(&self) -> bool {
-        self.guard.faulted()
+        if self.guard.faulted() {
+            return true;
+        }
+        let ours = match self._lock.metadata() {
+            Ok(m) if m.len() < HINT_FILE_LEN as u64 => return true,
+            Ok(m) => (m.dev(), m.ino()),
+            Err(_) => return false,
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) => (m.dev(), m.ino()) != ours,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        }
     }
 
     /// Where the file is.

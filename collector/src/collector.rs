@@ -32,6 +32,8 @@ use crate::hint::{HintError, HintTable};
 use crate::process::{ExportContext, Process};
 use crate::sysfs;
 use crate::traces::Traces;
+
+mod reaping;
 use crate::trust::{self, FileCheck, Stat, WriterCheck};
 
 /// Refusal reasons, in `mpib_probes_skipped_total{reason}` order.
@@ -238,14 +240,14 @@ impl Collector {
             return;
         };
         let shown = path.display();
-        let stat = match trust::check_file(path, self.config.allowed_uids.as_ref()) {
-            Ok(FileCheck::Passed(stat)) => stat,
+        let (stat, file) = match trust::check_file(path, self.config.allowed_uids.as_ref()) {
+            Ok(FileCheck::Passed(stat, file)) => (stat, file),
             Ok(FileCheck::Untrusted(stat, why)) => {
                 return self.distrust(path, identity, &stat, &why)
             }
             Err(e) => return self.cannot_open(path, &e),
         };
-        let reason = match ProbesReader::open(path) {
+        let reason = match ProbesReader::open_file(&file, path) {
             Err(e) => return self.cannot_open(path, &e),
             Ok(LoadState::AwaitVersion) => {
                 debug!("probes file {shown} not published yet; retrying next scan");
@@ -298,13 +300,18 @@ impl Collector {
         match trust::check_writer(path, stat, info.pid) {
             WriterCheck::Trusted if trust::still_same(path, &identity, stat) => {}
             WriterCheck::Trusted => return, // replaced meanwhile: look again next scan
-            WriterCheck::Untrusted(why) => return self.distrust(path, identity, stat, &why),
+            // An owner the operator listed is trusted without its process (below).
+            WriterCheck::OtherUser(_) if self.listed(stat.uid) => {}
+            WriterCheck::Untrusted(why) | WriterCheck::OtherUser(why) => {
+                return self.distrust(path, identity, stat, &why)
+            }
             WriterCheck::Dead if trust::dead_file_is_stale(&reader, self.config.stale_after) => {
                 let why = "writer pid is gone and its file is closed or stale";
                 return self.reap(path, info.pid, why);
             }
             // An owner the operator listed is trusted without its process: what a collector
-            // in its own PID namespace (no writer visible) relies on.
+            // in its own PID namespace (no writer visible, or another process with the same
+            // number) relies on.
             WriterCheck::Dead if self.listed(stat.uid) => {}
             WriterCheck::Dead => {
                 if self.quiet.insert(path.to_path_buf()) {
@@ -506,78 +513,6 @@ impl Collector {
                 self.finished.insert(path.to_path_buf(), finished);
             }
             Finish::Dead => self.reap(path, pid, "writer pid is gone and its heartbeat is stale"),
-        }
-    }
-
-    fn reap(&mut self, path: &Path, pid: u32, why: &str) {
-        match fs::remove_file(path) {
-            Ok(()) => {
-                self.reaped += 1;
-                // Every reaped file was listed by this scan: report what is left.
-                self.files_found = self.files_found.saturating_sub(1);
-                info!(
-                    "reaped probes file {} of writer pid {pid}: {why}",
-                    path.display()
-                );
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                if self.quiet.insert(path.to_path_buf()) {
-                    warn!("cannot remove stale probes file {}: {e}", path.display());
-                }
-            }
-        }
-    }
-
-    /// Reap a file the reader cannot use when the pid in its name is gone and it has not
-    /// changed for `stale_after`.
-    fn reap_unreadable(&mut self, path: &Path, identity: &Identity, why: &str) {
-        let Some((pid, _)) = files::parse_name(path) else {
-            return;
-        };
-        if !files::pid_alive(pid) && identity.age() > self.config.stale_after {
-            self.reap(path, pid, why);
-        }
-    }
-
-    fn reap_finished(&mut self, now_ns: u64) {
-        let stale = self.config.stale_after;
-        let mut dead = Vec::new();
-        for (path, f) in &self.finished {
-            let age = Duration::from_nanos(now_ns.saturating_sub(f.reader.heartbeat_ns()));
-            let pid = f.reader.info().pid;
-            let is_dead = if f.superseded {
-                age > stale
-            } else {
-                !files::pid_alive(pid) && (f.reader.closed_ns() != 0 || age > stale)
-            };
-            let same = Identity::of(path).is_ok_and(|id| id.same_file(&f.identity));
-            if is_dead && same {
-                dead.push((path.clone(), pid));
-            }
-        }
-        for (path, pid) in dead {
-            self.finished.remove(&path);
-            self.reap(&path, pid, "writer is gone");
-        }
-    }
-
-    fn reap_refused(&mut self) {
-        let entries: Vec<(PathBuf, Identity)> = self
-            .refused
-            .iter()
-            .map(|(p, id)| (p.clone(), *id))
-            .collect();
-        for (path, identity) in entries {
-            match Identity::of(&path) {
-                Ok(now) if now.unchanged(&identity) => {
-                    self.reap_unreadable(&path, &now, "refused file of a dead writer");
-                }
-                _ => {
-                    // Changed or gone: look at it afresh next scan.
-                    self.refused.remove(&path);
-                }
-            }
         }
     }
 

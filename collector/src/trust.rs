@@ -54,10 +54,11 @@ impl Stat {
 }
 
 /// The outcome of the checks on the file itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum FileCheck {
-    /// Nothing wrong with the file itself; its writer is checked once its header is read.
-    Passed(Stat),
+    /// Nothing wrong with the file itself; its writer is checked once its header is read. The
+    /// file as opened and checked: the reader maps this descriptor, never the path again.
+    Passed(Stat, fs::File),
     /// Not exported, for this reason.
     Untrusted(Stat, String),
 }
@@ -95,7 +96,7 @@ pub fn check_file(path: &Path, allowed: Option<&BTreeSet<u32>>) -> io::Result<Fi
             user_label(stat.uid)
         )
     } else {
-        return Ok(FileCheck::Passed(stat));
+        return Ok(FileCheck::Passed(stat, file));
     };
     Ok(FileCheck::Untrusted(stat, reason))
 }
@@ -107,6 +108,9 @@ pub enum WriterCheck {
     Trusted,
     /// The pid is not running: nothing to check the owner against.
     Dead,
+    /// The process runs as another user than the file's owner (a forgery, or, for a collector
+    /// in its own PID namespace, an unrelated process with the same number).
+    OtherUser(String),
     /// Not exported, for this reason.
     Untrusted(String),
 }
@@ -131,7 +135,7 @@ pub fn check_writer(path: &Path, stat: &Stat, pid: u32) -> WriterCheck {
     if stat.uid == 0 || stat.uid == uid {
         return WriterCheck::Trusted;
     }
-    WriterCheck::Untrusted(format!(
+    WriterCheck::OtherUser(format!(
         "it claims pid {pid}, which runs as {}: only that user or root may write its probes \
          file (a forgery claiming another user's job?)",
         user_label(uid)
@@ -240,7 +244,7 @@ mod tests {
         let path = dir.join("a.probes");
         fs::write(&path, b"x").unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
-        let FileCheck::Passed(stat) = check_file(&path, None).unwrap() else {
+        let FileCheck::Passed(stat, _) = check_file(&path, None).unwrap() else {
             panic!("refused")
         };
         assert_eq!(stat.mode, 0o644);
@@ -275,7 +279,7 @@ mod tests {
         let forged = Stat { uid: 4242, ..own };
         if own.uid != 4242 {
             let check = check_writer(&named, &forged, me);
-            assert!(matches!(check, WriterCheck::Untrusted(ref r) if r.contains("forgery")));
+            assert!(matches!(check, WriterCheck::OtherUser(ref r) if r.contains("forgery")));
         }
         let check = check_writer(&named, &own, me + 1);
         assert!(matches!(check, WriterCheck::Untrusted(ref r) if r.contains("its name claims")));

@@ -28,22 +28,31 @@
 //! share of 0 (all SOUT), and a probes file of zeros reads as "not published" to a reader that
 //! opens it again.
 //!
+//! A `SIGBUS` sent by another process (`kill -BUS`, `si_code <= 0`) is never looked up: it goes
+//! to the previous action as it would have (the default action ends the process; an ignored one
+//! is ignored). When the library that holds this module is unloaded (NCCL 2.28+ `dlclose`s its
+//! net plugin), a `.fini_array` entry puts the previous action back, so no handler is left
+//! pointing at unmapped code.
+//!
 //! A handler installed later by another library (a framework's own `SIGBUS` handler) runs
 //! before this one; if it ends the process, nothing here can help.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Ranges that can be registered at once (connections map the hint file once each).
 pub const GUARDED_RANGES: usize = 512;
 
-const FREE: u8 = 0;
-const CLAIMED: u8 = 1;
-const ACTIVE: u8 = 2;
+/// A slot's state word is `(generation << 2) | state`: a new registration in the same slot has
+/// a new word, so a handler that read a range while the slot changed hands notices it.
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const ACTIVE: u32 = 2;
+const STATE_BITS: u32 = 3;
 
 struct Slot {
-    state: AtomicU8,
+    state: AtomicU32,
     start: AtomicUsize,
     len: AtomicUsize,
     faulted: AtomicBool,
@@ -52,7 +61,7 @@ struct Slot {
 impl Slot {
     const fn new() -> Slot {
         Slot {
-            state: AtomicU8::new(FREE),
+            state: AtomicU32::new(FREE),
             start: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
             faulted: AtomicBool::new(false),
@@ -62,9 +71,11 @@ impl Slot {
 
 static SLOTS: [Slot; GUARDED_RANGES] = [const { Slot::new() }; GUARDED_RANGES];
 
-/// The `SIGBUS` action found when the handler was installed (the one faults outside the table
-/// go to), or the installation error.
-static PREVIOUS: OnceLock<Result<libc::sigaction, i32>> = OnceLock::new();
+/// The `SIGBUS` action found before the handler was installed (the one faults outside the table
+/// go to); set before the handler is.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// Whether the handler is installed, or the installation error.
+static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
 
 /// A registered mapping; unregistered on drop (drop it before unmapping).
 #[derive(Debug)]
@@ -90,15 +101,23 @@ impl GuardedRange {
         }
         let len = len.div_ceil(page) * page;
         for (index, slot) in SLOTS.iter().enumerate() {
-            let claimed =
-                slot.state
-                    .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed);
+            let word = slot.state.load(Ordering::Relaxed);
+            if word & STATE_BITS != FREE {
+                continue;
+            }
+            let generation = (word >> 2).wrapping_add(1) << 2;
+            let claimed = slot.state.compare_exchange(
+                word,
+                generation | CLAIMED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            );
             if claimed.is_ok() {
                 slot.start.store(start, Ordering::Relaxed);
                 slot.len.store(len, Ordering::Relaxed);
                 slot.faulted.store(false, Ordering::Relaxed);
                 // SYNC: pairs with the handler's Acquire load of the state: it sees the range.
-                slot.state.store(ACTIVE, Ordering::Release);
+                slot.state.store(generation | ACTIVE, Ordering::Release);
                 return Ok(GuardedRange { slot: index });
             }
         }
@@ -116,7 +135,9 @@ impl GuardedRange {
 
 impl Drop for GuardedRange {
     fn drop(&mut self) {
-        SLOTS[self.slot].state.store(FREE, Ordering::Release);
+        let state = &SLOTS[self.slot].state;
+        let generation = state.load(Ordering::Relaxed) & !STATE_BITS;
+        state.store(generation | FREE, Ordering::Release);
     }
 }
 
@@ -130,15 +151,16 @@ fn page_size() -> usize {
 }
 
 fn install() -> io::Result<()> {
-    let installed = PREVIOUS.get_or_init(|| {
+    let installed = INSTALLED.get_or_init(|| {
         // SAFETY: an all-zero sigaction is a valid value to fill; sigaction(2) with a valid
-        // new action and an out-pointer, as documented. The previous action is read first and
-        // kept before the new one is in place, so the handler always finds it.
+        // new action and an out-pointer, as documented. The previous action is kept before the
+        // new one is in place, so the handler always finds it.
         unsafe {
             let mut previous: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
                 return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
             }
+            let _ = PREVIOUS.set(previous);
             let mut action: libc::sigaction = std::mem::zeroed();
             let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 on_sigbus;
@@ -148,11 +170,11 @@ fn install() -> io::Result<()> {
             if libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) != 0 {
                 return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
             }
-            Ok(previous)
+            Ok(())
         }
     });
     match installed {
-        Ok(_) => Ok(()),
+        Ok(()) => Ok(()),
         Err(errno) => Err(io::Error::other(format!(
             "guard: cannot install the SIGBUS handler: {}",
             io::Error::from_raw_os_error(*errno)
@@ -160,22 +182,63 @@ fn install() -> io::Result<()> {
     }
 }
 
+/// Put the previous `SIGBUS` action back if ours is still installed: run when the library is
+/// unloaded (`dlclose`) or the process exits, so no handler points at unmapped code.
+pub(crate) extern "C" fn uninstall() {
+    let (Some(Ok(())), Some(previous)) = (INSTALLED.get(), PREVIOUS.get()) else {
+        return;
+    };
+    // SAFETY: sigaction(2) reads the current action into a zeroed value, and puts back the
+    // action that was installed before ours only while ours is the one in place.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut current) != 0 {
+            return;
+        }
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            on_sigbus;
+        if current.sa_sigaction == handler as libc::sighandler_t {
+            libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Runs [`uninstall`] when this image is unloaded or the process exits.
+#[used]
+#[link_section = ".fini_array"]
+static UNINSTALL_ON_UNLOAD: extern "C" fn() = uninstall;
+
 /// The handler: zero pages over a registered range, or the previous action. Only atomics and
-/// the async-signal-safe system calls `mmap` and `sigaction`.
+/// the async-signal-safe system calls `mmap`, `sigaction` and `raise`.
 extern "C" fn on_sigbus(
     signal: libc::c_int,
     info: *mut libc::siginfo_t,
     context: *mut libc::c_void,
 ) {
     // SAFETY: the kernel passes a valid siginfo_t for a SA_SIGINFO handler.
-    let address = unsafe { (*info).si_addr() } as usize;
+    let (code, address) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // A signal another process sent has no fault address (si_addr overlays its pid and uid).
+    if code > 0 && replace_range(address) {
+        return;
+    }
+    pass_on(signal, code, info, context);
+}
+
+/// Map zero pages over the registered range holding `address`; whether one did.
+fn replace_range(address: usize) -> bool {
     for slot in &SLOTS {
         // SYNC: pairs with the Release store in `GuardedRange::new`.
-        if slot.state.load(Ordering::Acquire) != ACTIVE {
+        let word = slot.state.load(Ordering::Acquire);
+        if word & STATE_BITS != ACTIVE {
             continue;
         }
         let start = slot.start.load(Ordering::Relaxed);
         let len = slot.len.load(Ordering::Relaxed);
+        // SYNC: the range read belongs to this registration only if the word did not change.
+        std::sync::atomic::fence(Ordering::Acquire);
+        if slot.state.load(Ordering::Relaxed) != word {
+            continue;
+        }
         if address < start || address - start >= len {
             continue;
         }
@@ -192,30 +255,40 @@ extern "C" fn on_sigbus(
                 0,
             )
         };
-        if mapped != libc::MAP_FAILED {
-            slot.faulted.store(true, Ordering::Relaxed);
-            return;
+        if mapped == libc::MAP_FAILED {
+            return false;
         }
-        break;
+        slot.faulted.store(true, Ordering::Relaxed);
+        return true;
     }
-    pass_on(signal, info, context);
+    false
 }
 
-/// Give a fault that is not ours to the action installed before this module's.
-fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let previous = match PREVIOUS.get() {
-        Some(Ok(previous)) => Some(previous),
-        _ => None,
-    };
+/// Give a signal that is not ours to the action installed before this module's.
+fn pass_on(
+    signal: libc::c_int,
+    code: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    let previous = PREVIOUS.get();
     let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    let sent = code <= 0;
+    if handler == libc::SIG_IGN && sent {
+        return;
+    }
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: restoring the default action with a zeroed sigaction; returning then
-        // repeats the faulting access, which now ends the process with SIGBUS as it would have
-        // without this module (an ignored SIGBUS from a fault would loop forever instead).
+        // SAFETY: restoring the default action with a zeroed sigaction. A fault then repeats
+        // when this returns and ends the process with SIGBUS, as it would have without this
+        // module (an ignored SIGBUS from a fault would loop forever); a sent signal is raised
+        // again, with the same result.
         unsafe {
             let mut default: libc::sigaction = std::mem::zeroed();
             default.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(libc::SIGBUS, &default, std::ptr::null_mut());
+            if sent {
+                libc::raise(libc::SIGBUS);
+            }
         }
         return;
     }

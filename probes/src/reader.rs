@@ -19,6 +19,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -237,12 +238,35 @@ impl ProbesReader {
     ///
     /// Opening, stat-ing or mapping the file failed (for example it vanished).
     pub fn open(path: &Path) -> io::Result<LoadState> {
-        let file = File::open(path)?;
-        let actual = file.metadata()?.len();
+        // O_NONBLOCK: a FIFO put at the path must not block the reader in open(2).
+        let file = File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        ProbesReader::open_file(&file, path)
+    }
+
+    /// [`open`](ProbesReader::open) for a file already opened (and checked) by the caller, who
+    /// names it `path`: the collector maps the descriptor it checked, so a file swapped in at
+    /// the path after the checks is never mapped.
+    ///
+    /// # Errors
+    ///
+    /// Stat-ing or mapping the file failed.
+    pub fn open_file(file: &File, path: &Path) -> io::Result<LoadState> {
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            let msg = format!("{} is not a regular file", path.display());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        let actual = metadata.len();
         if actual < HEADER_LEN as u64 {
             return Ok(LoadState::AwaitVersion);
         }
-        let map = MmapOptions::new().map_raw_read_only(&file)?;
+        // The length checked above, not the file's length at map time: a file that shrinks in
+        // between faults (guarded) instead of leaving a mapping shorter than the checks assume.
+        let len = usize::try_from(actual).unwrap_or(usize::MAX);
+        let map = MmapOptions::new().len(len).map_raw_read_only(file)?;
         // Before the first access: the file may shrink at any time from here on.
         let guard = GuardedRange::new(map.as_ptr(), map.len())?;
         let base = map.as_ptr();

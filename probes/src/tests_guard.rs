@@ -72,46 +72,157 @@ fn ranges_are_reused_and_checked() {
     let _ = fs::remove_file(&path);
 }
 
-/// The child of `an_unguarded_fault_still_ends_the_process`.
-#[test]
-#[ignore = "run by an_unguarded_fault_still_ends_the_process in a child process"]
-fn child_faults_outside_every_guarded_range() {
-    if std::env::var_os("MPIB_GUARD_CHILD").is_none() {
-        return;
+extern "C" fn previous_plain(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(42) }
+}
+
+extern "C" fn previous_siginfo(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(43) }
+}
+
+/// Install `handler` (as SA_SIGINFO when `siginfo`) or ignore SIGBUS, before the guard.
+fn install_previous(handler: libc::sighandler_t, siginfo: bool) {
+    // SAFETY: sigaction(2) with a zeroed, filled action.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler;
+        action.sa_flags = if siginfo { libc::SA_SIGINFO } else { 0 };
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()),
+            0
+        );
     }
+}
+
+/// Fault in a mapping no guard covers (the guard is installed, on another range).
+fn fault_outside_every_guarded_range() -> u8 {
     let (guarded_path, guarded_file) = temp_file("child-guarded", 4096);
     let guarded = MmapOptions::new().map_raw(&guarded_file).unwrap();
-    let _guard = GuardedRange::new(guarded.as_ptr(), guarded.len()).unwrap();
+    let guard = GuardedRange::new(guarded.as_ptr(), guarded.len()).unwrap();
     let (path, file) = temp_file("child-bare", 2 * 4096);
     let bare = MmapOptions::new().map_raw(&file).unwrap();
     file.set_len(0).unwrap();
     let _ = fs::remove_file(&guarded_path);
     let _ = fs::remove_file(&path);
-    // SAFETY: the access that faults; the process must die here.
+    // SAFETY: the access that faults.
     let byte = unsafe { bare.as_ptr().add(4096).read_volatile() };
+    drop(guard);
+    byte
+}
+
+/// The children of the tests below, by `MPIB_GUARD_CHILD`.
+#[test]
+#[ignore = "run by the guard tests below in a child process"]
+fn guard_child() {
+    let Some(case) = std::env::var_os("MPIB_GUARD_CHILD") else {
+        return;
+    };
+    match case.to_str().unwrap() {
+        "unguarded" => {}
+        "previous-plain" => {
+            let handler: extern "C" fn(libc::c_int) = previous_plain;
+            install_previous(handler as libc::sighandler_t, false);
+        }
+        "previous-siginfo" => {
+            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                previous_siginfo;
+            install_previous(handler as libc::sighandler_t, true);
+        }
+        "sent" | "sent-ignored" => {
+            // (Rust's runtime has its own SIGBUS handler for stack overflows, which lets a sent
+            // signal pass: the default action, as in a C host process, is set first.)
+            let previous = if case == "sent-ignored" {
+                libc::SIG_IGN
+            } else {
+                libc::SIG_DFL
+            };
+            install_previous(previous, false);
+            let (path, file) = temp_file("child-sent", 2 * 4096);
+            let map = MmapOptions::new().map_raw(&file).unwrap();
+            let guard = GuardedRange::new(map.as_ptr(), map.len()).unwrap();
+            // SAFETY: kill(2) to this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGBUS) };
+            // Ignored: the guard still works afterwards.
+            file.set_len(0).unwrap();
+            // SAFETY: inside the guarded mapping.
+            let byte = unsafe { map.as_ptr().add(4096).read_volatile() };
+            assert!(guard.faulted() && byte == 0);
+            let _ = fs::remove_file(&path);
+            println!("survived a sent SIGBUS");
+            return;
+        }
+        "uninstalled" => {
+            let (path, file) = temp_file("child-uninstalled", 2 * 4096);
+            let map = MmapOptions::new().map_raw(&file).unwrap();
+            let _guard = GuardedRange::new(map.as_ptr(), map.len()).unwrap();
+            // What the library's unloading runs: the previous action is back, so even a fault
+            // in a still-registered range now ends the process.
+            crate::guard::uninstall();
+            file.set_len(0).unwrap();
+            let _ = fs::remove_file(&path);
+            // SAFETY: the access that faults, with the default action in place.
+            let byte = unsafe { map.as_ptr().add(4096).read_volatile() };
+            println!("survived after uninstall, read {byte}");
+            return;
+        }
+        other => panic!("unknown case {other}"),
+    }
+    let byte = fault_outside_every_guarded_range();
     println!("survived an unguarded fault, read {byte}");
+}
+
+fn run_child(case: &str) -> (std::process::ExitStatus, String) {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests_guard::guard_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("MPIB_GUARD_CHILD", case)
+        .output()
+        .unwrap();
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
 }
 
 #[test]
 fn an_unguarded_fault_still_ends_the_process() {
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "tests_guard::child_faults_outside_every_guarded_range",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("MPIB_GUARD_CHILD", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(
-        output.status.signal(),
-        Some(libc::SIGBUS),
-        "{:?}\n{stdout}",
-        output.status
-    );
+    let (status, stdout) = run_child("unguarded");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{stdout}");
     assert!(!stdout.contains("survived"), "{stdout}");
+}
+
+#[test]
+fn an_unguarded_fault_goes_to_the_handler_installed_before() {
+    let (status, stdout) = run_child("previous-plain");
+    assert_eq!(status.code(), Some(42), "{status:?}\n{stdout}");
+    let (status, stdout) = run_child("previous-siginfo");
+    assert_eq!(status.code(), Some(43), "{status:?}\n{stdout}");
+}
+
+#[test]
+fn unloading_puts_the_previous_action_back() {
+    let (status, stdout) = run_child("uninstalled");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{stdout}");
+}
+
+#[test]
+fn a_sent_sigbus_keeps_its_meaning() {
+    // Default action: the process ends, as without the guard.
+    let (status, stdout) = run_child("sent");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{stdout}");
+    // Ignored before: still ignored, and the guard still turns a fault into zeros.
+    let (status, stdout) = run_child("sent-ignored");
+    assert!(
+        status.success() && stdout.contains("survived a sent SIGBUS"),
+        "{status:?}\n{stdout}"
+    );
 }
 
 #[test]
@@ -193,4 +304,16 @@ fn a_reader_survives_a_file_shrinking_under_it() {
     );
     assert_eq!(snapshot.rails[0].counter(crate::declared::RAIL_TX_BYTES), 0);
     assert!(drained.records.is_empty());
+}
+
+#[test]
+fn a_fifo_in_place_of_a_probes_file_is_refused_without_blocking() {
+    use crate::tests::TempDir;
+    let dir = TempDir::new();
+    let path = dir.0.join("mpib-1-2.probes");
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let e = crate::ProbesReader::open(&path).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
 }

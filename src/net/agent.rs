@@ -6,7 +6,7 @@
 //! every transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use memmap2::Mmap;
@@ -23,10 +23,15 @@ use crate::proto::hint::{
 /// Seqlock read attempts per transfer before keeping the previous value.
 const HINT_TRIES: u32 = 8;
 
-/// Reads between two checks that the mapped file is still the one at the path and whole: a
-/// `stat` every 64 sends costs a few ns per send. Until a check notices, a shrunk file reads
-/// zeros (all SOUT) through the guard, and a replaced one the last values its agent wrote.
-const CHECK_EVERY: u32 = 64;
+/// Why a mapping no longer shows the agent's hints, as stored in [`HintMapping::lost`].
+const REASONS: [&str; 3] = [
+    "it shrank under the mapping (truncated by another process)",
+    "another file was put in its place",
+    "it was removed",
+];
+
+/// The process's hint mappings, each shared by the connections that read the same path.
+static MAPPINGS: Mutex<Vec<Weak<HintMapping>>> = Mutex::new(Vec::new());
 
 /// The hint file mapped once per process and path, shared by every connection reading it.
 struct HintMapping {
@@ -36,16 +41,21 @@ struct HintMapping {
     path: String,
     /// The mapped file's device and inode.
     identity: (u64, u64),
+    /// 0 while the file is the one mapped and whole, else 1 + an index of [`REASONS`]: set by
+    /// [`check_hint_files`] off the data path, read on every send.
+    lost: AtomicU8,
 }
 
 impl HintMapping {
     /// The process's mapping of `path`, mapped and checked on first use.
     fn shared(path: &str) -> Result<Arc<HintMapping>, String> {
-        static MAPPINGS: Mutex<Vec<Weak<HintMapping>>> = Mutex::new(Vec::new());
         let mut mappings = MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner);
         mappings.retain(|m| m.strong_count() > 0);
         let live = mappings.iter().filter_map(Weak::upgrade);
-        if let Some(mapping) = live.filter(|m| m.path == path).find(|m| m.lost().is_none()) {
+        if let Some(mapping) = live
+            .filter(|m| m.path == path)
+            .find(|m| m.check().is_none())
+        {
             return Ok(mapping);
         }
         let (map, guard, identity) = map_hints(path)?;
@@ -54,20 +64,50 @@ impl HintMapping {
             map,
             path: path.to_owned(),
             identity,
+            lost: AtomicU8::new(0),
         });
         mappings.push(Arc::downgrade(&mapping));
         Ok(mapping)
     }
 
-    /// Why the mapping no longer shows the agent's hints, if it does not.
-    fn lost(&self) -> Option<&'static str> {
+    /// Why the mapping no longer shows the agent's hints, if it does not: one `stat`, so
+    /// never on the data path (a file that cannot be checked is taken as still there).
+    fn check(&self) -> Option<usize> {
         if self.guard.faulted() {
-            return Some("it shrank under the mapping (truncated by another process)");
+            return Some(0);
         }
         match std::fs::metadata(&self.path) {
             Ok(m) if (m.dev(), m.ino()) == self.identity => None,
-            Ok(_) => Some("another file was put in its place"),
-            Err(_) => Some("it was removed"),
+            Ok(_) => Some(1),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(2),
+            Err(_) => None,
+        }
+    }
+
+    /// What [`check_hint_files`] or the guard found, for the data path: two loads.
+    #[inline]
+    fn lost(&self) -> Option<&'static str> {
+        if self.guard.faulted() {
+            return Some(REASONS[0]);
+        }
+        match self.lost.load(Ordering::Relaxed) {
+            0 => None,
+            code => REASONS.get(usize::from(code) - 1).copied(),
+        }
+    }
+}
+
+/// Check every hint file this process maps: still the file at its path, and whole. Called
+/// about once a second from the heartbeat (`super::telemetry`), never from the data path; the
+/// connections reading a lost file notice it at their next send.
+pub(crate) fn check_hint_files() {
+    let mappings = MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner);
+    let live: Vec<Arc<HintMapping>> = mappings.iter().filter_map(Weak::upgrade).collect();
+    drop(mappings);
+    for mapping in live {
+        if let Some(reason) = mapping.check() {
+            let code = u8::try_from(reason + 1).unwrap_or(1);
+            mapping.lost.store(code, Ordering::Relaxed);
         }
     }
 }
@@ -78,7 +118,6 @@ pub(crate) struct HintReader {
     telemetry: Option<Arc<Telemetry>>,
     slot: usize,
     last: u32,
-    reads: u32,
 }
 
 impl HintReader {
@@ -89,7 +128,6 @@ impl HintReader {
             telemetry: None,
             slot: 0,
             last: 0,
-            reads: 0,
         }
     }
 
@@ -104,7 +142,6 @@ impl HintReader {
                 telemetry: Some(telemetry),
                 slot: slot as usize,
                 last: 0,
-                reads: 0,
             },
             Err(e) => {
                 warn!(
@@ -121,12 +158,9 @@ impl HintReader {
         let Some(mapping) = &self.mapping else {
             return 0;
         };
-        self.reads = self.reads.wrapping_add(1);
-        if self.reads % CHECK_EVERY == 0 {
-            if let Some(why) = mapping.lost() {
-                self.lose(why);
-                return 0;
-            }
+        if let Some(why) = mapping.lost() {
+            self.lose(why);
+            return 0;
         }
         let cell = MappedCell {
             base: mapping.map.as_ptr(),
@@ -190,9 +224,12 @@ fn map_hints(path: &str) -> Result<(Mmap, GuardedRange, (u64, u64)), String> {
     if len < HINT_FILE_LEN as u64 {
         return Err(format!("{len} bytes, expected {HINT_FILE_LEN}"));
     }
+    // Exactly HINT_FILE_LEN bytes, whatever the file's length is by now: a file that shrank
+    // since the check faults (guarded below) instead of leaving a shorter mapping.
     // SAFETY: a read-only shared mapping; the agent writes the entries concurrently, which is
     // why every field is read through atomics (`MappedCell`).
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map: {e}"))?;
+    let map = unsafe { memmap2::MmapOptions::new().len(HINT_FILE_LEN).map(&file) }
+        .map_err(|e| format!("cannot map: {e}"))?;
     let guard = GuardedRange::new(map.as_ptr(), map.len()).map_err(|e| e.to_string())?;
     let word = |offset: usize| {
         u32::from_ne_bytes([

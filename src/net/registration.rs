@@ -267,8 +267,8 @@ pub(super) fn connect_trusted(settings: &Settings) -> Result<Socket, Unreachable
         (&settings.hint_path, "MPIB_HINT_PATH"),
     ] {
         let path = Path::new(path);
-        if !is_missing(path) {
-            check_shared_path(path, what, &trusted).map_err(Unreachable::Refused)?;
+        if let Some(checked) = existing_or_parent(path) {
+            check_shared_path(checked, what, &trusted).map_err(Unreachable::Refused)?;
         }
     }
     let socket = connect_nonblocking(&settings.agent_socket).map_err(Unreachable::Unavailable)?;
@@ -286,14 +286,23 @@ pub(super) fn connect_trusted(settings: &Settings) -> Result<Socket, Unreachable
     )))
 }
 
+/// The path to check for `path`: itself, or, while it is missing, its directory (so that a file
+/// created there later by someone else cannot pass unchecked); `None` when neither exists.
+fn existing_or_parent(path: &Path) -> Option<&Path> {
+    if !is_missing(path) {
+        return Some(path);
+    }
+    path.parent()
+        .filter(|dir| !dir.as_os_str().is_empty() && !is_missing(dir))
+}
+
 /// Re-checks the hint file right before it is mapped (`HintReader::open`): false, with the WARN of
 /// a connection without a slot, when it is no longer trusted.
 pub(crate) fn hint_file_trusted(settings: &Settings) -> bool {
-    let path = Path::new(&settings.hint_path);
     let trusted = Trusted::new(&settings.trusted_uids);
-    if is_missing(path) {
+    let Some(path) = existing_or_parent(Path::new(&settings.hint_path)) else {
         return true;
-    }
+    };
     match check_shared_path(path, "MPIB_HINT_PATH", &trusted) {
         Ok(()) => true,
         Err(why) => {

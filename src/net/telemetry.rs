@@ -53,7 +53,7 @@ impl Telemetry {
             slow_threshold_ns,
             sample_one_in: 0,
             epoch_offset_ns,
-            next_check_ns: AtomicU64::new(u64::MAX),
+            next_check_ns: AtomicU64::new(0),
             lost: AtomicBool::new(false),
         };
         if !settings.probes {
@@ -131,8 +131,8 @@ impl Telemetry {
         monotonic_ns + self.epoch_offset_ns
     }
 
-    /// Refreshes the writer heartbeat; about once a second, also checks that the file is
-    /// still there and whole.
+    /// Refreshes the writer heartbeat; about once a second, also checks that the probes file
+    /// and the hint files this process reads are still there and whole.
     #[inline]
     pub(crate) fn heartbeat(&self, monotonic_ns: u64) {
         self.file.heartbeat(self.epoch_ns(monotonic_ns));
@@ -148,6 +148,10 @@ impl Telemetry {
     fn check_file(&self, monotonic_ns: u64) {
         self.next_check_ns
             .store(monotonic_ns + CHECK_INTERVAL_NS, Ordering::Relaxed);
+        super::agent::check_hint_files();
+        if self.lost.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(why) = self.file.lost() {
             if !self.lost.swap(true, Ordering::Relaxed) {
                 let path = self.file.path().map(|p| p.display().to_string());
@@ -156,7 +160,6 @@ impl Telemetry {
                     "probes file {}: {why}; this process's telemetry stops (data transfer goes on)",
                     path.unwrap_or_default()
                 );
-                self.next_check_ns.store(u64::MAX, Ordering::Relaxed);
             }
         }
     }
