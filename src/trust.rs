@@ -264,7 +264,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, PermissionsExt};
 
-    use mpib_driver::other_user::{other_user, OtherUser};
+    use mpib_driver::other_user::{other_user_or_skip, OtherUser};
 
     /// A fresh directory of ours, mode 0700, under the system temp dir.
     fn private_dir(name: &str) -> std::path::PathBuf {
@@ -286,16 +286,6 @@ mod tests {
         fs::write(&path, b"x").unwrap();
         chmod(&path, mode);
         path
-    }
-
-    fn user_or_skip() -> Option<OtherUser> {
-        match other_user() {
-            Ok(user) => Some(user),
-            Err(why) => {
-                eprintln!("SKIPPED: {why}");
-                None
-            }
-        }
     }
 
     fn ours() -> Trusted {
@@ -344,7 +334,7 @@ mod tests {
         assert_eq!(check_shared_path(&path, "x", &ours()).is_ok(), root);
         chmod(&inner, 0o1733);
         assert_eq!(check_shared_path(&inner, "x", &ours()).is_ok(), root);
-        if let Some(user) = user_or_skip() {
+        if let Some(user) = other_user_or_skip() {
             chown(&inner, &user);
             let e = check_shared_path(&inner, "MPIB_PROBES_DIR", &ours()).unwrap_err();
             let name = format!("uid {} (mpib-other), mode 1733", user.uid);
@@ -355,7 +345,9 @@ mod tests {
 
     #[test]
     fn a_directory_owned_by_another_user_is_refused_naming_the_owner() {
-        let Some(user) = user_or_skip() else { return };
+        let Some(user) = other_user_or_skip() else {
+            return;
+        };
         // A base like /tmp: sticky, owned by root (this test runs as root), open to everyone.
         let dir = private_dir("squat");
         chmod(&dir, 0o1777);
@@ -381,7 +373,9 @@ mod tests {
 
     #[test]
     fn a_file_owned_by_another_user_is_refused() {
-        let Some(user) = user_or_skip() else { return };
+        let Some(user) = other_user_or_skip() else {
+            return;
+        };
         let dir = private_dir("owner");
         let path = file(&dir, "hints", 0o644);
         chown(&path, &user);
@@ -414,7 +408,7 @@ mod tests {
             "{e}"
         );
         chmod(&real, 0o700);
-        if let Some(user) = user_or_skip() {
+        if let Some(user) = other_user_or_skip() {
             let theirs = dir.join("theirs");
             // A link on the way that another user owns could be pointed elsewhere by them.
             symlink(&real, &theirs).unwrap();
@@ -432,7 +426,7 @@ mod tests {
         let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         chmod(&path, 0o666);
         check_shared_path(&path, "MPIB_AGENT_SOCKET", &ours()).unwrap();
-        if let Some(user) = user_or_skip() {
+        if let Some(user) = other_user_or_skip() {
             chown(&path, &user);
             let e = check_shared_path(&path, "MPIB_AGENT_SOCKET", &ours()).unwrap_err();
             assert!(e.contains("(mpib-other), mode 0666"), "{e}");
@@ -460,7 +454,7 @@ mod tests {
         assert_eq!(parse_group("4321").unwrap(), 4321);
         let e = parse_group("no-such-group-mpib").unwrap_err();
         assert!(e.contains("no group `no-such-group-mpib` there"), "{e}");
-        if let Some(user) = user_or_skip() {
+        if let Some(user) = other_user_or_skip() {
             assert_eq!(parse_uids("mpib-other").unwrap(), vec![user.uid]);
             assert_eq!(user_name(user.uid).as_deref(), Some("mpib-other"));
         }

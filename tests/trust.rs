@@ -12,7 +12,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mpib_driver::other_user::{other_user, OtherUser};
+use mpib_driver::other_user::{other_user, other_user_or_skip};
 use mpib_driver::rails::{Direction, Probes};
 use mpib_driver::testing::{bounded, exchange_sizes, shared_plugin, BASIC_SIZES};
 use mpib_driver::{child, Agent, Pair, Version};
@@ -46,16 +46,6 @@ fn chmod(path: &Path, mode: u32) {
 
 fn text(path: &Path) -> &str {
     path.to_str().unwrap()
-}
-
-fn user_or_skip() -> Option<OtherUser> {
-    match other_user() {
-        Ok(user) => Some(user),
-        Err(why) => {
-            eprintln!("SKIPPED: {why}");
-            None
-        }
-    }
 }
 
 /// Runs child test `name` with `env` and returns its output; fails unless it passed.
@@ -93,7 +83,9 @@ fn advanced(dir: &Path, probes: &Path, expect: &str, hint_mode: &str) -> String 
 
 #[test]
 fn a_squatted_agent_directory_refuses_advanced_mode() {
-    let Some(user) = user_or_skip() else { return };
+    let Some(user) = other_user_or_skip() else {
+        return;
+    };
     // Like /tmp: sticky, root's, open to all; the other user makes the agent's directory first.
     let base = Base::new("squat", 0o1777);
     let squatted = base.join("mpib");
@@ -154,7 +146,9 @@ fn probes_line(output: &str) -> Vec<&str> {
 
 #[test]
 fn a_probes_directory_of_another_user_disables_probes() {
-    let Some(user) = user_or_skip() else { return };
+    let Some(user) = other_user_or_skip() else {
+        return;
+    };
     let base = Base::new("probes-squat", 0o1777);
     let dir = base.join("probes");
     user.run("mkdir", &["-m", "0755", text(&dir)]).unwrap();
@@ -199,7 +193,9 @@ fn an_admin_made_sticky_probes_directory_is_used() {
 
 #[test]
 fn a_probes_group_makes_the_directory_and_file_readable_by_it() {
-    let Some(user) = user_or_skip() else { return };
+    let Some(user) = other_user_or_skip() else {
+        return;
+    };
     let group = group_name(user.gid).unwrap_or_else(|| user.gid.to_string());
     let base = Base::new("probes-group", 0o755);
     let dir = base.join("probes");

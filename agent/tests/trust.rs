@@ -14,7 +14,7 @@ use std::process::Command;
 
 use common::{register, request, temp_dir, Agent};
 use mpib::proto::agent_wire::{AgentResponse, AgentStatus};
-use mpib_driver::other_user::{other_user, OtherUser};
+use mpib_driver::other_user::{other_user_or_skip, OtherUser};
 
 const CHILD_SOCKET: &str = "MPIB_AGENT_TEST_FOREIGN_SOCKET";
 
@@ -81,12 +81,8 @@ fn metrics(port: u16) -> String {
 
 #[test]
 fn only_allowed_users_register() {
-    let user = match other_user() {
-        Ok(user) => user,
-        Err(why) => {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
+    let Some(user) = other_user_or_skip() else {
+        return;
     };
     let me = std::fs::metadata("/proc/self").unwrap().uid();
     let dir = temp_dir("trust");

@@ -93,6 +93,18 @@ pub fn other_user() -> Result<OtherUser, String> {
     lookup()
 }
 
+/// The second user for a test, or `None` after printing `SKIPPED: <why>` when it cannot be had
+/// (not root): the one place the trust tests decide to skip.
+pub fn other_user_or_skip() -> Option<OtherUser> {
+    match other_user() {
+        Ok(user) => Some(user),
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            None
+        }
+    }
+}
+
 fn lookup() -> Result<OtherUser, String> {
     let id = |flag: &str| -> Result<u32, String> {
         let output = Command::new("id")
@@ -118,12 +130,8 @@ mod tests {
 
     #[test]
     fn commands_run_as_the_other_user() {
-        let user = match other_user() {
-            Ok(user) => user,
-            Err(why) => {
-                eprintln!("SKIPPED: {why}");
-                return;
-            }
+        let Some(user) = other_user_or_skip() else {
+            return;
         };
         assert_ne!(user.uid, 0);
         let uid = user.run("id", &["-u"]).expect("id as the other user");
