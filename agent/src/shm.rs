@@ -216,18 +216,13 @@ impl HintFile {
     /// The agent then opens the file again (which repairs or recreates it) and writes its flows
     /// back. Two `stat`s, once per interval.
     pub fn damaged(&self) -> bool {
-        if self.guard.faulted() {
-            return true;
-        }
+        // The file as the descriptor sees it: shrunk, even if no write has faulted yet.
         let ours = match self._lock.metadata() {
             Ok(m) if m.len() < HINT_FILE_LEN as u64 => return true,
             Ok(m) => (m.dev(), m.ino()),
-            Err(_) => return false,
+            Err(_) => return self.guard.faulted(),
         };
-        match std::fs::metadata(&self.path) {
-            Ok(m) => (m.dev(), m.ino()) != ours,
-            Err(e) => e.kind() == io::ErrorKind::NotFound,
-        }
+        self.guard.lost(&self.path, ours).is_some()
     }
 
     /// Where the file is.

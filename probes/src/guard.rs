@@ -38,6 +38,8 @@
 //! before this one; if it ends the process, nothing here can help.
 
 use std::io;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -130,6 +132,61 @@ impl GuardedRange {
     #[inline]
     pub fn faulted(&self) -> bool {
         SLOTS[self.slot].faulted.load(Ordering::Relaxed)
+    }
+}
+
+/// What happened to the file behind a guarded mapping, as its owner finds out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// It shrank under the mapping: a fault replaced the mapping with zero pages.
+    Shrank = 1,
+    /// Another file is at its path now (renamed over it).
+    Replaced = 2,
+    /// Nothing is at its path any more.
+    Removed = 3,
+}
+
+impl Lost {
+    /// The reason, as the WARN lines say it.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Lost::Shrank => "it shrank under the mapping (truncated by another process)",
+            Lost::Replaced => "another file was put in its place",
+            Lost::Removed => "it was removed",
+        }
+    }
+
+    /// A non-zero code, to keep in an atomic byte.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The value of [`code`](Lost::code); `None` for 0 (not lost).
+    pub const fn from_code(code: u8) -> Option<Lost> {
+        match code {
+            1 => Some(Lost::Shrank),
+            2 => Some(Lost::Replaced),
+            3 => Some(Lost::Removed),
+            _ => None,
+        }
+    }
+}
+
+impl GuardedRange {
+    /// Whether the mapping still shows the file at `path` whose device and inode were
+    /// `identity` when it was mapped: [`Lost::Shrank`] after a fault (no system call), else one
+    /// `lstat` of the path (a path that cannot be checked counts as still there). Call it off
+    /// the hot path.
+    pub fn lost(&self, path: &Path, identity: (u64, u64)) -> Option<Lost> {
+        if self.faulted() {
+            return Some(Lost::Shrank);
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if (m.dev(), m.ino()) == identity => None,
+            Ok(_) => Some(Lost::Replaced),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Lost::Removed),
+            Err(_) => None,
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use crate::declared::{
     self, Declaration, ProcessCounter, CONNECTION_CLAIM_FAILURES, DECLARATIONS,
     DECLARATION_CAPACITY, EVENTS_CONTENDED,
 };
-use crate::guard::GuardedRange;
+use crate::guard::{GuardedRange, Lost};
 use crate::lanes;
 use crate::layout::{
     DeclarationRecord, FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC,
@@ -318,15 +318,10 @@ impl ProbesFile {
         if owner.removed.load(Ordering::Acquire) {
             return None;
         }
-        if owner.guard.faulted() {
-            return Some("it shrank under the mapping (truncated by another process)");
-        }
-        match fs::symlink_metadata(&owner.path) {
-            Ok(m) if (m.dev(), m.ino()) == owner.identity => None,
-            Ok(_) => Some("another file was put in its place"),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Some("it was removed"),
-            Err(_) => None,
-        }
+        owner
+            .guard
+            .lost(&owner.path, owner.identity)
+            .map(Lost::reason)
     }
 
     /// Mark a clean shutdown (`closed_ns`) and unlink the file. Idempotent; handles stay

@@ -6,11 +6,12 @@
 //! every transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
 
 use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use memmap2::Mmap;
-use mpib_probes::guard::GuardedRange;
+use mpib_probes::guard::{GuardedRange, Lost};
 
 use super::telemetry::Telemetry;
 use crate::log;
@@ -23,13 +24,6 @@ use crate::proto::hint::{
 /// Seqlock read attempts per transfer before keeping the previous value.
 const HINT_TRIES: u32 = 8;
 
-/// Why a mapping no longer shows the agent's hints, as stored in [`HintMapping::lost`].
-const REASONS: [&str; 3] = [
-    "it shrank under the mapping (truncated by another process)",
-    "another file was put in its place",
-    "it was removed",
-];
-
 /// The process's hint mappings, each shared by the connections that read the same path.
 static MAPPINGS: Mutex<Vec<Weak<HintMapping>>> = Mutex::new(Vec::new());
 
@@ -41,7 +35,7 @@ struct HintMapping {
     path: String,
     /// The mapped file's device and inode.
     identity: (u64, u64),
-    /// 0 while the file is the one mapped and whole, else 1 + an index of [`REASONS`]: set by
+    /// 0 while the file is the one mapped and whole, else a [`Lost`] code: set by
     /// [`check_hint_files`] off the data path, read on every send.
     lost: AtomicU8,
 }
@@ -71,29 +65,18 @@ impl HintMapping {
     }
 
     /// Why the mapping no longer shows the agent's hints, if it does not: one `stat`, so
-    /// never on the data path (a file that cannot be checked is taken as still there).
-    fn check(&self) -> Option<usize> {
-        if self.guard.faulted() {
-            return Some(0);
-        }
-        match std::fs::metadata(&self.path) {
-            Ok(m) if (m.dev(), m.ino()) == self.identity => None,
-            Ok(_) => Some(1),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(2),
-            Err(_) => None,
-        }
+    /// never on the data path.
+    fn check(&self) -> Option<Lost> {
+        self.guard.lost(Path::new(&self.path), self.identity)
     }
 
     /// What [`check_hint_files`] or the guard found, for the data path: two loads.
     #[inline]
     fn lost(&self) -> Option<&'static str> {
         if self.guard.faulted() {
-            return Some(REASONS[0]);
+            return Some(Lost::Shrank.reason());
         }
-        match self.lost.load(Ordering::Relaxed) {
-            0 => None,
-            code => REASONS.get(usize::from(code) - 1).copied(),
-        }
+        Lost::from_code(self.lost.load(Ordering::Relaxed)).map(Lost::reason)
     }
 }
 
@@ -105,9 +88,8 @@ pub(crate) fn check_hint_files() {
     let live: Vec<Arc<HintMapping>> = mappings.iter().filter_map(Weak::upgrade).collect();
     drop(mappings);
     for mapping in live {
-        if let Some(reason) = mapping.check() {
-            let code = u8::try_from(reason + 1).unwrap_or(1);
-            mapping.lost.store(code, Ordering::Relaxed);
+        if let Some(lost) = mapping.check() {
+            mapping.lost.store(lost.code(), Ordering::Relaxed);
         }
     }
 }
