@@ -7,7 +7,7 @@
 //! a value it was never built for: the collector exports every declared value of a file
 //! without knowing its name in advance (`docs/PROBES_LAYOUT.md`, "Declarations").
 //!
-//! Adding a value is one line in [`declare!`] below plus its call site, for example
+//! Adding a value is one line in `declare!` below plus its call site, for example
 //! `probes.rail(0).add(RAIL_TX_BYTES, n)`. The slot is part of the file format: a new value
 //! takes a free slot (a minor version), and a slot is never reused for another meaning.
 

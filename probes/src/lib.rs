@@ -114,6 +114,8 @@ mod layout;
 #[cfg(not(loom))]
 mod reader;
 #[cfg(not(loom))]
+mod snapshot;
+#[cfg(not(loom))]
 mod types;
 #[cfg(not(loom))]
 pub mod writer;
@@ -139,9 +141,10 @@ pub use crate::{
         HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, PROCESS_VALUE_SLOTS, RAIL_NAMES,
         RAIL_SOUT, RAIL_SUP, RAIL_VALUE_SLOTS, REGION_COUNT, SHARED_LANE, WRITER_LANES,
     },
-    reader::{
-        version_string, Corruption, DrainedEvents, EventCursor, FileInfo, LatencySnapshot,
-        LoadState, ProbesReader, RailSnapshot, SlowTransferRecord, Snapshot, TransferCounts,
+    reader::{version_string, Corruption, LoadState, ProbesReader},
+    snapshot::{
+        DrainedEvents, EventCursor, FileInfo, LatencySnapshot, RailSnapshot, SlowTransferRecord,
+        Snapshot, TransferCounts,
     },
     types::{
         now_ns, ConnectionInfo, Direction, EventKind, Mode, PathClass, RailInfo, SlowTransfer,

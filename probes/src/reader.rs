@@ -24,21 +24,21 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::conn::{read_slot, ConnectionSnapshot};
-use crate::declared::{
-    declared_in_minor_0, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope,
-    DECLARATIONS,
-};
+use crate::conn::read_slot;
+use crate::declared::{declared_in_minor_0, Declared, Merge, Scope, DECLARATIONS};
 use crate::guard::GuardedRange;
-use crate::histogram::HistogramSnapshot;
 use crate::layout::{
     ConnSlot, DeclarationRecord, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc,
-    ABI_MAJOR, ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, PROCESS_VALUE_SLOTS,
-    RAIL_VALUE_SLOTS, REGION_CONNECTIONS, REGION_COUNT, REGION_DECLARATIONS, REGION_EVENTS,
-    REGION_LANES, REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES,
-    REQUIRED_REGIONS, SHARED_LANE, WRITER_LANES,
+    ABI_MAJOR, ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, RAIL_VALUE_SLOTS,
+    REGION_CONNECTIONS, REGION_COUNT, REGION_DECLARATIONS, REGION_EVENTS, REGION_LANES,
+    REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES, REQUIRED_REGIONS,
+    SHARED_LANE, WRITER_LANES,
 };
-use crate::ring::{Ring, RingControl, RingCursor};
+use crate::ring::{Ring, RingControl};
+use crate::snapshot::{
+    DrainedEvents, EventCursor, FileInfo, LatencySnapshot, RailSnapshot, SlowTransferRecord,
+    Snapshot, TransferCounts,
+};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::types::{decode_name, RailInfo, SlowTransfer};
 
@@ -99,116 +99,6 @@ pub enum LoadState {
 /// A human-readable version word: `major.minor`.
 pub fn version_string(version: u32) -> String {
     format!("{}.{}", version >> 16, version & 0xffff)
-}
-
-/// Header fields that never change once published.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileInfo {
-    /// Version word, `(major << 16) | minor`.
-    pub abi_version: u32,
-    /// Writer process id.
-    pub pid: u32,
-    /// Writer start time, ns since the Unix epoch.
-    pub start_ns: u64,
-    /// Writer host name.
-    pub host: String,
-    /// Rails in use (index 0 = SOUT, 1 = SUP) with their device and port.
-    pub rails: Vec<RailInfo>,
-    /// Slow-transfer threshold, ns.
-    pub slow_threshold_ns: u64,
-    /// 1-in-N sampling (0 = off).
-    pub sample_one_in: u32,
-}
-
-/// One rail's post-to-completion latency histogram copy (ns, log2 buckets).
-pub type LatencySnapshot = HistogramSnapshot<LATENCY_BUCKETS>;
-
-/// One rail's copy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RailSnapshot {
-    /// The rail's value words merged over the writer lanes, each by its declared rule (see
-    /// [`ProbesReader::declarations`]); undeclared words are summed.
-    pub values: [u64; RAIL_VALUE_SLOTS],
-    /// Latency histogram.
-    pub latency: LatencySnapshot,
-}
-
-impl RailSnapshot {
-    /// The value of rail counter `counter`.
-    pub fn counter(&self, counter: RailCounter) -> u64 {
-        self.values[counter.slot()]
-    }
-
-    /// The value of rail gauge `gauge`.
-    pub fn gauge(&self, gauge: RailGauge) -> u64 {
-        self.values[gauge.slot()]
-    }
-}
-
-/// Completed transfers by active rail mask.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TransferCounts {
-    /// Mask 0 (should stay 0).
-    pub no_rail: u64,
-    /// SOUT only.
-    pub sout_only: u64,
-    /// SUP only.
-    pub sup_only: u64,
-    /// Both rails.
-    pub both: u64,
-}
-
-/// A copy of everything but the event ring.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Snapshot {
-    /// Writer process id.
-    pub pid: u32,
-    /// Writer start time, ns since the Unix epoch.
-    pub start_ns: u64,
-    /// Last heartbeat, ns since the Unix epoch.
-    pub heartbeat_ns: u64,
-    /// Clean-shutdown time (0 while running), ns since the Unix epoch.
-    pub closed_ns: u64,
-    /// One entry per rail in use (index 0 = SOUT, 1 = SUP).
-    pub rails: Vec<RailSnapshot>,
-    /// Transfers by active rail mask.
-    pub transfers: TransferCounts,
-    /// The process block's value words (see [`ProbesReader::declarations`]).
-    pub process: [u64; PROCESS_VALUE_SLOTS],
-    /// Writer lanes held by a thread right now (of [`WRITER_LANES`] - 1 owned lanes).
-    pub lanes_in_use: u32,
-    /// Active and closed connections.
-    pub connections: Vec<ConnectionSnapshot>,
-    /// Event records written so far (including overwritten ones).
-    pub events_written: u64,
-}
-
-impl Snapshot {
-    /// The value of process counter `counter`.
-    pub fn process_counter(&self, counter: ProcessCounter) -> u64 {
-        self.process[counter.slot()]
-    }
-}
-
-/// A reader's position in the event ring.
-pub type EventCursor = RingCursor;
-
-/// One event read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlowTransferRecord {
-    /// Record index (0-based, over the writer's life).
-    pub index: u64,
-    /// The transfer.
-    pub transfer: SlowTransfer,
-}
-
-/// What one [`ProbesReader::drain_events`] call returned.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DrainedEvents {
-    /// Intact records, oldest first.
-    pub records: Vec<SlowTransferRecord>,
-    /// Records lost to overwriting since the previous drain with the same cursor.
-    pub dropped: u64,
 }
 
 /// A probes file mapped read-only and checked.
