@@ -104,10 +104,14 @@ impl Collector {
     /// went away expire after 3 scan intervals.
     pub fn new(config: Config, traces: Option<Arc<Traces>>) -> Collector {
         let idle_timeout = (config.interval * 3).max(Duration::from_millis(100));
+        let exporter = Exporter::new(idle_timeout);
+        if config.metrics_endpoint().is_some() {
+            exporter.record_points();
+        }
         Collector {
             host: host_name(),
             idle_timeout,
-            exporter: Arc::new(Exporter::new(idle_timeout)),
+            exporter: Arc::new(exporter),
             traces,
             config,
             tracked: BTreeMap::new(),

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -47,6 +47,8 @@ pub struct Exporter {
     histograms: Mutex<Arc<Histograms>>,
     points: Mutex<Arc<ScanPoints>>,
     pending: Mutex<Vec<Point>>,
+    /// Whether scans record points at all: only the OTLP metrics export reads them.
+    record_points: AtomicBool,
     families: Mutex<HashMap<String, Arc<Family>>>,
     /// Names of the collector's own families ([`CATALOG`]): a probes file may not declare them.
     own: std::collections::HashSet<&'static str>,
@@ -92,6 +94,7 @@ impl Exporter {
             histograms: Mutex::new(Arc::new(Histograms::default())),
             points: Mutex::new(Arc::new(ScanPoints::default())),
             pending: Mutex::new(Vec::new()),
+            record_points: AtomicBool::new(false),
             families: Mutex::new(HashMap::new()),
             own: CATALOG.iter().map(|spec| spec.name).collect(),
             otlp_exports: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -187,7 +190,16 @@ impl Exporter {
         Some(Key::from_parts(family.name.clone(), labels))
     }
 
+    /// Record points from now on (off by default: without an OTLP metrics export nothing reads
+    /// them, and a scan need not copy every label).
+    pub fn record_points(&self) {
+        self.record_points.store(true, Ordering::Relaxed);
+    }
+
     fn push(&self, family: Arc<Family>, values: &[&str], start_ns: u64, value: Value) {
+        if !self.record_points.load(Ordering::Relaxed) {
+            return;
+        }
         let labels = family
             .labels
             .iter()
@@ -399,6 +411,7 @@ mod tests {
     #[test]
     fn renders_catalog_names_and_expires_idle_series() {
         let exporter = Exporter::new(Duration::from_millis(50));
+        exporter.record_points();
         let rail = ["h", "7", "sout", "mlx5_0", "1"];
         let tx = declared(&exporter, "mpib_rail_tx_bytes_total");
         let depth = declared(&exporter, "mpib_srq_depth");

@@ -143,8 +143,8 @@ pub fn check_writer(path: &Path, stat: &Stat, pid: u32) -> WriterCheck {
 }
 
 /// Whether `path` is still the file `stat` describes, and was when `identity` was taken: the
-/// reader opens the file again by path, so a rename between the checks and that open would show
-/// as another inode.
+/// reader maps the checked descriptor, but the collector follows the file by its path from then
+/// on, so a file renamed over it meanwhile is left for the next scan to look at afresh.
 pub fn still_same(path: &Path, identity: &Identity, stat: &Stat) -> bool {
     let same = |id: &Identity| id.dev == stat.dev && id.ino == stat.ino;
     same(identity) && Identity::of(path).is_ok_and(|now| same(&now))
