@@ -17,6 +17,7 @@ pub mod error;
 pub mod fabric;
 pub mod ffi;
 pub mod net;
+mod netif;
 pub mod params;
 pub mod proto;
 mod trust;

@@ -23,17 +23,17 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "MPIB_FABRIC",
         default: "verbs",
-        doc: "Backend: `verbs` (libibverbs) or `loopback` (in-process model, for tests and the demo).",
+        doc: "Backend: `verbs` (libibverbs), `tcp` (RC over TCP between processes and hosts, for NCCL where no RDMA NIC exists) or `loopback` (in-process model, for tests and the demo).",
     },
     Param {
         name: "MPIB_HCA_SOUT",
         default: "",
-        doc: "Scale-out rail device, `name` or `name:port` (e.g. `mlx5_0:1`). Loopback default `loop0`.",
+        doc: "Scale-out rail device, `name` or `name:port` (e.g. `mlx5_0:1`). Loopback default `loop0`. Tcp: an interface `eth0`, `eth0=ADDR` or an IPv4 address.",
     },
     Param {
         name: "MPIB_HCA_SUP",
         default: "",
-        doc: "Scale-up rail device, `name` or `name:port`. Loopback default `loop1`.",
+        doc: "Scale-up rail device, `name` or `name:port`. Loopback default `loop1`. Tcp: as `MPIB_HCA_SOUT`.",
     },
     Param {
         name: "MPIB_SOUT_QP",
@@ -199,6 +199,8 @@ pub enum FabricKind {
     Verbs,
     /// The in-process loopback model.
     Loopback,
+    /// RC over TCP connections.
+    Tcp,
 }
 
 /// Vanilla or advanced policy mode.
@@ -312,11 +314,18 @@ impl Settings {
         let fabric = match get("MPIB_FABRIC").as_deref().map(str::trim) {
             None | Some("verbs") => FabricKind::Verbs,
             Some("loopback") => FabricKind::Loopback,
-            Some(other) => return Err(invalid("MPIB_FABRIC", other, "`verbs` or `loopback`")),
+            Some("tcp") => FabricKind::Tcp,
+            Some(other) => {
+                return Err(invalid(
+                    "MPIB_FABRIC",
+                    other,
+                    "`verbs`, `tcp` or `loopback`",
+                ))
+            }
         };
         let default_hca = |loopback_name: &str| match fabric {
             FabricKind::Loopback => loopback_name.to_string(),
-            FabricKind::Verbs => String::new(),
+            FabricKind::Verbs | FabricKind::Tcp => String::new(),
         };
         let mode = match parse_int(&get, "MPIB_MODE", 0, 0, 1)? {
             0 => Mode::Vanilla,
@@ -550,7 +559,7 @@ mod tests {
             "MPIB_MODE"
         );
         assert_eq!(
-            settings(&[("MPIB_FABRIC", "tcp")]).unwrap_err().name,
+            settings(&[("MPIB_FABRIC", "infiniband")]).unwrap_err().name,
             "MPIB_FABRIC"
         );
         let e = settings(&[("MPIB_CTS_SIGNAL_INTERVAL", "100")]).unwrap_err();

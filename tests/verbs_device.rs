@@ -108,6 +108,7 @@ fn remote_of(side: &Side, local: &dyn RailDevice) -> RemoteQp {
         lid: info.lid,
         gid: info.gid,
         mtu: info.active_mtu.min(local.info().active_mtu),
+        port: info.service_port,
     }
 }
 

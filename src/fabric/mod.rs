@@ -9,11 +9,15 @@
 //!   rails, one SRQ receive consumed per IMM, bounded CQs, error completions) with deterministic
 //!   fault knobs. Chosen only explicitly with `MPIB_FABRIC=loopback`.
 //! * `verbs` (real libibverbs through rdma-sys), the production default.
+//! * [`tcp`]: RC semantics over TCP connections between processes and hosts
+//!   (`MPIB_FABRIC=tcp`), for running under NCCL where no RDMA NIC exists.
 //!
 //! The data-path methods (`post_send`, `post_receives`, `poll`) take plain `Copy` values and
 //! caller-provided slices so that no implementation needs to allocate per call.
 
 pub mod loopback;
+pub(crate) mod pages;
+pub mod tcp;
 pub mod verbs;
 
 use std::fmt;
@@ -96,6 +100,9 @@ pub struct DeviceInfo {
     pub pci_path: Option<String>,
     /// Largest number of QPs the device supports.
     pub max_qp: u32,
+    /// The port peers' QPs connect to, for fabrics whose QPs are reached through a listening
+    /// socket (tcp); 0 where a QP number and the GID are the whole address (verbs, loopback).
+    pub service_port: u16,
 }
 
 /// A local scatter/gather element.
@@ -283,6 +290,8 @@ pub struct RemoteQp {
     pub gid: [u8; 16],
     /// Path MTU as the verbs enum value: the minimum of both sides.
     pub mtu: u8,
+    /// The peer rail's service port ([`DeviceInfo::service_port`]; 0 on verbs and loopback).
+    pub port: u16,
 }
 
 /// Transport settings applied when a QP is brought to RTR/RTS (NCCL's defaults).
@@ -507,7 +516,7 @@ pub trait PeerResolution: Send {
 
 /// A backend that opens devices by name.
 pub trait Fabric: Send + Sync {
-    /// `loopback` or `verbs`.
+    /// `loopback`, `verbs` or `tcp`.
     fn name(&self) -> &'static str;
     /// Names of the devices this fabric can open, for error messages.
     fn device_names(&self) -> Vec<String>;

@@ -52,6 +52,7 @@ impl Flusher {
                 lid: info.lid,
                 gid: info.gid,
                 mtu: info.active_mtu,
+                port: info.service_port,
             };
             qp.connect(&own, &qp_settings(settings, -1))
                 .map_err(|e| Error::from(e).context(format!("flush QP on {rail}")))?;

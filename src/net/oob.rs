@@ -65,19 +65,20 @@ impl ListenHandle {
 /// The IPv4 address the control connection uses on this node.
 ///
 /// Order: `MPIB_OOB_ADDR`; the IPv4 address of `MPIB_OOB_IF`; for the loopback fabric 127.0.0.1;
-/// otherwise the first IPv4 address of an interface that is up and not loopback.
+/// for the tcp fabric the SOUT rail's address; otherwise the first IPv4 address of an interface that is up and not loopback.
 pub(crate) fn local_address(settings: &Settings) -> Result<Ipv4Addr> {
     if let Some(address) = settings.oob_address {
         return Ok(address);
     }
-    let interfaces = ipv4_interfaces()?;
+    let interfaces =
+        crate::netif::ipv4_interfaces().map_err(|e| Error::system(format!("getifaddrs: {e}")))?;
     if let Some(name) = &settings.oob_interface {
         return interfaces
             .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, a, _)| *a)
+            .find(|i| &i.name == name)
+            .map(|i| i.address)
             .ok_or_else(|| {
-                let names: Vec<&str> = interfaces.iter().map(|(n, _, _)| n.as_str()).collect();
+                let names: Vec<&str> = interfaces.iter().map(|i| i.name.as_str()).collect();
                 Error::invalid_usage(format!(
                     "MPIB_OOB_IF={name:?} has no IPv4 address; interfaces with one: {names:?}"
                 ))
@@ -86,52 +87,18 @@ pub(crate) fn local_address(settings: &Settings) -> Result<Ipv4Addr> {
     if settings.fabric == FabricKind::Loopback {
         return Ok(Ipv4Addr::LOCALHOST);
     }
-    interfaces.iter().find(|(_, a, is_loopback)| !is_loopback && !a.is_unspecified()).map(|(_, a, _)| *a).ok_or_else(
+    if settings.fabric == FabricKind::Tcp && !settings.hca_sout.is_empty() {
+        // The control connection runs over the scale-out rail, as it does beside a verbs SOUT
+        // NIC: islands are classified from that address pair.
+        return crate::fabric::tcp::rail_address(&settings.hca_sout)
+            .map(|(_, address)| address)
+            .map_err(|e| {
+                Error::invalid_usage(format!("MPIB_HCA_SOUT={:?}: {e}", settings.hca_sout))
+            });
+    }
+    interfaces.iter().find(|i| !i.is_loopback && !i.address.is_unspecified()).map(|i| i.address).ok_or_else(
         || Error::invalid_usage("no IPv4 interface is up for the control connection: set MPIB_OOB_IF or MPIB_OOB_ADDR"),
     )
-}
-
-/// (name, address, is_loopback) of every interface that is up and has an IPv4 address.
-fn ipv4_interfaces() -> Result<Vec<(String, Ipv4Addr, bool)>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(Error::system(format!(
-            "getifaddrs: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    let mut found = Vec::new();
-    let mut cursor = head;
-    while !cursor.is_null() {
-        // SAFETY: `cursor` is a node of the list getifaddrs returned, not yet freed.
-        let entry = unsafe { &*cursor };
-        cursor = entry.ifa_next;
-        let up = entry.ifa_flags & libc::IFF_UP as u32 != 0;
-        if !up || entry.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-null and points to a sockaddr whose family we check first.
-        let family = unsafe { (*entry.ifa_addr).sa_family } as i32;
-        if family != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: family is AF_INET, so the address is a sockaddr_in; ifa_name is a C string.
-        let (address, name) = unsafe {
-            let sin = &*(entry.ifa_addr as *const libc::sockaddr_in);
-            (
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                std::ffi::CStr::from_ptr(entry.ifa_name)
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        };
-        let is_loopback = entry.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
-        found.push((name, address, is_loopback));
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(found)
 }
 
 /// Creates a non-blocking listener on `address` (port chosen by the kernel).

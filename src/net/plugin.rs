@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::fabric::loopback::LoopbackFabric;
+use crate::fabric::tcp::TcpFabric;
 use crate::fabric::verbs::VerbsFabric;
 use crate::fabric::{Fabric, Rail, RailDevice};
 use crate::log;
@@ -204,6 +205,7 @@ fn open(settings: &Settings) -> Result<Opened> {
             &settings.loopback_rails,
         )?),
         FabricKind::Verbs => Arc::new(VerbsFabric::new(settings)?),
+        FabricKind::Tcp => Arc::new(TcpFabric::new()),
     };
     let open_rail = |spec: &str, variable: &str, rail: Rail| -> Result<Arc<dyn RailDevice>> {
         if spec.is_empty() {

@@ -233,6 +233,7 @@ pub(crate) fn endpoint(device: &dyn RailDevice) -> RailEndpoint {
         },
         gid: info.gid,
         gid_index: info.gid_index,
+        port: info.service_port,
     }
 }
 
@@ -261,6 +262,7 @@ pub(crate) fn connect_queue_pairs(
             lid: remote.lid,
             gid: remote.gid,
             mtu: local.active_mtu.min(remote.mtu),
+            port: remote.port,
         };
         qp.connect(&remote_qp, settings)
             .map_err(|e| Error::from(e).context(format!("bringing up {rail} QP {index}")))?;

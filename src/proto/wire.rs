@@ -66,6 +66,9 @@ pub struct RailEndpoint {
     pub gid: [u8; 16],
     /// GID table index.
     pub gid_index: u8,
+    /// The rail's service port, where the fabric's QPs are reached through a listening socket
+    /// (tcp); 0 on verbs and loopback.
+    pub port: u16,
 }
 
 /// Connector to acceptor: what the connector computed and how to reach its QPs.
@@ -244,7 +247,7 @@ fn write_endpoints(writer: &mut Writer<'_>, rails: &[RailEndpoint; 2]) {
         writer.u8(endpoint.link_layer);
         writer.u8(endpoint.gid_index);
         writer.u16(endpoint.lid);
-        writer.u16(0);
+        writer.u16(endpoint.port);
         writer.bytes(&endpoint.gid);
     }
 }
@@ -264,10 +267,7 @@ fn read_endpoints(reader: &mut Reader<'_>) -> Result<[RailEndpoint; 2], WireErro
         )?;
         endpoint.gid_index = reader.u8();
         endpoint.lid = reader.u16();
-        let reserved = reader.u16();
-        if reserved != 0 {
-            return Err(bad("reserved", reserved));
-        }
+        endpoint.port = reader.u16();
         endpoint.gid = reader.array();
     }
     Ok(rails)

@@ -144,6 +144,7 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
         guid: 0x4d50_4942_4c4f_4f00 | u64::from(host),
         pci_path: None,
         max_qp: 1 << 17,
+        service_port: 0,
     }
 }
 
@@ -158,37 +159,6 @@ pub(crate) fn device_gid(index: usize) -> [u8; 16] {
     gid
 }
 
-/// Whether every page of `[addr, addr + len)` is mapped in this process. `ibv_reg_mr` pins the
-/// pages and fails with EFAULT on unmapped memory; checking here keeps a bogus registration
-/// from turning into a segfault at execution time. `mincore` has no side effects on the pages.
-fn mapped(addr: u64, len: u64) -> bool {
-    // SAFETY: sysconf has no preconditions.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .unwrap_or(4096)
-        .max(1);
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let mut start = addr - addr % page;
-    // One status byte per page; probe in chunks so no allocation depends on the length.
-    let mut status = [0u8; 512];
-    while start < end {
-        let chunk = (end - start).min(page * status.len() as u64);
-        let Ok(chunk_len) = usize::try_from(chunk) else {
-            return false;
-        };
-        // SAFETY: mincore only reads the page tables of the range and writes at most
-        // ceil(chunk / page) <= status.len() bytes into `status`; `start` is page-aligned.
-        let rc =
-            unsafe { libc::mincore(start as *mut libc::c_void, chunk_len, status.as_mut_ptr()) };
-        if rc != 0 {
-            return false;
-        }
-        start += chunk;
-    }
-    true
-}
-
 impl RailDevice for LoopbackDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -200,7 +170,7 @@ impl RailDevice for LoopbackDevice {
         if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
             return Err(self.error(verb, libc::EINVAL, format!("bad range {addr:#x}+{len}")));
         }
-        if !mapped(addr, len64) {
+        if !crate::fabric::pages::mapped(addr, len64) {
             let detail = format!("range {addr:#x}+{len} is not mapped memory");
             return Err(self.error(verb, libc::EFAULT, detail));
         }

@@ -128,6 +128,7 @@ pub(super) fn link(a: &mut End, b: &mut End) {
         lid: 0,
         gid: e.dev.info().gid,
         mtu: e.dev.info().active_mtu,
+        port: 0,
     };
     let (ra, rb) = (remote(a), remote(b));
     a.qp.connect(&rb, &QpSettings::default())
@@ -554,6 +555,7 @@ fn qp_setup_errors() {
         lid: 0,
         gid: [0; 16],
         mtu: 5,
+        port: 0,
     };
     let err = a.qp.connect(&gone, &QpSettings::default()).unwrap_err();
     assert!(err.to_string().contains("0xfffff0"), "{err}");

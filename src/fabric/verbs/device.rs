@@ -359,6 +359,7 @@ fn query_info(context: &Context, name: &str, options: OpenOptions) -> FabricResu
         guid: u64::from_be(device_attr.node_guid),
         pci_path: pci_path(name),
         max_qp: u32::try_from(device_attr.max_qp).unwrap_or(0),
+        service_port: 0,
     })
 }
 

@@ -371,6 +371,7 @@ fn rtr_and_rts_attributes_follow_nccl() {
         lid: 7,
         gid: mapped(10, 100, 0, 2),
         mtu: 5,
+        port: 0,
     };
     let settings = QpSettings {
         traffic_class: 106,

@@ -11,6 +11,7 @@ fn endpoint(seed: u8) -> RailEndpoint {
         link_layer: 2,
         gid: [seed; 16],
         gid_index: 3,
+        port: u16::from(seed) * 1000,
     }
 }
 
@@ -178,15 +179,17 @@ fn any_endpoint() -> impl Strategy<Value = RailEndpoint> {
         0u8..=2,
         any::<[u8; 16]>(),
         any::<u8>(),
+        any::<u16>(),
     )
         .prop_map(
-            |(present, lid, mtu, link_layer, gid, gid_index)| RailEndpoint {
+            |(present, lid, mtu, link_layer, gid, gid_index, port)| RailEndpoint {
                 present,
                 lid,
                 mtu,
                 link_layer,
                 gid,
                 gid_index,
+                port,
             },
         )
 }

@@ -1,0 +1,36 @@
+//! Page checks shared by the fabrics that execute RDMA operations in software.
+//!
+//! `ibv_reg_mr` pins the pages and fails with EFAULT on unmapped memory; a fabric that copies
+//! bytes itself (loopback, tcp) checks the same at registration, so a bogus registration is an
+//! error there instead of a segfault when a peer's write lands.
+
+/// Whether every page of `[addr, addr + len)` is mapped in this process. `ibv_reg_mr` pins the
+/// pages and fails with EFAULT on unmapped memory; checking here keeps a bogus registration
+/// from turning into a segfault at execution time. `mincore` has no side effects on the pages.
+pub(crate) fn mapped(addr: u64, len: u64) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1);
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut start = addr - addr % page;
+    // One status byte per page; probe in chunks so no allocation depends on the length.
+    let mut status = [0u8; 512];
+    while start < end {
+        let chunk = (end - start).min(page * status.len() as u64);
+        let Ok(chunk_len) = usize::try_from(chunk) else {
+            return false;
+        };
+        // SAFETY: mincore only reads the page tables of the range and writes at most
+        // ceil(chunk / page) <= status.len() bytes into `status`; `start` is page-aligned.
+        let rc =
+            unsafe { libc::mincore(start as *mut libc::c_void, chunk_len, status.as_mut_ptr()) };
+        if rc != 0 {
+            return false;
+        }
+        start += chunk;
+    }
+    true
+}

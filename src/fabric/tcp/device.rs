@@ -1,0 +1,513 @@
+//! A TCP rail: the device handle, its completion queues, shared receive queues and queue pairs.
+//! Every handle keeps the rail's [`Core`] alive; the last one dropped stops and joins the rail's
+//! thread.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
+use super::socket;
+use crate::fabric::{
+    Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, FabricError,
+    FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
+    RemoteQp, SharedReceiveQueue, WorkRequest,
+};
+
+/// Largest CQ, SRQ and send queue (the ConnectX limits the other fabrics use too).
+const MAX_CQE: u32 = (1 << 22) - 1;
+const MAX_SRQ_WR: u32 = (1 << 15) - 1;
+const MAX_QP_WR: u32 = 1 << 15;
+
+/// QP numbers are unique in the process (a peer names our QP by number in its hello).
+static NEXT_QPN: AtomicU32 = AtomicU32::new(0x100);
+/// Memory keys, unique in the process so a key used on the wrong rail fails; lkey and rkey
+/// differ so that one used for the other fails, as it may on hardware.
+static NEXT_KEY: AtomicU32 = AtomicU32::new(0x10);
+
+/// The rail's thread and shared state; dropping it stops and joins the thread.
+pub(super) struct Core {
+    pub shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Core {
+    pub(super) fn new(shared: Arc<Shared>, thread: JoinHandle<()>) -> Core {
+        Core {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    fn error(
+        &self,
+        verb: &'static str,
+        qp: Option<u32>,
+        errno: i32,
+        detail: impl Into<String>,
+    ) -> FabricError {
+        FabricError {
+            verb,
+            device: self.shared.device.clone(),
+            qp_num: qp,
+            errno,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.shared.request_stop();
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// An opened TCP rail.
+pub(super) struct TcpDevice {
+    pub core: Arc<Core>,
+    pub info: DeviceInfo,
+}
+
+fn check_depth(depth: u32, max: u32) -> Result<u32, String> {
+    if depth == 0 || depth > max {
+        return Err(format!("depth {depth} outside 1..={max}"));
+    }
+    Ok(depth)
+}
+
+impl RailDevice for TcpDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys> {
+        let verb = "ibv_reg_mr";
+        let len64 = len as u64;
+        if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
+            return Err(self.core.error(
+                verb,
+                None,
+                libc::EINVAL,
+                format!("bad range {addr:#x}+{len}"),
+            ));
+        }
+        if !crate::fabric::pages::mapped(addr, len64) {
+            let detail = format!("range {addr:#x}+{len} is not mapped memory");
+            return Err(self.core.error(verb, None, libc::EFAULT, detail));
+        }
+        let lkey = NEXT_KEY.fetch_add(2, Ordering::Relaxed);
+        let keys = MemoryKeys {
+            lkey,
+            rkey: lkey.wrapping_add(1),
+        };
+        self.core
+            .shared
+            .registry_mut()
+            .add(addr, len64, access, keys);
+        Ok(keys)
+    }
+
+    fn register_dmabuf(
+        &self,
+        _: u64,
+        _: usize,
+        _: u64,
+        _: i32,
+        _: Access,
+    ) -> FabricResult<MemoryKeys> {
+        Err(self.core.error(
+            "ibv_reg_dmabuf_mr",
+            None,
+            libc::EOPNOTSUPP,
+            "the tcp fabric moves host memory only (no DMA-BUF)",
+        ))
+    }
+
+    fn deregister(&self, keys: MemoryKeys) -> FabricResult<()> {
+        if self.core.shared.registry_mut().remove(keys) {
+            return Ok(());
+        }
+        Err(self.core.error(
+            "ibv_dereg_mr",
+            None,
+            libc::EINVAL,
+            format!(
+                "no registration with lkey {:#x} rkey {:#x}",
+                keys.lkey, keys.rkey
+            ),
+        ))
+    }
+
+    fn create_cq(&self, settings: CqSettings) -> FabricResult<Box<dyn CompletionQueue>> {
+        let depth = check_depth(settings.depth, MAX_CQE)
+            .map_err(|d| self.core.error("ibv_create_cq", None, libc::EINVAL, d))?;
+        let mut ring = VecDeque::new();
+        ring.try_reserve_exact(depth as usize).map_err(|_| {
+            self.core.error(
+                "ibv_create_cq",
+                None,
+                libc::ENOMEM,
+                "cannot allocate the CQ ring",
+            )
+        })?;
+        let mut state = self.core.shared.state();
+        let id = state.take_id();
+        state.cqs.insert(
+            id,
+            CqRing {
+                depth: depth as usize,
+                ring,
+                broken: false,
+            },
+        );
+        Ok(Box::new(TcpCq {
+            core: Arc::clone(&self.core),
+            id,
+        }))
+    }
+
+    fn create_srq(&self, depth: u32) -> FabricResult<Box<dyn SharedReceiveQueue>> {
+        let depth = check_depth(depth, MAX_SRQ_WR)
+            .map_err(|d| self.core.error("ibv_create_srq", None, libc::EINVAL, d))?;
+        let mut ring = VecDeque::new();
+        ring.try_reserve_exact(depth as usize).map_err(|_| {
+            self.core.error(
+                "ibv_create_srq",
+                None,
+                libc::ENOMEM,
+                "cannot allocate the SRQ ring",
+            )
+        })?;
+        let mut state = self.core.shared.state();
+        let id = state.take_id();
+        state.srqs.insert(
+            id,
+            SrqRing {
+                depth: depth as usize,
+                ring,
+            },
+        );
+        Ok(Box::new(TcpSrq {
+            core: Arc::clone(&self.core),
+            id,
+        }))
+    }
+
+    fn create_qp(
+        &self,
+        cq: &dyn CompletionQueue,
+        srq: Option<&dyn SharedReceiveQueue>,
+        caps: QpCapabilities,
+    ) -> FabricResult<Box<dyn QueuePair>> {
+        let einval = |detail: &str| self.core.error("ibv_create_qp", None, libc::EINVAL, detail);
+        let cq = cq
+            .as_any()
+            .downcast_ref::<TcpCq>()
+            .filter(|c| Arc::ptr_eq(&c.core, &self.core))
+            .ok_or_else(|| einval("the CQ is not one of this tcp rail's"))?;
+        let srq = match srq {
+            None => None,
+            Some(s) => Some(
+                s.as_any()
+                    .downcast_ref::<TcpSrq>()
+                    .filter(|s| Arc::ptr_eq(&s.core, &self.core))
+                    .ok_or_else(|| einval("the SRQ is not one of this tcp rail's"))?
+                    .id,
+            ),
+        };
+        let depth = check_depth(caps.max_send_wr, MAX_QP_WR)
+            .map_err(|d| einval(&format!("max_send_wr: {d}")))?;
+        if caps.max_inline > 0 {
+            return Err(einval(
+                "tcp QPs carry no inline data (max_inline must be 0)",
+            ));
+        }
+        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed);
+        let mut submitted = VecDeque::new();
+        submitted.try_reserve_exact(depth as usize).map_err(|_| {
+            self.core.error(
+                "ibv_create_qp",
+                None,
+                libc::ENOMEM,
+                "cannot allocate the send queue",
+            )
+        })?;
+        let mut state = self.core.shared.state();
+        state.qps.insert(
+            qpn,
+            QpShared {
+                cq: cq.id,
+                srq,
+                max_send_wr: depth,
+                submitted,
+                outstanding: 0,
+                error: None,
+                peer: None,
+                connected: false,
+                posted_pending: false,
+            },
+        );
+        self.core.shared.notify(state, Notice::Created(qpn));
+        Ok(Box::new(TcpQp {
+            core: Arc::clone(&self.core),
+            qpn,
+        }))
+    }
+
+    fn next_async_event(&self) -> Option<AsyncEvent> {
+        self.core.shared.state().events.pop_front()
+    }
+
+    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
+        Ok(Box::new(Resolved(*peer_gid)))
+    }
+}
+
+/// TCP needs no neighbour resolution before a QP connects: `connect(2)` runs in the background.
+struct Resolved([u8; 16]);
+
+impl PeerResolution for Resolved {
+    fn poll(&mut self) -> FabricResult<bool> {
+        Ok(true)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "tcp peer {} (nothing to resolve)",
+            super::ipv4_of_gid(&self.0)
+        )
+    }
+}
+
+/// A completion queue of a TCP rail.
+pub(super) struct TcpCq {
+    core: Arc<Core>,
+    id: u64,
+}
+
+impl CompletionQueue for TcpCq {
+    fn poll(&mut self, out: &mut [Completion]) -> FabricResult<usize> {
+        let mut state = self.core.shared.state();
+        let Some(ring) = state.cqs.get_mut(&self.id) else {
+            return Err(self
+                .core
+                .error("ibv_poll_cq", None, libc::EIO, "the CQ no longer exists"));
+        };
+        if ring.broken {
+            return Err(self.core.error(
+                "ibv_poll_cq",
+                None,
+                libc::EIO,
+                "the CQ overflowed (more completions than its depth)",
+            ));
+        }
+        let mut count = 0;
+        for slot in out.iter_mut() {
+            let Some(completion) = ring.ring.pop_front() else {
+                break;
+            };
+            *slot = completion;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for TcpCq {
+    fn drop(&mut self) {
+        self.core.shared.state().cqs.remove(&self.id);
+    }
+}
+
+/// A shared receive queue of a TCP rail.
+pub(super) struct TcpSrq {
+    core: Arc<Core>,
+    id: u64,
+}
+
+impl SharedReceiveQueue for TcpSrq {
+    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()> {
+        let mut state = self.core.shared.state();
+        let Some(ring) = state.srqs.get_mut(&self.id) else {
+            return Err(self.core.error(
+                "ibv_post_srq_recv",
+                None,
+                libc::EINVAL,
+                "the SRQ no longer exists",
+            ));
+        };
+        let free = ring.depth - ring.ring.len();
+        if count as usize > free {
+            let detail = format!("{count} receives do not fit: {free} of {} free", ring.depth);
+            return Err(self
+                .core
+                .error("ibv_post_srq_recv", None, libc::ENOMEM, detail));
+        }
+        for _ in 0..count {
+            ring.ring.push_back(wr_id);
+        }
+        self.core.shared.notify(state, Notice::Receives);
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for TcpSrq {
+    fn drop(&mut self) {
+        self.core.shared.state().srqs.remove(&self.id);
+    }
+}
+
+/// A queue pair of a TCP rail: one TCP connection to its peer QP.
+pub(super) struct TcpQp {
+    core: Arc<Core>,
+    qpn: u32,
+}
+
+/// RC's transport timeout: 4.096 us x 2^timeout per try, `retry_count + 1` tries.
+pub(super) fn user_timeout_ms(settings: &QpSettings) -> u32 {
+    let per_try_us = 4.096 * f64::from(1u32 << settings.timeout.min(31));
+    let tries = f64::from(settings.retry_count.min(7)) + 1.0;
+    (per_try_us * tries / 1000.0).clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
+impl QueuePair for TcpQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn connect(&mut self, remote: &RemoteQp, settings: &QpSettings) -> FabricResult<()> {
+        let shared = &self.core.shared;
+        let peer_address = SocketAddrV4::new(super::ipv4_of_gid(&remote.gid), remote.port);
+        if remote.port == 0 {
+            return Err(self.core.error(
+                "ibv_modify_qp",
+                Some(self.qpn),
+                libc::EINVAL,
+                format!(
+                    "the peer {} gave no tcp port (is it running another fabric?)",
+                    peer_address.ip()
+                ),
+            ));
+        }
+        let timeout = user_timeout_ms(settings);
+        // The side with the smaller (address, port, QP) opens the connection; the other accepts.
+        let local = (u32::from(shared.address), shared.port, self.qpn);
+        let far = (
+            u32::from(*peer_address.ip()),
+            peer_address.port(),
+            remote.qp_num,
+        );
+        let socket = if local < far {
+            Some(
+                socket::start_connect(shared.address, peer_address, timeout).map_err(|e| {
+                    self.core.error(
+                        "connect",
+                        Some(self.qpn),
+                        e.raw_os_error().unwrap_or(0),
+                        format!("towards {peer_address} QP {}: {e}", remote.qp_num),
+                    )
+                })?,
+            )
+        } else {
+            None
+        };
+        let mut state = shared.state();
+        let Some(qp) = state.qps.get_mut(&self.qpn) else {
+            return Err(self.core.error(
+                "ibv_modify_qp",
+                Some(self.qpn),
+                libc::EINVAL,
+                "the QP no longer exists",
+            ));
+        };
+        if qp.connected {
+            return Err(self.core.error(
+                "ibv_modify_qp",
+                Some(self.qpn),
+                libc::EINVAL,
+                "the QP is already connected",
+            ));
+        }
+        qp.connected = true;
+        qp.peer = Some(Peer {
+            address: peer_address,
+            qpn: remote.qp_num,
+            user_timeout_ms: timeout,
+            socket,
+        });
+        shared.notify(state, Notice::Connected(self.qpn));
+        Ok(())
+    }
+
+    unsafe fn post_send(&mut self, chain: &[WorkRequest]) -> FabricResult<()> {
+        let shared = &self.core.shared;
+        let mut state = shared.state();
+        let fail = |errno: i32, detail: String| {
+            self.core
+                .error("ibv_post_send", Some(self.qpn), errno, detail)
+        };
+        let Some(qp) = state.qps.get_mut(&self.qpn) else {
+            return Err(fail(libc::EINVAL, "the QP no longer exists".to_string()));
+        };
+        if let Some(why) = &qp.error {
+            return Err(fail(
+                libc::EINVAL,
+                format!("the QP is in the error state: {why}"),
+            ));
+        }
+        if !qp.connected {
+            return Err(fail(libc::EINVAL, "the QP is not connected".to_string()));
+        }
+        if let Some(wr) = chain.iter().find(|w| w.inline) {
+            return Err(fail(
+                libc::EINVAL,
+                format!(
+                    "WR {:#x} asks for inline data, which tcp QPs do not carry",
+                    wr.wr_id
+                ),
+            ));
+        }
+        let free = qp.max_send_wr - qp.outstanding;
+        if chain.len() > free as usize {
+            let detail = format!(
+                "{} WRs do not fit: {free} of {} send queue slots free",
+                chain.len(),
+                qp.max_send_wr
+            );
+            return Err(fail(libc::ENOMEM, detail));
+        }
+        qp.outstanding += chain.len() as u32;
+        qp.submitted.extend(chain.iter().copied());
+        if qp.posted_pending {
+            drop(state);
+            shared.wake_if_sleeping();
+        } else {
+            qp.posted_pending = true;
+            shared.notify(state, Notice::Posted(self.qpn));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TcpQp {
+    fn drop(&mut self) {
+        let mut state = self.core.shared.state();
+        state.qps.remove(&self.qpn);
+        self.core.shared.notify(state, Notice::Destroyed(self.qpn));
+    }
+}

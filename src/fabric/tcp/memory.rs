@@ -1,0 +1,179 @@
+//! A TCP rail's memory registrations, and how a peer's bytes land in them.
+//!
+//! The fabric thread writes into registered memory only after finding a live registration of
+//! the rail whose key, range and rights cover the write; the check and the write happen under
+//! the registry's read lock, so a registration cannot go away between them (deregistration takes
+//! the write lock). Large payloads are received by `recv(2)` straight into the region (the kernel
+//! reports EFAULT rather than faulting on a bad page); small ones, which may be control memory
+//! that the engine polls (CTS entries, completion records), are staged and then stored with
+//! release-ordered atomic words, so the engine's atomic loads see a word either old or new and
+//! never a torn one (src/net/dma.rs reads that memory with atomics).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use crate::fabric::{Access, MemoryKeys};
+
+/// One registration.
+#[derive(Clone, Copy, Debug)]
+struct Registration {
+    addr: u64,
+    len: u64,
+    access: Access,
+    keys: MemoryKeys,
+}
+
+impl Registration {
+    fn covers(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// What a remote request needs of a registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RemoteRight {
+    /// RDMA WRITE into it.
+    Write,
+    /// RDMA READ from it.
+    Read,
+}
+
+/// The registrations of one rail (a handful per comm: a linear scan beats hashing).
+#[derive(Debug, Default)]
+pub(super) struct Registry {
+    entries: Vec<Registration>,
+}
+
+impl Registry {
+    /// Adds a registration.
+    pub(super) fn add(&mut self, addr: u64, len: u64, access: Access, keys: MemoryKeys) {
+        self.entries.push(Registration {
+            addr,
+            len,
+            access,
+            keys,
+        });
+    }
+
+    /// Removes the registration with exactly these keys; `false` when there is none.
+    pub(super) fn remove(&mut self, keys: MemoryKeys) -> bool {
+        match self.entries.iter().position(|r| r.keys == keys) {
+            Some(index) => {
+                self.entries.swap_remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in a registration whose local key is `lkey`.
+    pub(super) fn local(&self, lkey: u32, addr: u64, len: u64) -> bool {
+        len == 0
+            || self
+                .entries
+                .iter()
+                .any(|r| r.keys.lkey == lkey && r.covers(addr, len))
+    }
+
+    /// Whether a peer may `right` `[addr, addr + len)` under `rkey`. A zero-byte write checks
+    /// no key, as on hardware.
+    pub(super) fn remote(&self, rkey: u32, addr: u64, len: u64, right: RemoteRight) -> bool {
+        len == 0
+            || self.entries.iter().any(|r| {
+                r.keys.rkey == rkey
+                    && r.covers(addr, len)
+                    && match right {
+                        RemoteRight::Write => r.access.remote_write,
+                        RemoteRight::Read => r.access.remote_read,
+                    }
+            })
+    }
+}
+
+/// Stores `bytes` at `addr` with release-ordered atomic stores, in ascending address order:
+/// whole words where address and length allow, bytes otherwise.
+///
+/// # Safety
+/// `[addr, addr + bytes.len())` must be mapped, writable memory of this process that no Rust
+/// reference covers (registered memory the engine reads only through atomics or after a
+/// completion).
+pub(super) unsafe fn store_release(addr: u64, bytes: &[u8]) {
+    if addr % 8 == 0 && bytes.len() % 8 == 0 {
+        for (index, chunk) in bytes.chunks_exact(8).enumerate() {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            let target = (addr as usize + index * 8) as *mut u64;
+            // SAFETY: aligned (checked above), inside the range the caller vouches for, and only
+            // accessed atomically or after synchronisation by others.
+            unsafe { AtomicU64::from_ptr(target) }
+                .store(u64::from_ne_bytes(word), Ordering::Release);
+        }
+    } else {
+        for (index, byte) in bytes.iter().enumerate() {
+            let target = (addr as usize + index) as *mut u8;
+            // SAFETY: as above; bytes need no alignment.
+            unsafe { AtomicU8::from_ptr(target) }.store(*byte, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: u32) -> MemoryKeys {
+        MemoryKeys {
+            lkey: n,
+            rkey: n + 1,
+        }
+    }
+
+    #[test]
+    fn remote_writes_need_the_key_the_range_and_the_right() {
+        let mut registry = Registry::default();
+        registry.add(0x1000, 0x100, Access::DATA, keys(0x10));
+        registry.add(0x4000, 0x100, Access::LOCAL, keys(0x20));
+        assert!(registry.remote(0x11, 0x1000, 0x100, RemoteRight::Write));
+        assert!(registry.remote(0x11, 0x10ff, 1, RemoteRight::Read));
+        assert!(
+            !registry.remote(0x11, 0x10ff, 2, RemoteRight::Write),
+            "past the end"
+        );
+        assert!(
+            !registry.remote(0x10, 0x1000, 1, RemoteRight::Write),
+            "an lkey is no rkey"
+        );
+        assert!(
+            !registry.remote(0x21, 0x4000, 1, RemoteRight::Write),
+            "local-only memory"
+        );
+        assert!(
+            registry.remote(0x99, 0, 0, RemoteRight::Write),
+            "zero bytes check no key"
+        );
+        assert!(registry.local(0x20, 0x4000, 0x100));
+        assert!(!registry.local(0x21, 0x4000, 1));
+        assert!(registry.remove(keys(0x10)));
+        assert!(!registry.remove(keys(0x10)));
+        assert!(
+            !registry.remote(0x11, 0x1000, 1, RemoteRight::Write),
+            "removed"
+        );
+    }
+
+    #[test]
+    fn stores_land_whole() {
+        let mut target = [0u64; 4];
+        let bytes: Vec<u8> = (1..=32).collect();
+        // SAFETY: `target` is a live local array read only after the stores.
+        unsafe { store_release(target.as_mut_ptr() as u64, &bytes) };
+        let landed: Vec<u8> = target.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(landed, bytes);
+        let mut odd = [0u8; 5];
+        // SAFETY: as above.
+        unsafe { store_release(odd.as_mut_ptr() as u64 + 1, &[7, 8, 9]) };
+        assert_eq!(odd, [0, 7, 8, 9, 0]);
+    }
+}

@@ -1,0 +1,315 @@
+//! A TCP rail's fabric thread: what a NIC's engine is to a verbs rail. It accepts the peers'
+//! QP connections, moves every QP's bytes and delivers completions, so transfers progress while
+//! the engine is between calls (NCCL's proxy thread is then free to serve other comms).
+//!
+//! Why a thread per rail with epoll, and not progress inside `test`: the engine's calls must
+//! not wait, while a TCP peer needs its bytes read before it can send more; a thread that sleeps
+//! in `epoll_wait` keeps both sockets draining at wire speed, the same way the rig's NICs do,
+//! and costs no syscall on the engine's side while it is busy (src/fabric/tcp/shared.rs).
+//! The thread is joined when the rail's last handle is dropped (`finalize` followed by the last
+//! comm's close), so nothing runs after unload.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::shared::{Notice, Shared};
+use super::socket;
+use super::wire::{Hello, HELLO_LEN};
+use super::worker::{PeerAddress, Worker};
+
+/// epoll token of the eventfd.
+const TOKEN_WAKE: u64 = u64::MAX;
+/// epoll token of the listener.
+const TOKEN_LISTENER: u64 = u64::MAX - 1;
+/// How long an accepted connection may take to say which QP it wants.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest sleep with nothing to do (a safety net: every change also wakes the thread).
+const IDLE_WAIT_MS: i32 = 200;
+/// User timeout of a passive socket until `connect` gives the QP's own (RC's default: 20, 7).
+const DEFAULT_USER_TIMEOUT_MS: u32 = 34_360;
+
+/// An accepted connection that has not said which QP it is for yet.
+struct Unclaimed {
+    socket: OwnedFd,
+    hello: [u8; HELLO_LEN],
+    got: usize,
+    since: Instant,
+}
+
+/// The thread's own state.
+struct Engine {
+    shared: Arc<Shared>,
+    epoll: OwnedFd,
+    listener: OwnedFd,
+    workers: HashMap<u32, Worker>,
+    unclaimed: Vec<Unclaimed>,
+    notices: VecDeque<Notice>,
+    posted: VecDeque<crate::fabric::WorkRequest>,
+}
+
+/// Runs the rail until [`Shared::request_stop`].
+pub(super) fn run(shared: Arc<Shared>, listener: OwnedFd) {
+    let mut engine = match Engine::new(shared, listener) {
+        Ok(engine) => engine,
+        Err(e) => {
+            warn!(crate::log::NET, "tcp rail thread cannot start: {e}");
+            return;
+        }
+    };
+    engine.run();
+}
+
+impl Engine {
+    fn new(shared: Arc<Shared>, listener: OwnedFd) -> std::io::Result<Engine> {
+        // SAFETY: epoll_create1 has no memory preconditions; the descriptor is owned below.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let engine = Engine {
+            shared,
+            epoll,
+            listener,
+            workers: HashMap::new(),
+            unclaimed: Vec::new(),
+            notices: VecDeque::new(),
+            posted: VecDeque::new(),
+        };
+        engine.watch(engine.shared.wake_fd(), TOKEN_WAKE)?;
+        engine.watch(engine.listener.as_raw_fd(), TOKEN_LISTENER)?;
+        Ok(engine)
+    }
+
+    /// Adds `fd` to the epoll set, edge-triggered: every reader reads until "would block".
+    fn watch(&self, fd: i32, token: u64) -> std::io::Result<()> {
+        let mut event = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: token,
+        };
+        // SAFETY: `event` is a live epoll_event; both descriptors are open.
+        let rc =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut busy = true;
+        loop {
+            let timeout = if busy { 0 } else { self.prepare_to_sleep() };
+            // SAFETY: `events` is a live array of the length given.
+            let count = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout,
+                )
+            };
+            self.shared.set_sleeping(false);
+            if self.shared.stopping() {
+                return;
+            }
+            let mut accept = false;
+            for event in events.iter().take(usize::try_from(count).unwrap_or(0)) {
+                match event.u64 {
+                    TOKEN_WAKE => self.shared.drain_wake(),
+                    TOKEN_LISTENER => accept = true,
+                    _ => {}
+                }
+            }
+            // Notices first: a QP's hello may only be claimed once its creation is known.
+            self.take_notices();
+            if accept || !self.unclaimed.is_empty() {
+                self.accept_and_claim();
+            }
+            busy = false;
+            for worker in self.workers.values_mut() {
+                busy |= worker.progress(&self.shared);
+            }
+        }
+    }
+
+    /// Announces the sleep and returns its timeout: 0 when work arrived meanwhile.
+    fn prepare_to_sleep(&self) -> i32 {
+        self.shared.set_sleeping(true);
+        if !self.shared.state().notices.is_empty() {
+            return 0;
+        }
+        if self.unclaimed.is_empty() {
+            IDLE_WAIT_MS
+        } else {
+            50
+        }
+    }
+
+    /// Applies what the engine asked for since the last pass.
+    fn take_notices(&mut self) {
+        let mut state = self.shared.state();
+        std::mem::swap(&mut self.notices, &mut state.notices);
+        while let Some(notice) = self.notices.pop_front() {
+            match notice {
+                Notice::Created(qpn) => {
+                    if let Some(qp) = state.qps.get(&qpn) {
+                        let worker = Worker::new(qpn, qp.cq, qp.srq, qp.max_send_wr);
+                        self.workers.insert(qpn, worker);
+                    }
+                }
+                Notice::Connected(qpn) => {
+                    let (Some(qp), Some(worker)) =
+                        (state.qps.get_mut(&qpn), self.workers.get_mut(&qpn))
+                    else {
+                        continue;
+                    };
+                    let Some(peer) = qp.peer.take() else { continue };
+                    let active = peer.socket.as_ref().map(AsRawFd::as_raw_fd);
+                    let address = PeerAddress {
+                        address: peer.address,
+                        qpn: peer.qpn,
+                    };
+                    worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
+                    if let Some(fd) = active {
+                        if let Err(e) = watch_fd(&self.epoll, fd, u64::from(qpn)) {
+                            warn!(
+                                crate::log::NET,
+                                "tcp {}: epoll for QP {qpn}: {e}", self.shared.device
+                            );
+                        }
+                    }
+                }
+                Notice::Posted(qpn) => {
+                    if let (Some(qp), Some(worker)) =
+                        (state.qps.get_mut(&qpn), self.workers.get_mut(&qpn))
+                    {
+                        qp.posted_pending = false;
+                        std::mem::swap(&mut self.posted, &mut qp.submitted);
+                        worker.take(&mut self.posted);
+                        std::mem::swap(&mut self.posted, &mut qp.submitted);
+                    }
+                }
+                Notice::Destroyed(qpn) => {
+                    self.workers.remove(&qpn);
+                }
+                Notice::Receives => {}
+            }
+        }
+    }
+
+    /// Accepts new connections and hands each to its QP once its hello is in.
+    fn accept_and_claim(&mut self) {
+        loop {
+            match socket::accept(self.listener.as_raw_fd()) {
+                Ok(Some(socket)) => {
+                    let fd = socket.as_raw_fd();
+                    self.unclaimed.push(Unclaimed {
+                        socket,
+                        hello: [0; HELLO_LEN],
+                        got: 0,
+                        since: Instant::now(),
+                    });
+                    if let Err(e) = watch_fd(&self.epoll, fd, u64::from(u32::MAX) + 1) {
+                        warn!(
+                            crate::log::NET,
+                            "tcp {}: epoll for an accepted connection: {e}", self.shared.device
+                        );
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warn!(crate::log::NET, "tcp {}: accept: {e}", self.shared.device);
+                    break;
+                }
+            }
+        }
+        let mut index = 0;
+        while index < self.unclaimed.len() {
+            match self.read_hello(index) {
+                HelloState::Waiting => index += 1,
+                HelloState::Dropped(why) => {
+                    warn!(
+                        crate::log::NET,
+                        "tcp {}: dropped an incoming QP connection: {why}", self.shared.device
+                    );
+                    self.unclaimed.swap_remove(index);
+                }
+                HelloState::Claimed(hello) => {
+                    let unclaimed = self.unclaimed.swap_remove(index);
+                    match self.workers.get_mut(&hello.target_qpn) {
+                        Some(worker) if worker.wants_socket() => {
+                            let fd = unclaimed.socket.as_raw_fd();
+                            worker.attach(
+                                &self.shared,
+                                unclaimed.socket,
+                                hello,
+                                DEFAULT_USER_TIMEOUT_MS,
+                            );
+                            // The QP's socket is watched under the QP's token.
+                            let _ = rewatch_fd(&self.epoll, fd, u64::from(hello.target_qpn));
+                        }
+                        _ => warn!(
+                            crate::log::NET,
+                            "tcp {}: a connection for QP {} which does not exist or is taken",
+                            self.shared.device,
+                            hello.target_qpn
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    fn read_hello(&mut self, index: usize) -> HelloState {
+        let entry = &mut self.unclaimed[index];
+        while entry.got < HELLO_LEN {
+            let target = entry.hello[entry.got..].as_mut_ptr() as u64;
+            match socket::receive(entry.socket.as_raw_fd(), target, HELLO_LEN - entry.got) {
+                Ok(None) => {
+                    if entry.since.elapsed() > HELLO_TIMEOUT {
+                        return HelloState::Dropped("no hello within 10 s".to_string());
+                    }
+                    return HelloState::Waiting;
+                }
+                Ok(Some(0)) => return HelloState::Dropped("closed before its hello".to_string()),
+                Ok(Some(n)) => entry.got += n,
+                Err(e) => return HelloState::Dropped(e.to_string()),
+            }
+        }
+        match Hello::decode(&entry.hello) {
+            Ok(hello) => HelloState::Claimed(hello),
+            Err(why) => HelloState::Dropped(why),
+        }
+    }
+}
+
+enum HelloState {
+    Waiting,
+    Dropped(String),
+    Claimed(Hello),
+}
+
+fn watch_fd(epoll: &OwnedFd, fd: i32, token: u64) -> std::io::Result<()> {
+    control(epoll, libc::EPOLL_CTL_ADD, fd, token)
+}
+
+fn rewatch_fd(epoll: &OwnedFd, fd: i32, token: u64) -> std::io::Result<()> {
+    control(epoll, libc::EPOLL_CTL_MOD, fd, token)
+}
+
+fn control(epoll: &OwnedFd, operation: i32, fd: i32, token: u64) -> std::io::Result<()> {
+    let mut event = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+        u64: token,
+    };
+    // SAFETY: `event` is a live epoll_event; both descriptors are open.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), operation, fd, &mut event) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,581 @@
+//! One queue pair's protocol, run by its rail's fabric thread: the hello, requests out
+//! (WRITE, WRITE_WITH_IMM, READ), requests in (checked against the registry, then landed), and
+//! the acknowledgements that complete the sender's WRs.
+//!
+//! RC semantics kept (src/fabric/mod.rs): order within a QP (one TCP stream carries every
+//! request in post order, and the responder executes them in that order); a signaled WR
+//! completes only once the responder has executed it and every request before it (cumulative
+//! acknowledgements, so a READ's completion also means every earlier write has landed, which is
+//! what the flush relies on); one SRQ receive per WRITE_WITH_IMM, consumed after its data, and
+//! an empty SRQ holds the QP's incoming stream (RNR retried forever, as `rnr_retry = 7`); an
+//! error completes the failing WR with its status, flushes the rest, and leaves the QP in the
+//! error state (later posts fail).
+
+use std::collections::VecDeque;
+use std::net::SocketAddrV4;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::memory::{store_release, RemoteRight};
+use super::shared::Shared;
+use super::socket;
+use super::wire::{seq_at_or_before, Header, Hello, Kind, HEADER_LEN, HELLO_LEN};
+use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, SendOpcode, Sge, WorkRequest};
+
+mod completion;
+
+use self::completion::status_of;
+
+/// Payloads up to this size are staged and stored atomically (control memory the engine polls).
+const STAGE_MAX: usize = 4096;
+/// Bytes one QP may move per pass before the thread serves the others.
+const PASS_BUDGET: usize = 8 << 20;
+
+/// A request sent and not yet answered.
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    wr_id: u64,
+    seq: u32,
+    opcode: SendOpcode,
+    signaled: bool,
+    sge: Option<Sge>,
+}
+
+/// The message being written.
+#[derive(Clone, Copy, Debug)]
+struct Outgoing {
+    header: [u8; HEADER_LEN],
+    payload_addr: u64,
+    payload_len: usize,
+    sent: usize,
+    request: Option<InFlight>,
+    /// A NAK: once written, this side's QP is in error.
+    fatal: bool,
+}
+
+/// The message being read.
+#[derive(Clone, Copy, Debug)]
+struct Incoming {
+    header: Header,
+    placed: usize,
+}
+
+/// How far a payload got in one read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// Every byte is in.
+    Done,
+    /// Some bytes came; more may be waiting.
+    Partial,
+    /// The socket has nothing more now.
+    Drained,
+}
+
+/// A control message waiting to be written between requests.
+#[derive(Clone, Copy, Debug)]
+enum Control {
+    Ack(u32),
+    Nak(u32, CompletionStatus),
+    ReadResponse { seq: u32, addr: u64, length: u32 },
+}
+
+/// The peer a QP was connected to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PeerAddress {
+    pub address: SocketAddrV4,
+    pub qpn: u32,
+}
+
+/// One QP as its fabric thread drives it.
+pub(super) struct Worker {
+    qpn: u32,
+    cq: u64,
+    srq: Option<u64>,
+    socket: Option<OwnedFd>,
+    /// The hello the passive side got, kept until `connect` names the peer to check it against.
+    hello: Option<Hello>,
+    peer: Option<PeerAddress>,
+    /// The active side's connect has not finished.
+    connecting: bool,
+    loopback: bool,
+    hello_out: [u8; HELLO_LEN],
+    hello_sent: usize,
+    queue: VecDeque<WorkRequest>,
+    sending: Option<Outgoing>,
+    awaiting: VecDeque<InFlight>,
+    next_seq: u32,
+    control: VecDeque<Control>,
+    in_header: [u8; HEADER_LEN],
+    in_got: usize,
+    incoming: Option<Incoming>,
+    staging: Box<[u8]>,
+    waiting_receive: bool,
+    /// This side refused a request: nothing more is read.
+    refused: bool,
+    failed: bool,
+}
+
+impl Worker {
+    /// A QP not yet connected.
+    pub(super) fn new(qpn: u32, cq: u64, srq: Option<u64>, max_send_wr: u32) -> Worker {
+        let depth = max_send_wr as usize;
+        Worker {
+            qpn,
+            cq,
+            srq,
+            socket: None,
+            hello: None,
+            peer: None,
+            connecting: false,
+            loopback: false,
+            hello_out: [0; HELLO_LEN],
+            hello_sent: HELLO_LEN,
+            queue: VecDeque::with_capacity(depth),
+            sending: None,
+            awaiting: VecDeque::with_capacity(depth),
+            next_seq: 1,
+            control: VecDeque::with_capacity(depth),
+            in_header: [0; HEADER_LEN],
+            in_got: 0,
+            incoming: None,
+            staging: vec![0u8; STAGE_MAX].into_boxed_slice(),
+            waiting_receive: false,
+            refused: false,
+            failed: false,
+        }
+    }
+
+    /// The socket, for the epoll set.
+    pub(super) fn socket_fd(&self) -> Option<i32> {
+        self.socket.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Whether a passive socket may still be attached.
+    pub(super) fn wants_socket(&self) -> bool {
+        self.socket.is_none() && !self.loopback && !self.failed
+    }
+
+    /// `connect` named the peer. `socket` is this side's connection when it is the active one.
+    pub(super) fn connect(
+        &mut self,
+        shared: &Shared,
+        peer: PeerAddress,
+        socket: Option<OwnedFd>,
+        user_timeout_ms: u32,
+    ) {
+        self.peer = Some(peer);
+        self.loopback = peer.qpn == self.qpn && peer.address.port() == shared.port;
+        if let Some(socket) = socket {
+            self.socket = Some(socket);
+            self.connecting = true;
+            self.hello_out = Hello {
+                target_qpn: peer.qpn,
+                source_qpn: self.qpn,
+                source_addr: shared.address.octets(),
+                source_port: shared.port,
+            }
+            .encode();
+            self.hello_sent = 0;
+        } else if let (Some(fd), Some(hello)) = (self.socket_fd(), self.hello) {
+            socket::set_user_timeout(fd, user_timeout_ms);
+            self.check_hello(shared, hello);
+        }
+    }
+
+    /// The passive side's connection arrived with `hello`.
+    pub(super) fn attach(&mut self, shared: &Shared, socket: OwnedFd, hello: Hello, timeout: u32) {
+        socket::set_user_timeout(socket.as_raw_fd(), timeout);
+        self.socket = Some(socket);
+        self.hello = Some(hello);
+        if self.peer.is_some() {
+            self.check_hello(shared, hello);
+        }
+    }
+
+    fn check_hello(&mut self, shared: &Shared, hello: Hello) {
+        let Some(peer) = self.peer else { return };
+        let from = SocketAddrV4::new(hello.source_addr.into(), hello.source_port);
+        if from != peer.address || hello.source_qpn != peer.qpn {
+            self.fail(
+                shared,
+                CompletionStatus::RetryExceeded,
+                format!(
+                    "QP {} was reached by {from} QP {}, not its peer {} QP {}",
+                    self.qpn, hello.source_qpn, peer.address, peer.qpn
+                ),
+            );
+        }
+    }
+
+    /// Takes WRs posted since the last pass.
+    pub(super) fn take(&mut self, posted: &mut VecDeque<WorkRequest>) {
+        self.queue.extend(posted.drain(..));
+    }
+
+    /// One pass: write what can be written, read what has arrived. `true` when the QP stopped
+    /// with work left (its budget ran out) rather than on a socket that has nothing to give.
+    pub(super) fn progress(&mut self, shared: &Shared) -> bool {
+        if self.failed || self.peer.is_none() {
+            return false;
+        }
+        if self.loopback {
+            self.execute_locally(shared);
+            return false;
+        }
+        let Some(fd) = self.socket_fd() else {
+            return false;
+        };
+        if self.connecting {
+            match socket::connect_finished(fd) {
+                Ok(false) => return false,
+                Ok(true) => self.connecting = false,
+                Err(e) => {
+                    let peer = self.peer.map(|p| p.address.to_string()).unwrap_or_default();
+                    let why = format!("connecting QP {} to {peer}: {e}", self.qpn);
+                    self.fail(shared, CompletionStatus::RetryExceeded, why);
+                    return false;
+                }
+            }
+        }
+        let mut budget = PASS_BUDGET;
+        let sent = self.send_some(shared, fd, &mut budget);
+        if self.failed {
+            return false;
+        }
+        let received = self.receive_some(shared, fd, &mut budget);
+        (sent || received) && !self.failed
+    }
+
+    /// Writes messages until the socket is full, the budget is spent or nothing is left;
+    /// `true` when the budget ran out.
+    fn send_some(&mut self, shared: &Shared, fd: i32, budget: &mut usize) -> bool {
+        while self.hello_sent < HELLO_LEN {
+            match socket::send(fd, &self.hello_out[self.hello_sent..], 0, 0) {
+                Ok(0) => return false,
+                Ok(n) => self.hello_sent += n,
+                Err(e) => return self.socket_failed(shared, "sending the hello", e),
+            }
+        }
+        loop {
+            if *budget == 0 {
+                return true;
+            }
+            if self.sending.is_none() && !self.next_message(shared) {
+                return false;
+            }
+            let Some(out) = self.sending.as_mut() else {
+                return false;
+            };
+            let header_left = HEADER_LEN.saturating_sub(out.sent);
+            let header = &out.header[HEADER_LEN - header_left..];
+            let payload_done = out.sent.saturating_sub(HEADER_LEN);
+            let payload_addr = out.payload_addr + payload_done as u64;
+            let payload_left = (out.payload_len - payload_done).min(*budget);
+            match socket::send(fd, header, payload_addr, payload_left) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    out.sent += n;
+                    *budget = budget.saturating_sub(n);
+                    if out.sent == HEADER_LEN + out.payload_len {
+                        let done = *out;
+                        self.sending = None;
+                        if let Some(request) = done.request {
+                            self.awaiting.push_back(request);
+                        }
+                        if done.fatal {
+                            let why = format!("QP {} refused a peer's request", self.qpn);
+                            self.fail(shared, CompletionStatus::Flushed, why);
+                            return false;
+                        }
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    let why = format!("QP {}: the local buffer is not readable: {e}", self.qpn);
+                    self.fail(shared, CompletionStatus::LocalProtection, why);
+                    return false;
+                }
+                Err(e) => return self.socket_failed(shared, "sending", e),
+            }
+        }
+    }
+
+    /// Starts the next message: a control message first, then the next posted WR.
+    fn next_message(&mut self, shared: &Shared) -> bool {
+        if let Some(control) = self.control.pop_front() {
+            let (header, payload_addr, payload_len, fatal) = match control {
+                Control::Ack(seq) => (Header::reply(Kind::Ack, seq, 0, 0), 0, 0, false),
+                Control::Nak(seq, status) => {
+                    let code = u8::try_from(status.code()).unwrap_or(u8::MAX);
+                    (Header::reply(Kind::Nak, seq, 0, code), 0, 0, true)
+                }
+                Control::ReadResponse { seq, addr, length } => (
+                    Header::reply(Kind::ReadResponse, seq, length, 0),
+                    addr,
+                    length as usize,
+                    false,
+                ),
+            };
+            self.sending = Some(Outgoing {
+                header: header.encode(),
+                payload_addr,
+                payload_len,
+                sent: 0,
+                request: None,
+                fatal,
+            });
+            return true;
+        }
+        let Some(wr) = self.queue.pop_front() else {
+            return false;
+        };
+        let length = wr.length();
+        if let Some(sge) = wr.sge {
+            if !shared
+                .registry()
+                .local(sge.lkey, sge.addr, u64::from(sge.length))
+            {
+                self.queue.push_front(wr);
+                let why = format!(
+                    "QP {}: local range {:#x}+{} is not registered under lkey {:#x}",
+                    self.qpn, sge.addr, sge.length, sge.lkey
+                );
+                self.fail(shared, CompletionStatus::LocalProtection, why);
+                return false;
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let (kind, imm, payload_len) = match wr.opcode {
+            SendOpcode::Write => (Kind::Write, 0, length),
+            SendOpcode::WriteWithImm { imm } => (Kind::WriteWithImm, imm, length),
+            SendOpcode::Read => (Kind::ReadRequest, 0, 0),
+        };
+        let header = Header {
+            kind,
+            flags: u8::from(wr.signaled || kind == Kind::ReadRequest),
+            status: 0,
+            length,
+            seq,
+            imm,
+            rkey: wr.rkey,
+            addr: wr.remote_addr,
+        };
+        self.sending = Some(Outgoing {
+            header: header.encode(),
+            payload_addr: wr.sge.map_or(0, |s| s.addr),
+            payload_len: payload_len as usize,
+            sent: 0,
+            request: Some(InFlight {
+                wr_id: wr.wr_id,
+                seq,
+                opcode: wr.opcode,
+                signaled: wr.signaled,
+                sge: wr.sge,
+            }),
+            fatal: false,
+        });
+        true
+    }
+
+    /// Reads and executes messages; `true` when the budget ran out.
+    fn receive_some(&mut self, shared: &Shared, fd: i32, budget: &mut usize) -> bool {
+        loop {
+            if self.failed || self.refused {
+                return false;
+            }
+            if self.waiting_receive && !self.finish_write_with_imm(shared) {
+                return false;
+            }
+            if *budget == 0 {
+                return true;
+            }
+            let Some(incoming) = self.incoming else {
+                match socket::receive(
+                    fd,
+                    self.in_header[self.in_got..].as_mut_ptr() as u64,
+                    HEADER_LEN - self.in_got,
+                ) {
+                    Ok(None) => return false,
+                    Ok(Some(0)) => return self.closed(shared),
+                    Ok(Some(n)) => self.in_got += n,
+                    Err(e) => return self.socket_failed(shared, "receiving", e),
+                }
+                if self.in_got == HEADER_LEN {
+                    self.in_got = 0;
+                    self.start_incoming(shared);
+                }
+                continue;
+            };
+            match self.place(shared, fd, incoming, budget) {
+                Ok(Placement::Done) => self.finish_incoming(shared),
+                Ok(Placement::Partial) => {}
+                Ok(Placement::Drained) | Err(()) => return false,
+            }
+        }
+    }
+
+    /// A header arrived: check it and begin its message.
+    fn start_incoming(&mut self, shared: &Shared) {
+        let header = match Header::decode(&self.in_header) {
+            Ok(header) => header,
+            Err(why) => {
+                let why = format!("QP {}: a bad message from the peer: {why}", self.qpn);
+                self.fail(shared, CompletionStatus::Other(1), why);
+                return;
+            }
+        };
+        let length = u64::from(header.length);
+        match header.kind {
+            Kind::Write | Kind::WriteWithImm => {
+                let right = RemoteRight::Write;
+                if !shared
+                    .registry()
+                    .remote(header.rkey, header.addr, length, right)
+                {
+                    self.refuse(shared, header);
+                    return;
+                }
+                self.incoming = Some(Incoming { header, placed: 0 });
+            }
+            Kind::ReadRequest => {
+                if !shared
+                    .registry()
+                    .remote(header.rkey, header.addr, length, RemoteRight::Read)
+                {
+                    self.refuse(shared, header);
+                    return;
+                }
+                self.control.push_back(Control::ReadResponse {
+                    seq: header.seq,
+                    addr: header.addr,
+                    length: header.length,
+                });
+            }
+            Kind::ReadResponse => {
+                let expected = self.awaiting.iter().find(|r| r.seq == header.seq);
+                let fits = expected.is_some_and(|r| {
+                    r.opcode == SendOpcode::Read && r.sge.map_or(0, |s| s.length) == header.length
+                });
+                if !fits {
+                    let why = format!(
+                        "QP {}: a read response for no read (seq {})",
+                        self.qpn, header.seq
+                    );
+                    self.fail(shared, CompletionStatus::Other(1), why);
+                    return;
+                }
+                self.incoming = Some(Incoming { header, placed: 0 });
+            }
+            Kind::Ack => self.complete_through(shared, header.seq),
+            Kind::Nak => {
+                self.complete_through(shared, header.seq.wrapping_sub(1));
+                let status = status_of(header.status);
+                let why = format!(
+                    "QP {}: the peer refused request {} ({})",
+                    self.qpn,
+                    header.seq,
+                    status.text()
+                );
+                self.fail(shared, status, why);
+            }
+        }
+    }
+
+    /// A request the registry does not allow: answer with a NAK, then the QP is in error.
+    fn refuse(&mut self, shared: &Shared, header: Header) {
+        warn!(
+            crate::log::NET,
+            "tcp {}: QP {} refused {:?} of {} bytes at {:#x} under rkey {:#x}: no live registration allows it",
+            shared.device,
+            self.qpn,
+            header.kind,
+            header.length,
+            header.addr,
+            header.rkey
+        );
+        self.control
+            .push_back(Control::Nak(header.seq, CompletionStatus::RemoteAccess));
+        // Nothing more is read from a peer that broke the rules.
+        self.incoming = None;
+        self.waiting_receive = false;
+        self.in_got = 0;
+        self.refused = true;
+    }
+
+    /// Lands payload bytes of `incoming`; `Ok(true)` once all are in.
+    fn place(
+        &mut self,
+        shared: &Shared,
+        fd: i32,
+        incoming: Incoming,
+        budget: &mut usize,
+    ) -> Result<Placement, ()> {
+        let header = incoming.header;
+        let length = header.length as usize;
+        if !header.kind.has_payload() || incoming.placed == length {
+            return Ok(Placement::Done);
+        }
+        let (key, addr) = match header.kind {
+            Kind::ReadResponse => {
+                let sge = self
+                    .awaiting
+                    .iter()
+                    .find(|r| r.seq == header.seq)
+                    .and_then(|r| r.sge)
+                    .ok_or(())?;
+                (sge.lkey, sge.addr)
+            }
+            _ => (header.rkey, header.addr),
+        };
+        let allowed = |registry: &super::memory::Registry| match header.kind {
+            Kind::ReadResponse => registry.local(key, addr, header.length.into()),
+            _ => registry.remote(key, addr, header.length.into(), RemoteRight::Write),
+        };
+        let mut placed = incoming.placed;
+        let received = if length <= STAGE_MAX {
+            let target = self.staging[placed..length].as_mut_ptr() as u64;
+            socket::receive(fd, target, length - placed)
+        } else {
+            // Straight into the region, under the read lock so the registration stays.
+            let registry = shared.registry();
+            if !allowed(&registry) {
+                drop(registry);
+                self.lost_registration(shared, header);
+                return Err(());
+            }
+            let chunk = (length - placed).min(*budget);
+            socket::receive(fd, addr + placed as u64, chunk)
+        };
+        match received {
+            Ok(None) => return Ok(Placement::Drained),
+            Ok(Some(0)) => {
+                self.closed(shared);
+                return Err(());
+            }
+            Ok(Some(n)) => {
+                placed += n;
+                *budget = budget.saturating_sub(n);
+            }
+            Err(e) => {
+                self.socket_failed(shared, "receiving a payload", e);
+                return Err(());
+            }
+        }
+        self.incoming = Some(Incoming { header, placed });
+        if placed < length {
+            return Ok(Placement::Partial);
+        }
+        if length <= STAGE_MAX {
+            let registry = shared.registry();
+            if !allowed(&registry) {
+                drop(registry);
+                self.lost_registration(shared, header);
+                return Err(());
+            }
+            // SAFETY: the registry (read-locked) has a live registration covering the range;
+            // registered memory is only read by the engine through atomics or after a
+            // completion (src/net/dma.rs).
+            unsafe { store_release(addr, &self.staging[..length]) };
+        }
+        Ok(Placement::Done)
+    }
+}
