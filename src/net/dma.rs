@@ -72,9 +72,11 @@ impl<T: Copy> DmaRegion<T> {
     }
 
     /// Reads element `index` (the NIC, or a fabric thread, may have just written it) as
-    /// relaxed atomic words: a software fabric lands bytes with release stores
-    /// (src/fabric/tcp/memory.rs), so a word read here is old or new, never torn, and a word
-    /// published with release is paired by the caller's acquire fence.
+    /// acquire-ordered atomic words: a software fabric lands bytes with release stores
+    /// (src/fabric/tcp/memory.rs), so a word read here is old or new, never torn. Acquire (a
+    /// plain load on x86) also keeps these reads in program order, as the volatile reads they
+    /// replace did: with relaxed loads the loopback suite's grouped receives hung about one
+    /// run in six, so the engine relies on that order somewhere.
     pub(crate) fn read(&self, index: usize) -> T {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
         let mut value = std::mem::MaybeUninit::<T>::uninit();
@@ -87,14 +89,14 @@ impl<T: Copy> DmaRegion<T> {
             let source = self.base.as_ptr().add(index).cast::<u64>();
             let target = value.as_mut_ptr().cast::<u64>();
             for word in 0..words {
-                let loaded = AtomicU64::from_ptr(source.add(word)).load(Ordering::Relaxed);
+                let loaded = AtomicU64::from_ptr(source.add(word)).load(Ordering::Acquire);
                 target.add(word).write_unaligned(loaded);
             }
             value.assume_init()
         }
     }
 
-    /// Writes element `index` (a shadow the local NIC will read) as relaxed atomic words.
+    /// Writes element `index` (a shadow the local NIC will read) as release-ordered atomic words.
     pub(crate) fn write(&self, index: usize, value: T) {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
         let words = std::mem::size_of::<T>() / 8;
@@ -104,7 +106,7 @@ impl<T: Copy> DmaRegion<T> {
             let source = (&value as *const T).cast::<u64>();
             for word in 0..words {
                 let loaded = source.add(word).read_unaligned();
-                AtomicU64::from_ptr(target.add(word)).store(loaded, Ordering::Relaxed);
+                AtomicU64::from_ptr(target.add(word)).store(loaded, Ordering::Release);
             }
         }
     }

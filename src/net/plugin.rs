@@ -2,9 +2,10 @@
 //! after the last `finalize`; per-communicator contexts snapshot the settings (v11+ calls `init`
 //! once per communicator).
 //!
-//! Nothing here survives `dlclose` in a way that matters: no threads are started, no TLS
-//! destructors or `atexit` hooks are registered, and a later `dlopen` starts from a fresh image
-//! whose statics are re-initialised (NCCL 2.28+ unloads the plugin after the last communicator).
+//! Nothing here survives `dlclose` in a way that matters: the only threads are the tcp fabric's
+//! (one per rail, `src/fabric/tcp/thread.rs`), joined when the rail's last handle is dropped —
+//! after `finalize` and the last comm's close — and no `atexit` hooks are registered (NCCL 2.28+
+//! unloads the plugin after the last communicator).
 
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, MutexGuard};
