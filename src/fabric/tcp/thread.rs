@@ -195,7 +195,9 @@ impl Engine {
                     }
                 }
                 Notice::Destroyed(qpn) => {
-                    self.workers.remove(&qpn);
+                    if let Some(mut worker) = self.workers.remove(&qpn) {
+                        worker.farewell(&self.shared);
+                    }
                 }
                 Notice::Receives => {}
             }

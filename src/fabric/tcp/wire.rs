@@ -94,7 +94,8 @@ impl Kind {
     }
 }
 
-/// The request wants an acknowledgement (the sender's WR is signaled).
+/// The sender's WR is signaled (informational: every executed request is acknowledged,
+/// cumulatively, once per pass of the responder's thread).
 pub(super) const FLAG_SIGNALED: u8 = 1;
 
 /// One message header.
@@ -181,11 +182,6 @@ impl Header {
             return Err("Nak with a success status".to_string());
         }
         Ok(header)
-    }
-
-    /// Whether the sender asked for an acknowledgement.
-    pub(super) fn signaled(&self) -> bool {
-        self.flags & FLAG_SIGNALED != 0
     }
 }
 

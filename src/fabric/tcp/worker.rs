@@ -111,6 +111,8 @@ pub(super) struct Worker {
     waiting_receive: bool,
     /// This side refused a request: nothing more is read.
     refused: bool,
+    /// The newest request executed and not yet acknowledged (one cumulative ACK per pass).
+    executed: Option<u32>,
     failed: bool,
 }
 
@@ -140,6 +142,7 @@ impl Worker {
             staging: vec![0u8; STAGE_MAX].into_boxed_slice(),
             waiting_receive: false,
             refused: false,
+            executed: None,
             failed: false,
         }
     }
@@ -242,7 +245,31 @@ impl Worker {
             return false;
         }
         let received = self.receive_some(shared, fd, &mut budget);
-        (sent || received) && !self.failed
+        // Acknowledge what this pass executed, and send it (and any read response) now: a peer
+        // whose WRs wait for our answer must not wait for our next wake-up.
+        if let Some(seq) = self.executed.take() {
+            self.control.push_back(Control::Ack(seq));
+        }
+        let answered =
+            !self.control.is_empty() && !self.failed && self.send_some(shared, fd, &mut budget);
+        (sent || received || answered) && !self.failed
+    }
+
+    /// The QP is being destroyed: send the acknowledgement of what was executed (a peer's last
+    /// WRs complete as on hardware, whose NIC acknowledges before the receiver sees the CQE).
+    pub(super) fn farewell(&mut self, shared: &Shared) {
+        if self.failed || self.loopback {
+            return;
+        }
+        if let Some(seq) = self.executed.take() {
+            self.control.push_back(Control::Ack(seq));
+        }
+        if let Some(fd) = self.socket_fd() {
+            if !self.connecting && !self.control.is_empty() {
+                let mut budget = PASS_BUDGET;
+                self.send_some(shared, fd, &mut budget);
+            }
+        }
     }
 
     /// Writes messages until the socket is full, the budget is spent or nothing is left;

@@ -11,11 +11,7 @@ impl Worker {
         };
         let header = incoming.header;
         match header.kind {
-            Kind::Write => {
-                if header.signaled() {
-                    self.control.push_back(Control::Ack(header.seq));
-                }
-            }
+            Kind::Write => self.executed = Some(header.seq),
             Kind::WriteWithImm => {
                 self.incoming = Some(incoming);
                 self.waiting_receive = true;
@@ -53,9 +49,7 @@ impl Worker {
         drop(state);
         self.incoming = None;
         self.waiting_receive = false;
-        if header.signaled() {
-            self.control.push_back(Control::Ack(header.seq));
-        }
+        self.executed = Some(header.seq);
         true
     }
 
