@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use super::memory::{store_release, RemoteRight};
 use super::shared::Shared;
@@ -27,6 +28,8 @@ use self::completion::status_of;
 
 /// Payloads up to this size are staged and stored atomically (control memory the engine polls).
 const STAGE_MAX: usize = 4096;
+/// How often a QP whose incoming stream waits for an SRQ receive tells the peer it is alive.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 /// Bytes one QP may move per pass before the thread serves the others.
 const PASS_BUDGET: usize = 8 << 20;
 
@@ -113,6 +116,15 @@ pub(super) struct Worker {
     refused: bool,
     /// The newest request executed and not yet acknowledged (one cumulative ACK per pass).
     executed: Option<u32>,
+    /// The newest request acknowledged, and when an acknowledgement last went out: a QP whose
+    /// incoming stream waits for an SRQ receive repeats it, so the peer knows it is alive
+    /// (RC's RNR NAKs, retried forever).
+    acknowledged: u32,
+    last_acknowledgement: Instant,
+    /// How long the peer may leave our requests unanswered: RC's retry budget.
+    answer_timeout: Duration,
+    /// Since when our oldest request has waited for the peer without a word from it.
+    waiting_since: Option<Instant>,
     failed: bool,
 }
 
@@ -143,6 +155,10 @@ impl Worker {
             waiting_receive: false,
             refused: false,
             executed: None,
+            acknowledged: 0,
+            last_acknowledgement: Instant::now(),
+            answer_timeout: Duration::from_secs(35),
+            waiting_since: None,
             failed: false,
         }
     }
@@ -166,6 +182,7 @@ impl Worker {
         user_timeout_ms: u32,
     ) {
         self.peer = Some(peer);
+        self.answer_timeout = Duration::from_millis(u64::from(user_timeout_ms));
         self.loopback = peer.qpn == self.qpn && peer.address.port() == shared.port;
         if let Some(socket) = socket {
             self.socket = Some(socket);
@@ -248,11 +265,41 @@ impl Worker {
         // Acknowledge what this pass executed, and send it (and any read response) now: a peer
         // whose WRs wait for our answer must not wait for our next wake-up.
         if let Some(seq) = self.executed.take() {
-            self.control.push_back(Control::Ack(seq));
+            self.acknowledge(seq);
+        } else if self.waiting_receive && self.last_acknowledgement.elapsed() >= KEEPALIVE {
+            self.acknowledge(self.acknowledged);
+        }
+        if self.unanswered_too_long() {
+            let why = format!(
+                "QP {}: the peer answered none of our requests for {} ms (its link or host is down, or its answers were lost)",
+                self.qpn,
+                self.answer_timeout.as_millis()
+            );
+            self.fail(shared, CompletionStatus::RetryExceeded, why);
+            return false;
         }
         let answered =
             !self.control.is_empty() && !self.failed && self.send_some(shared, fd, &mut budget);
         (sent || received || answered) && !self.failed
+    }
+
+    fn acknowledge(&mut self, seq: u32) {
+        self.control.push_back(Control::Ack(seq));
+        self.acknowledged = seq;
+        self.last_acknowledgement = Instant::now();
+    }
+
+    /// Whether requests have waited for an answer longer than RC's retry budget. TCP's own user
+    /// timeout covers bytes the peer's kernel never acknowledged; this covers a peer whose kernel
+    /// took the bytes but whose answer never came back (a link cut in one direction after the
+    /// data passed).
+    fn unanswered_too_long(&mut self) -> bool {
+        if self.awaiting.is_empty() {
+            self.waiting_since = None;
+            return false;
+        }
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+        since.elapsed() > self.answer_timeout
     }
 
     /// The QP is being destroyed: send the acknowledgement of what was executed (a peer's last
@@ -442,6 +489,10 @@ impl Worker {
 
     /// A header arrived: check it and begin its message.
     fn start_incoming(&mut self, shared: &Shared) {
+        // Any word from the peer shows it alive and executing in order.
+        if !self.awaiting.is_empty() {
+            self.waiting_since = Some(Instant::now());
+        }
         let header = match Header::decode(&self.in_header) {
             Ok(header) => header,
             Err(why) => {
