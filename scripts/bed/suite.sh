@@ -77,21 +77,11 @@ fault_rate=${BED_FAULT_RATE:-200mbit} max_call_ms=${BED_MAX_CALL_MS:-500}
 W=$root/target/bed/last
 # Two runs with the same prefix would tear down each other's namespaces: one at a time. (The
 # processes this script starts get the lock's fd 9 closed, so none can outlive it holding it.)
+# shellcheck source=scripts/bed/lib.sh
+. "$here/lib.sh"
 exec 9> "/tmp/$prefix.lock"
 flock -n 9 || die "another run holds /tmp/$prefix.lock (set BED_PREFIX to run beside it)"
 
-# teardown: kills what still runs in our namespaces (only processes this script started there)
-# and deletes them; deleting a namespace deletes its veth ends, and so the pairs.
-teardown() {
-  local ns pids
-  for ns in "$NA" "$NB"; do
-    [ -e "/run/netns/$ns" ] || continue
-    pids=$(ip netns pids "$ns" 2> /dev/null | tr '\n' ' ')
-    # shellcheck disable=SC2086  # a list of pids
-    [ -z "$pids" ] || kill -KILL $pids 2> /dev/null
-    ip netns del "$ns" 2> /dev/null
-  done
-}
 T=''
 cleanup() {
   local j
@@ -107,20 +97,6 @@ trap 'exit 143' TERM
 teardown   # a stale bed from a killed run, and its temp dir (the lock says none is in use)
 find /tmp -maxdepth 1 -type d -name "$prefix.??????" -exec rm -rf {} +
 
-# The veth ends are created inside their namespaces: the names never exist in the caller's.
-build_bed() {
-  local r
-  ip netns add "$NA" || return 1
-  ip netns add "$NB" || return 1
-  for r in 0 1; do
-    ip link add "veth_a$r" netns "$NA" type veth peer name "veth_b$r" netns "$NB" || return 1
-    ip -n "$NA" addr add "10.100.$r.1/24" dev "veth_a$r" || return 1
-    ip -n "$NB" addr add "10.100.$r.2/24" dev "veth_b$r" || return 1
-    ip -n "$NA" link set "veth_a$r" up || return 1
-    ip -n "$NB" link set "veth_b$r" up || return 1
-  done
-  ip -n "$NA" link set lo up && ip -n "$NB" link set lo up
-}
 T=$(mktemp -d "/tmp/$prefix.XXXXXX")
 build_bed 2> "$T/bed.err" || unavailable "cannot build the bed: $(tr '\n' ' ' < "$T/bed.err")"
 # Reachability per rail without ping: a connect to a closed port is refused only if B answered.
@@ -129,22 +105,6 @@ for r in 0 1; do
   [[ $answer == *refused* ]] || unavailable "rail $r: 10.100.$r.1 cannot reach 10.100.$r.2: $answer"
 done
 
-# shape RAIL RATE: tbf at RATE on both ends of a rail (both directions, like a wire); empty or 0:
-# unshaped. The burst holds 10 ms at RATE (at least 64 KiB, one GSO packet).
-shape() {
-  local r=$1 rate=${2:-} burst end ns dev rc=0
-  burst=$(awk -v r="$rate" 'BEGIN { u = tolower(r); sub(/^[0-9.]+/, "", u)
-    m = u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : u == "gbit" ? 1e9 : u == "tbit" ? 1e12 : 1
-    b = (r + 0) * m / 8 / 100; printf "%d", b < 65536 ? 65536 : b }')
-  for end in "$NA veth_a$r" "$NB veth_b$r"; do
-    read -r ns dev <<< "$end"
-    tc -n "$ns" qdisc del dev "$dev" root 2> /dev/null
-    if [ -n "$rate" ] && [ "$rate" != 0 ]; then
-      tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 50ms || rc=1
-    fi
-  done
-  return "$rc"
-}
 normal_rates() { shape 0 "${BED_RATE_SOUT:-}" && shape 1 "${BED_RATE_SUP:-}"; }
 normal_rates || unavailable "tc could not shape the rails (BED_RATE_SOUT/BED_RATE_SUP)"
 
