@@ -57,6 +57,26 @@ fn a_hundred_load_use_unload_rounds_leak_nothing() {
     }
 }
 
+/// The same over the tcp fabric, whose rails each run a thread: every round's threads, sockets
+/// and listeners must be gone once the round's comms are closed and the plugin finalized.
+#[test]
+fn a_hundred_rounds_over_tcp_leak_no_thread_or_socket() {
+    let probes = std::env::temp_dir().join(format!("mpib-lifecycle-tcp-{}", std::process::id()));
+    let dir = probes.to_str().unwrap().to_string();
+    let env = [
+        ("MPIB_FABRIC", "tcp"),
+        ("MPIB_HCA_SOUT", "127.0.0.1"),
+        ("MPIB_HCA_SUP", "lo=127.0.0.2"),
+        ("MPIB_PROBES_DIR", dir.as_str()),
+    ];
+    let outcome = child::run_test("child_rounds", &env, CHILD_LIMIT).unwrap();
+    let _ = std::fs::remove_dir_all(&probes);
+    outcome.assert_success("child_rounds");
+    for line in outcome.output.lines().filter(|l| l.starts_with("after ")) {
+        eprintln!("{line}");
+    }
+}
+
 #[test]
 #[ignore = "runs in a child process started by a_hundred_load_use_unload_rounds_leak_nothing"]
 fn child_rounds() {
