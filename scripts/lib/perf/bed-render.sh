@@ -62,10 +62,26 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
       echo "| $share | $gbps | $r | $v |"
     done
   echo
+  if grep -q '^bed-agent' "$medians"; then
+    echo "The policy agent across processes, same rails: 2 and 4 sender processes at once (4 MiB, each to"
+    echo "its own receiver process) through one \`mpib-agent --policy adaptive --interval-ms 500\`, against"
+    echo "the same processes each at the fixed rate-proportional split 683; the sum of their median"
+    echo "rates from 8 s on (target with 4 processes: adaptive ≥ 0.95 × fixed):"
+    echo
+    echo "| processes | adaptive GB/s | fixed 683 GB/s | adaptive / fixed | verdict |"
+    echo "|---:|---:|---:|---:|---|"
+    for n in 2 4; do
+      a=$(value bed-agent "adaptive $n processes" 4194304) f=$(value bed-agent "static $n processes" 4194304)
+      r=$(ratio "$a" "$f")
+      v=$([ "$n" = 4 ] && verdict "$r" 0.95 || echo "-")
+      echo "| $n | $a | $f | $r | $v |"
+    done
+    echo
+  fi
 } > "$work/bed.md"
 awk -F'\t' '$1 == "bed-split" { sub("sup_bw ", "", $2); print $2, $4 }' "$medians" | sort -n > "$work/split.dat"
-if command -v gnuplot > /dev/null; then
-  gnuplot <<PLOT
+if command -v gnuplot > /dev/null && [ -s "$work/split.dat" ]; then
+  gnuplot <<PLOT || echo "bed perf: gnuplot could not draw the split sweep" >&2
 set terminal png size 720,440
 set output "$work/bed-split.png"
 set title "tcp fabric, two-host bed: SOUT 1 Gbit/s + SUP 2 Gbit/s, 4 MiB, medians of $reps"
@@ -79,5 +95,48 @@ set grid
 plot "$work/split.dat" using 1:2 with linespoints lw 2 pt 7 title "mpib-perf", \
      "$work/split.dat" using 1:(\$2 * 0 + $sum) with lines dt 2 lw 2 title "SOUT alone + SUP alone"
 PLOT
+fi
+# The convergence run (first repetition): time series and a two-panel plot.
+if [ -f "$work/converge.csv" ] && [ -f "$work/converge.start" ]; then
+  start=$(cat "$work/converge.start")
+  slowed=$(awk -v s="$start" '{ printf "%.2f", $1 - s }' "$work/converge.slowed" 2> /dev/null || echo 12)
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    { printf "%.3f %s %s\n", $(c["at_ms"]) / 1000, $(c["gbps"]), $(c["sup_share"]) }' \
+    "$work/converge.csv" > "$work/converge-rows.dat"
+  awk -v s="$start" '/^[0-9]+\.[0-9]+$/ { t = $1 - s; next }
+    / 10\.100\.0\.1->10\.100\.0\.2 / && t > 0 { printf "%.3f %s\n", t, $4 }' \
+    "$work/converge-status.log" > "$work/converge-asked.dat"
+  {
+    echo "The agent over time: one pair through a fresh \`mpib-agent --policy adaptive --interval-ms 500\`,"
+    echo "SOUT 1 Gbit/s + SUP 2 Gbit/s, SUP slowed to 0.5 Gbit/s ${slowed} s in (the rate-proportional"
+    echo "share moves from 683 to 341): the share the agent asked (its status, four times a second),"
+    echo "the share the bytes took and the throughput per row of 16 MiB"
+    echo "([bed-converge.png](bed-converge.png), first repetition):"
+    echo
+    echo "![the agent's convergence on the bed](bed-converge.png)"
+    echo
+  } >> "$work/bed.md"
+  if command -v gnuplot > /dev/null; then
+    gnuplot <<PLOT || echo "bed perf: gnuplot could not draw the convergence" >&2
+set terminal png size 720,560
+set output "$work/bed-converge.png"
+set multiplot layout 2,1 title "tcp fabric, two-host bed: mpib-agent adaptive, SUP slowed at ${slowed} s"
+set grid
+set xrange [0:*]
+set arrow 1 from $slowed, graph 0 to $slowed, graph 1 nohead dt 3
+set ylabel "SUP share /1024"
+set yrange [0:1024]
+set key bottom left
+plot "$work/converge-asked.dat" using 1:2 with steps lw 2 title "asked (agent)", \
+     "$work/converge-rows.dat" using 1:3 with lines title "applied (bytes)", \
+     "$work/converge-rows.dat" using 1:(\$1 < $slowed ? 683 : 341) with lines dt 2 title "rate-proportional"
+set ylabel "GB/s"
+set xlabel "seconds"
+set yrange [0:0.45]
+plot "$work/converge-rows.dat" using 1:2 with lines title "throughput", \
+     "$work/converge-rows.dat" using 1:(\$1 < $slowed ? 0.375 : 0.1875) with lines dt 2 title "wire: SOUT + SUP"
+unset multiplot
+PLOT
+  fi
 fi
 echo "bed perf: wrote $work/bed.md"

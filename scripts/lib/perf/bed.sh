@@ -6,6 +6,12 @@
 #   ceiling   the same unshaped: the fabric's own ceiling against iperf3's on this machine
 #   split     SOUT 1 Gbit/s + SUP 2 Gbit/s, advanced mode, mpib-perf's test agent sweeping the SUP
 #             share; the rate-proportional split (683/1024) against the sum of the two rails alone
+#   agent     the same rails, 2 and 4 sender processes (each to its own receiver) at once through
+#             one mpib-agent (adaptive policy), against the same processes at the fixed split 683:
+#             the sum of their median rates once settled (after 8 s)
+#   converge  (first repetition) one pair through a fresh mpib-agent, SUP slowed from 2 to 0.5
+#             Gbit/s 12 s in: the share the agent asks (its status, 4 times a second), the share
+#             the bytes took and the throughput over time, plotted (WORK/bed-converge.png)
 # Writes WORK/records.tsv (section, label, size, rep, GB/s, p50 us, -), WORK/bed.md (a Markdown
 # section for docs/PERFORMANCE.md) and WORK/bed-split.png (gnuplot). Needs root (namespaces), iperf3
 # and gnuplot (Debian packages; scripts/perf installs them).
@@ -59,6 +65,93 @@ iperf() {
   wait "$server" || true
 }
 # record SECTION LABEL CSV REP: mpib-perf rows as records (label "... sup_bw N" when swept).
+# series LOG PORT EXTRA-ENV ARGS...: one pair as a time series (a CSV row per ITERS messages).
+series() {
+  local log=$1 p=$2 extra=$3
+  shift 3
+  # shellcheck disable=SC2086  # $extra is a list of K=V words
+  ip netns exec "$NB" env "${B[@]}" $extra timeout 300 "$bin/mpib-perf" --listen "10.100.0.2:$p" \
+    > "$log.listen" 2>&1 &
+  local listener=$!
+  # shellcheck disable=SC2086
+  ip netns exec "$NA" env "${A[@]}" $extra timeout 300 "$bin/mpib-perf" --peer "10.100.0.2:$p" \
+    --csv "$@" > "$log" 2> "$log.err"
+  local rc=$?
+  wait "$listener"
+  return "$rc"
+}
+# settled LOG END_MS: the median GB/s of a series' rows from $settle_ms to END_MS (the window
+# in which every process of the case was still running, so the rates add up).
+settled() {
+  awk -F, -v settle="$settle_ms" -v end="$2" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    $(c["at_ms"]) + 0 >= settle && $(c["at_ms"]) + 0 <= end { v[++n] = $(c["gbps"]) + 0 }
+    END { if (n == 0) { print "fail"; exit }
+          for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
+          print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' "$1"
+}
+# processes N HOW REP: N sender processes at once (HOW: adaptive, through the one mpib-agent; or
+# static, each at the fixed split 683 with its own test agent); records the sum of their rates.
+processes() {
+  local n=$1 how=$2 rep=$3 i jobs=() extra args=() sum=0 rate ok=yes
+  extra="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_PROBES=1 MPIB_PROBES_DIR=$tmp/probes"
+  [ "$how" = adaptive ] || args=(--sup-bw 683)
+  for ((i = 1; i <= n; i++)); do
+    port=$((port + 1))
+    series "$work/agent-$how-$n-$i-$rep.csv" "$port" "$extra" --min-size 4194304 \
+      --max-size 4194304 --iters 8 --warmup 0 --repeat $((agent_rows / n)) "${args[@]}" &
+    jobs+=($!)
+  done
+  for i in "${jobs[@]}"; do wait "$i" || ok=no; done
+  # The common window ends when the first process of the case ended.
+  local end
+  end=$(for ((i = 1; i <= n; i++)); do
+          awk -F, 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next } { t = $(c["at_ms"]) } END { print t + 0 }' \
+            "$work/agent-$how-$n-$i-$rep.csv"
+        done | sort -n | head -n 1)
+  for ((i = 1; i <= n; i++)); do
+    rate=$(settled "$work/agent-$how-$n-$i-$rep.csv" "$end")
+    [ "$rate" != fail ] || ok=no
+    sum=$(awk -v a="$sum" -v b="$rate" 'BEGIN { printf "%.6f", a + b }')
+  done
+  [ "$ok" = yes ] || sum=fail
+  printf 'bed-agent\t%s %d processes\t4194304\t%s\t%s\t-\t-\n' "$how" "$n" "$rep" "$sum" >> "$work/records.tsv"
+}
+# Rows of 32 MiB, shared out so that every case lasts about 17 s (the rails move 0.36 GB/s in all);
+# the rates count from 8 s on, once the agent has settled (it decides every 500 ms).
+agent_rows=180 settle_ms=8000 converge_rows=450
+[ -z "$quick" ] || { agent_rows=60 settle_ms=3000 converge_rows=150; }
+
+# start_agent REP: a fresh mpib-agent (adaptive, deciding every 500 ms) for both hosts' processes.
+start_agent() {
+  ip netns exec "$NA" "$bin/mpib-agent" --policy adaptive --interval-ms 500 \
+    --hint-path "$tmp/hints" --socket "$tmp/agent.sock" --probes-dir "$tmp/probes" \
+    --metrics-listen off > "$work/agent-$1.log" 2>&1 &
+  agent=$!
+  for _ in $(seq 100); do [ -S "$tmp/agent.sock" ] && break; sleep 0.1; done
+}
+stop_agent() { kill "$agent" 2> /dev/null; wait "$agent" 2> /dev/null; rm -f "$tmp/agent.sock"; }
+
+# converge: one pair through a fresh agent; SUP slowed 12 s in (the balance moves from 683 to 341).
+converge() {
+  local extra="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_PROBES=1 MPIB_PROBES_DIR=$tmp/probes"
+  start_agent converge
+  ( while kill -0 "$agent" 2> /dev/null; do
+      date +%s.%N; "$bin/mpib-agent" status --control "$tmp/agent.control" 2>&1 | tail -n +4
+      sleep 0.25
+    done ) > "$work/converge-status.log" 2>&1 &
+  local watcher=$!
+  date +%s.%N > "$work/converge.start"
+  ( sleep 12; shape 1 500mbit; date +%s.%N > "$work/converge.slowed" ) &
+  local slower=$!
+  port=$((port + 1))
+  series "$work/converge.csv" "$port" "$extra" --min-size 4194304 --max-size 4194304 --iters 4 \
+    --warmup 0 --repeat "$converge_rows" || echo "bed perf: the convergence series failed" >&2
+  wait "$slower"
+  stop_agent
+  wait "$watcher"
+  shape 1 2gbit
+}
+
 record() {
   awk -F, -v s="$1" -v l="$2" -v r="$4" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
     { printf "%s\t%s%s\t%s\t%s\t%s\t%s\t-\n", s, l, (l ~ /sup_bw$/ ? " " $(c["sup_bw"]) : ""),
@@ -67,8 +160,11 @@ record() {
 
 # Iterations: mpib-perf's own choice (about 256 MiB per size), so every row lasts a second or more.
 perf_args=(--min-size "${sizes[0]}" --max-size "${sizes[-1]}" --step-factor 4 --warmup 4)
+# PERF_ONLY=agent: the agent's cases alone (a development shortcut, as in scripts/lib/perf/rig.sh).
+only=${PERF_ONLY:-}
 for ((rep = 1; rep <= reps; rep++)); do
   for section in rail ceiling; do
+    [ "$only" != agent ] || continue
     if [ $section = rail ]; then shape 0 2gbit; else shape 0 ''; fi
     shape 1 ''
     perf "$work/$section-$rep.csv" "MPIB_ISLAND_PREFIX_LEN=32" "${perf_args[@]}" || exit 1
@@ -77,9 +173,17 @@ for ((rep = 1; rep <= reps; rep++)); do
     printf 'bed-%s\tiperf3 -P 1\t-\t%s\t%s\t-\t-\n' $section "$rep" "$(iperf 1 0)" >> "$work/records.tsv"
   done
   shape 0 1gbit && shape 1 2gbit || { echo "bed perf: tc cannot shape the rails" >&2; exit 1; }
-  perf "$work/split-$rep.csv" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --min-size 4194304 \
+  [ "$only" = agent ] || perf "$work/split-$rep.csv" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --min-size 4194304 \
     --max-size 4194304 --warmup 4 --iters 64 --sup-bw "$splits" || exit 1
-  record bed-split "sup_bw" "$work/split-$rep.csv" "$rep"
+  [ "$only" = agent ] || record bed-split "sup_bw" "$work/split-$rep.csv" "$rep"
+  mkdir -p "$tmp/probes"
+  start_agent "$rep"
+  for n in 2 4; do
+    processes "$n" adaptive "$rep"
+    processes "$n" static "$rep"
+  done
+  stop_agent
+  [ "$rep" != 1 ] || converge
   echo "bed perf: repetition $rep of $reps done"
 done
 "$here/bed-render.sh" "$work" "$reps"
