@@ -40,6 +40,7 @@ fn endpoint(last: u8) -> RailEndpoint {
         link_layer: 2,
         gid,
         gid_index: 1,
+        port: 0,
     }
 }
 
