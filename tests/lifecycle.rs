@@ -41,14 +41,12 @@ fn resources() -> Resources {
     }
 }
 
-#[test]
-fn a_hundred_load_use_unload_rounds_leak_nothing() {
-    let probes = std::env::temp_dir().join(format!("mpib-lifecycle-{}", std::process::id()));
+/// Runs `child_rounds` in a child process with `fabric` (and its own probes directory).
+fn rounds_in_a_child(name: &str, fabric: &[(&str, &str)]) {
+    let probes = std::env::temp_dir().join(format!("mpib-{name}-{}", std::process::id()));
     let dir = probes.to_str().unwrap().to_string();
-    let env = [
-        ("MPIB_FABRIC", "loopback"),
-        ("MPIB_PROBES_DIR", dir.as_str()),
-    ];
+    let mut env = fabric.to_vec();
+    env.push(("MPIB_PROBES_DIR", dir.as_str()));
     let outcome = child::run_test("child_rounds", &env, CHILD_LIMIT).unwrap();
     let _ = std::fs::remove_dir_all(&probes);
     outcome.assert_success("child_rounds");
@@ -57,24 +55,21 @@ fn a_hundred_load_use_unload_rounds_leak_nothing() {
     }
 }
 
+#[test]
+fn a_hundred_load_use_unload_rounds_leak_nothing() {
+    rounds_in_a_child("lifecycle", &[("MPIB_FABRIC", "loopback")]);
+}
+
 /// The same over the tcp fabric, whose rails each run a thread: every round's threads, sockets
 /// and listeners must be gone once the round's comms are closed and the plugin finalized.
 #[test]
 fn a_hundred_rounds_over_tcp_leak_no_thread_or_socket() {
-    let probes = std::env::temp_dir().join(format!("mpib-lifecycle-tcp-{}", std::process::id()));
-    let dir = probes.to_str().unwrap().to_string();
-    let env = [
+    let tcp = [
         ("MPIB_FABRIC", "tcp"),
         ("MPIB_HCA_SOUT", "127.0.0.1"),
         ("MPIB_HCA_SUP", "lo=127.0.0.2"),
-        ("MPIB_PROBES_DIR", dir.as_str()),
     ];
-    let outcome = child::run_test("child_rounds", &env, CHILD_LIMIT).unwrap();
-    let _ = std::fs::remove_dir_all(&probes);
-    outcome.assert_success("child_rounds");
-    for line in outcome.output.lines().filter(|l| l.starts_with("after ")) {
-        eprintln!("{line}");
-    }
+    rounds_in_a_child("lifecycle-tcp", &tcp);
 }
 
 #[test]

@@ -34,3 +34,28 @@ pub(crate) fn mapped(addr: u64, len: u64) -> bool {
     }
     true
 }
+
+/// The checks `ibv_reg_mr` makes of a range before pinning it: non-empty, non-null, not wrapping
+/// (EINVAL), and mapped (EFAULT). `Err` carries the errno and the detail.
+pub(crate) fn check_registration(addr: u64, len: usize) -> Result<u64, (i32, String)> {
+    let len64 = len as u64;
+    if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
+        return Err((libc::EINVAL, format!("bad range {addr:#x}+{len}")));
+    }
+    if !mapped(addr, len64) {
+        return Err((
+            libc::EFAULT,
+            format!("range {addr:#x}+{len} is not mapped memory"),
+        ));
+    }
+    Ok(len64)
+}
+
+/// A queue depth in `1..=max`, or why not.
+pub(crate) fn check_depth(depth: u32, max: u32) -> Result<u32, String> {
+    if depth == 0 || depth > max {
+        Err(format!("depth {depth} outside 1..={max}"))
+    } else {
+        Ok(depth)
+    }
+}

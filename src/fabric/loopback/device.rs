@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use super::qp::{LoopbackQp, QpState};
 use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
 use super::{device_name, fabric_error, world, World};
+use crate::fabric::pages::check_depth;
 use crate::fabric::{
     Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
     LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail, RailDevice, Sge,
@@ -166,14 +167,8 @@ impl RailDevice for LoopbackDevice {
 
     fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys> {
         let verb = "ibv_reg_mr";
-        let len64 = len as u64;
-        if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
-            return Err(self.error(verb, libc::EINVAL, format!("bad range {addr:#x}+{len}")));
-        }
-        if !crate::fabric::pages::mapped(addr, len64) {
-            let detail = format!("range {addr:#x}+{len} is not mapped memory");
-            return Err(self.error(verb, libc::EFAULT, detail));
-        }
+        let len64 = crate::fabric::pages::check_registration(addr, len)
+            .map_err(|(errno, detail)| self.error(verb, errno, detail))?;
         let mut world = world();
         let lkey = world.next_key;
         let Some(next) = lkey.checked_add(2) else {
@@ -361,13 +356,4 @@ fn create_qp_locked(
     world.next_qpn = next;
     world.qps.push(state);
     Ok(Box::new(LoopbackQp::new(qpn, dev.index)))
-}
-
-/// Validates a queue depth: 1 ..= max. The error is the detail text.
-fn check_depth(depth: u32, max: u32) -> Result<u32, String> {
-    if depth == 0 || depth > max {
-        Err(format!("depth {depth} outside 1..={max}"))
-    } else {
-        Ok(depth)
-    }
 }

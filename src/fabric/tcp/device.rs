@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
+use crate::fabric::pages::check_depth;
 use crate::fabric::{
     Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, FabricError,
     FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
@@ -75,13 +76,6 @@ pub(super) struct TcpDevice {
     pub info: DeviceInfo,
 }
 
-fn check_depth(depth: u32, max: u32) -> Result<u32, String> {
-    if depth == 0 || depth > max {
-        return Err(format!("depth {depth} outside 1..={max}"));
-    }
-    Ok(depth)
-}
-
 impl RailDevice for TcpDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -89,19 +83,8 @@ impl RailDevice for TcpDevice {
 
     fn register(&self, addr: u64, len: usize, access: Access) -> FabricResult<MemoryKeys> {
         let verb = "ibv_reg_mr";
-        let len64 = len as u64;
-        if len == 0 || addr == 0 || addr.checked_add(len64).is_none() {
-            return Err(self.core.error(
-                verb,
-                None,
-                libc::EINVAL,
-                format!("bad range {addr:#x}+{len}"),
-            ));
-        }
-        if !crate::fabric::pages::mapped(addr, len64) {
-            let detail = format!("range {addr:#x}+{len} is not mapped memory");
-            return Err(self.core.error(verb, None, libc::EFAULT, detail));
-        }
+        let len64 = crate::fabric::pages::check_registration(addr, len)
+            .map_err(|(errno, detail)| self.core.error(verb, None, errno, detail))?;
         let lkey = NEXT_KEY.fetch_add(2, Ordering::Relaxed);
         let keys = MemoryKeys {
             lkey,

@@ -83,28 +83,23 @@ pub(super) fn connect_finished(fd: i32) -> io::Result<bool> {
 
 /// TCP_USER_TIMEOUT: unacknowledged bytes older than this fail the connection (ETIMEDOUT).
 pub(super) fn set_user_timeout(fd: i32, milliseconds: u32) {
-    let value = milliseconds as libc::c_int;
-    // SAFETY: passes a live int of the size given.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    set_tcp_option(fd, libc::TCP_USER_TIMEOUT, milliseconds as libc::c_int);
 }
 
 fn set_nodelay(fd: i32) {
-    let one: libc::c_int = 1;
+    set_tcp_option(fd, libc::TCP_NODELAY, 1);
+}
+
+/// Sets an int option at IPPROTO_TCP. Best effort: a socket that refuses one still works
+/// (without Nagle's removal or the user timeout), which no caller could do better about.
+fn set_tcp_option(fd: i32, option: libc::c_int, value: libc::c_int) {
     // SAFETY: passes a live int of the size given.
     unsafe {
         libc::setsockopt(
             fd,
             libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
+            option,
+            (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
