@@ -6,8 +6,8 @@
 //! the write lock). Large payloads are received by `recv(2)` straight into the region (the kernel
 //! reports EFAULT rather than faulting on a bad page); small ones, which may be control memory
 //! that the engine polls (CTS entries, completion records), are staged and then stored with
-//! release-ordered atomic words, so the engine's atomic loads see a word either old or new and
-//! never a torn one (src/net/dma.rs reads that memory with atomics).
+//! release-ordered atomic words in ascending address order, so a word the engine polls is either
+//! old or new and never torn, and a CTS entry's `idx` (after its fields) lands last.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -97,7 +97,7 @@ impl Registry {
 ///
 /// # Safety
 /// `[addr, addr + bytes.len())` must be mapped, writable memory of this process that no Rust
-/// reference covers (registered memory the engine reads only through atomics or after a
+/// reference covers (registered memory the engine reads only through volatile loads or after a
 /// completion).
 pub(super) unsafe fn store_release(addr: u64, bytes: &[u8]) {
     if addr % 8 == 0 && bytes.len() % 8 == 0 {

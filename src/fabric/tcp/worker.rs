@@ -650,7 +650,7 @@ impl Worker {
                 return Err(());
             }
             // SAFETY: the registry (read-locked) has a live registration covering the range;
-            // registered memory is only read by the engine through atomics or after a
+            // registered memory is only read by the engine through volatile loads or after a
             // completion (src/net/dma.rs).
             unsafe { store_release(addr, &self.staging[..length]) };
         }
