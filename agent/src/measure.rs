@@ -159,20 +159,6 @@ impl Measurer {
                 }
             }
         }
-        // A rail is busy for the flow while any of its connections is: the union of their busy
-        // intervals, not their sum. Summed, N connections busy at once count each instant N
-        // times, and a rail whose parts overlap across connections (the larger share) looks N
-        // times slower than one whose parts do not: with 4 sender processes on one flow the
-        // adaptive policy moved the split away from the faster rail (docs/PERFORMANCE.md, the
-        // tcp fabric's bed). The counters hold each connection's total only, so the union is
-        // estimated as the sum capped at the interval: exact when the connections are all busy
-        // together or one after another, an upper bound between.
-        for flow in flows.values_mut() {
-            for rail in [SOUT, SUP] {
-                let busy = &mut flow.sample.busy_ns[rail];
-                *busy = (*busy).min(interval_ns);
-            }
-        }
         let tick = self.tick;
         self.previous
             .retain(|_, counters| tick - counters.seen <= FORGET_AFTER_TICKS);
@@ -330,8 +316,3 @@ pub fn start_ticks(pid: u32) -> u64 {
         .and_then(|field| field.parse().ok())
         .unwrap_or(0)
 }
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-#[path = "measure_tests.rs"]
-mod tests;

@@ -50,8 +50,7 @@ pub struct Sample {
     pub interval_ns: u64,
     /// Bytes per rail whose completion the senders saw.
     pub done_bytes: [u64; 2],
-    /// Busy time per rail, ns: while any connection of the flow had bytes on the rail (the sum
-    /// over connections, capped at the interval).
+    /// Busy time per rail, ns (summed over connections).
     pub busy_ns: [u64; 2],
     /// NIC retransmission-type counter increase per rail.
     pub retransmissions: [u64; 2],
