@@ -522,4 +522,10 @@ pub trait Fabric: Send + Sync {
     fn device_names(&self) -> Vec<String>;
     /// Opens `spec` (`name` or `name:port`) as `rail`.
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>>;
+    /// The control connection's address when neither `MPIB_OOB_ADDR` nor `MPIB_OOB_IF` names
+    /// one, given the opened SOUT rail; `None`: the first IPv4 interface that is up.
+    fn control_address(&self, sout: &dyn RailDevice) -> Option<std::net::Ipv4Addr> {
+        let _ = sout;
+        None
+    }
 }

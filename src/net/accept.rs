@@ -92,7 +92,7 @@ pub(crate) fn listen(
     ctx: &Arc<Context>,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<Box<ListenComm>> {
-    let address = local_address(&ctx.settings)?;
+    let address = local_address(&ctx.settings, ctx.plugin.control_address)?;
     let (listener, bound) = listen_on(address)?;
     ListenHandle { address: bound }.write(handle);
     Ok(Box::new(ListenComm {

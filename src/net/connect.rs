@@ -91,7 +91,7 @@ pub(crate) fn connect(
     let word = ListenHandle::state_word(handle);
     let connector = if word == 0 {
         let remote = ListenHandle::read(handle)?.address;
-        let local = local_address(&ctx.settings)?;
+        let local = local_address(&ctx.settings, ctx.plugin.control_address)?;
         let stream = start_connect(local, remote)?;
         // The first call only starts the TCP connection; the next ones go on from here.
         Box::new(Connector {

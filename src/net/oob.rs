@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use socket2::{Domain, Socket, Type};
 
 use crate::error::{Error, Result};
-use crate::params::{FabricKind, Settings};
+use crate::params::Settings;
 
 use super::HANDLE_SIZE;
 
@@ -64,9 +64,13 @@ impl ListenHandle {
 
 /// The IPv4 address the control connection uses on this node.
 ///
-/// Order: `MPIB_OOB_ADDR`; the IPv4 address of `MPIB_OOB_IF`; for the loopback fabric 127.0.0.1;
-/// for the tcp fabric the SOUT rail's address; otherwise the first IPv4 address of an interface that is up and not loopback.
-pub(crate) fn local_address(settings: &Settings) -> Result<Ipv4Addr> {
+/// Order: `MPIB_OOB_ADDR`; the IPv4 address of `MPIB_OOB_IF`; the fabric's own default
+/// (`Fabric::control_address`: loopback 127.0.0.1, tcp the SOUT rail's address); otherwise the
+/// first IPv4 address of an interface that is up and not loopback.
+pub(crate) fn local_address(
+    settings: &Settings,
+    fabric_default: Option<Ipv4Addr>,
+) -> Result<Ipv4Addr> {
     if let Some(address) = settings.oob_address {
         return Ok(address);
     }
@@ -84,17 +88,8 @@ pub(crate) fn local_address(settings: &Settings) -> Result<Ipv4Addr> {
                 ))
             });
     }
-    if settings.fabric == FabricKind::Loopback {
-        return Ok(Ipv4Addr::LOCALHOST);
-    }
-    if settings.fabric == FabricKind::Tcp && !settings.hca_sout.is_empty() {
-        // The control connection runs over the scale-out rail, as it does beside a verbs SOUT
-        // NIC: islands are classified from that address pair.
-        return crate::fabric::tcp::rail_address(&settings.hca_sout)
-            .map(|(_, address)| address)
-            .map_err(|e| {
-                Error::invalid_usage(format!("MPIB_HCA_SOUT={:?}: {e}", settings.hca_sout))
-            });
+    if let Some(address) = fabric_default {
+        return Ok(address);
     }
     interfaces.iter().find(|i| !i.is_loopback && !i.address.is_unspecified()).map(|i| i.address).ok_or_else(
         || Error::invalid_usage("no IPv4 interface is up for the control connection: set MPIB_OOB_IF or MPIB_OOB_ADDR"),
@@ -249,12 +244,12 @@ mod tests {
         let mut settings = Settings::from_lookup(|_| None).unwrap();
         settings.oob_address = Some(Ipv4Addr::new(127, 0, 1, 1));
         assert_eq!(
-            local_address(&settings).unwrap(),
+            local_address(&settings, None).unwrap(),
             Ipv4Addr::new(127, 0, 1, 1)
         );
         settings.oob_address = None;
         settings.oob_interface = Some("no-such-interface0".into());
-        let error = local_address(&settings).unwrap_err();
+        let error = local_address(&settings, None).unwrap_err();
         assert!(
             error.message.contains("MPIB_OOB_IF=\"no-such-interface0\""),
             "{error}"

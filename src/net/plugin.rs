@@ -60,6 +60,8 @@ pub(crate) struct Opened {
     pub telemetry: Arc<Telemetry>,
     /// Published async events per rail device.
     pub health: [Arc<DeviceHealth>; 2],
+    /// The fabric's default address for the control connection (`Fabric::control_address`).
+    pub control_address: Option<std::net::Ipv4Addr>,
 }
 
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
@@ -242,7 +244,9 @@ fn open(settings: &Settings) -> Result<Opened> {
         sout.info().speed_mbps,
         sup.info().speed_mbps
     );
+    let control_address = fabric.control_address(sout.as_ref());
     Ok(Opened {
+        control_address,
         _fabric: fabric,
         devices: [Arc::clone(&sout), Arc::clone(&sup)],
         name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,

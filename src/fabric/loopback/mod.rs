@@ -281,6 +281,11 @@ impl Fabric for LoopbackFabric {
         DEVICE_NAMES.iter().map(|n| n.to_string()).collect()
     }
 
+    /// Sender and receiver live in this process: the control connection stays on 127.0.0.1.
+    fn control_address(&self, _sout: &dyn RailDevice) -> Option<std::net::Ipv4Addr> {
+        Some(std::net::Ipv4Addr::LOCALHOST)
+    }
+
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
         let index = parse_spec(spec)?;
         let speed = self.speed_mbps[rail.index()];

@@ -68,6 +68,12 @@ impl Fabric for TcpFabric {
         names
     }
 
+    /// The control connection runs over the scale-out rail, as it does beside a verbs SOUT NIC:
+    /// islands are classified from that address pair.
+    fn control_address(&self, sout: &dyn RailDevice) -> Option<Ipv4Addr> {
+        Some(ipv4_of_gid(&sout.info().gid))
+    }
+
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
         let (name, address) = rail_address(spec)?;
         let error = |verb: &'static str, e: std::io::Error| FabricError {
