@@ -18,6 +18,7 @@ use super::shared::{Notice, Shared};
 use super::socket;
 use super::wire::{Hello, HELLO_LEN};
 use super::worker::{PeerAddress, Worker};
+use crate::fabric::QpSettings;
 
 /// epoll token of the eventfd.
 const TOKEN_WAKE: u64 = u64::MAX;
@@ -27,8 +28,6 @@ const TOKEN_LISTENER: u64 = u64::MAX - 1;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest sleep with nothing to do (a safety net: every change also wakes the thread).
 const IDLE_WAIT_MS: i32 = 200;
-/// User timeout of a passive socket until `connect` gives the QP's own (RC's default: 20, 7).
-const DEFAULT_USER_TIMEOUT_MS: u32 = 34_360;
 
 /// An accepted connection that has not said which QP it is for yet.
 struct Unclaimed {
@@ -79,24 +78,9 @@ impl Engine {
             notices: VecDeque::new(),
             posted: VecDeque::new(),
         };
-        engine.watch(engine.shared.wake_fd(), TOKEN_WAKE)?;
-        engine.watch(engine.listener.as_raw_fd(), TOKEN_LISTENER)?;
+        watch_fd(&engine.epoll, engine.shared.wake_fd(), TOKEN_WAKE)?;
+        watch_fd(&engine.epoll, engine.listener.as_raw_fd(), TOKEN_LISTENER)?;
         Ok(engine)
-    }
-
-    /// Adds `fd` to the epoll set, edge-triggered: every reader reads until "would block".
-    fn watch(&self, fd: i32, token: u64) -> std::io::Result<()> {
-        let mut event = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
-            u64: token,
-        };
-        // SAFETY: `event` is a live epoll_event; both descriptors are open.
-        let rc =
-            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
     }
 
     fn run(&mut self) {
@@ -250,7 +234,8 @@ impl Engine {
                                 &self.shared,
                                 unclaimed.socket,
                                 hello,
-                                DEFAULT_USER_TIMEOUT_MS,
+                                // Until `connect` gives the QP's own: RC's default budget.
+                                super::device::user_timeout_ms(&QpSettings::default()),
                             );
                             // The QP's socket is watched under the QP's token.
                             let _ = rewatch_fd(&self.epoll, fd, u64::from(hello.target_qpn));
@@ -296,6 +281,7 @@ enum HelloState {
     Claimed(Hello),
 }
 
+/// Adds `fd` to the epoll set, edge-triggered: every reader reads until "would block".
 fn watch_fd(epoll: &OwnedFd, fd: i32, token: u64) -> std::io::Result<()> {
     control(epoll, libc::EPOLL_CTL_ADD, fd, token)
 }
