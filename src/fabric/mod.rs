@@ -15,6 +15,7 @@
 //! The data-path methods (`post_send`, `post_receives`, `poll`) take plain `Copy` values and
 //! caller-provided slices so that no implementation needs to allocate per call.
 
+pub(crate) mod landing;
 pub mod loopback;
 pub(crate) mod pages;
 pub mod tcp;

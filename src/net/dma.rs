@@ -3,12 +3,18 @@
 //!
 //! Such memory must never sit behind a Rust `&mut`: the NIC (or the loopback fabric on another
 //! thread) writes it asynchronously, exactly like DMA. So it is a raw, zeroed, 64-byte-aligned
-//! allocation accessed only through volatile reads and writes of `Copy` values, the way NCCL reads
-//! its `volatile` FIFO.
+//! allocation accessed only through atomic word loads and stores of `Copy` values. NCCL reads its
+//! FIFO through `volatile`; with a NIC as the writer that works, but with a Rust thread as the
+//! writer (the loopback and tcp fabrics) a volatile read racing a store is a data race, and
+//! atomics are not. Those fabrics store polled memory as release-ordered words in ascending
+//! address order (src/fabric/landing.rs), as a NIC's write becomes visible; reads here are
+//! acquire-ordered words, so a caller that has seen a word written after others (a CTS entry's
+//! `idx`) and reads again sees those others.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -20,16 +26,23 @@ pub(crate) struct DmaRegion<T: Copy> {
     _owns: PhantomData<T>,
 }
 
-// SAFETY: the region is plain memory owned by this value; all access goes through volatile
-// reads/writes of `Copy` values, and the single-writer discipline is the caller's (one progress
+// SAFETY: the region is plain memory owned by this value; all access goes through atomic
+// word reads/writes of `Copy` values, and the single-writer discipline is the caller's (one progress
 // thread per comm), as for DMA memory shared with a NIC.
 unsafe impl<T: Copy + Send> Send for DmaRegion<T> {}
-// SAFETY: as above; shared references only expose volatile reads and the address.
+// SAFETY: as above; shared references only expose atomic reads and writes and the address.
 unsafe impl<T: Copy + Send> Sync for DmaRegion<T> {}
 
 impl<T: Copy> DmaRegion<T> {
+    /// Elements are whole 8-byte words, so they can be read and written as atomic words.
+    const WORDS_ONLY: () = assert!(
+        std::mem::size_of::<T>() % 8 == 0 && std::mem::align_of::<T>() <= 64,
+        "DMA elements are whole words"
+    );
+
     /// A zeroed region of `len` elements, 64-byte aligned (one CTS entry per cache line).
     pub(crate) fn zeroed(len: usize) -> Result<DmaRegion<T>> {
+        let () = Self::WORDS_ONLY;
         let align = std::mem::align_of::<T>().max(64);
         let layout = Layout::array::<T>(len)
             .and_then(|l| l.align_to(align))
@@ -62,18 +75,41 @@ impl<T: Copy> DmaRegion<T> {
         self.len * std::mem::size_of::<T>()
     }
 
-    /// Volatile read of element `index` (the NIC may have just written it).
+    /// Reads element `index` (the NIC, or a fabric thread, may have just written it) as
+    /// acquire-ordered atomic words in ascending address order: each word is old or new, never
+    /// torn, and every read after it sees what the writer stored before it.
     pub(crate) fn read(&self, index: usize) -> T {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
-        // SAFETY: in bounds (checked), aligned, initialised (zeroed `Copy` data).
-        unsafe { self.base.as_ptr().add(index).read_volatile() }
+        let mut value = std::mem::MaybeUninit::<T>::uninit();
+        let words = std::mem::size_of::<T>() / 8;
+        // SAFETY: in bounds (checked); elements start 8-aligned and are whole words
+        // (`WORDS_ONLY`), so every word is an aligned u64 inside the allocation, only ever
+        // accessed atomically or by hardware; the copy fills all of `value`'s bytes, and `T` is
+        // plain `Copy` data for which any bytes are valid (zeroed, then written by peers).
+        unsafe {
+            let source = self.base.as_ptr().add(index).cast::<u64>();
+            let target = value.as_mut_ptr().cast::<u64>();
+            for word in 0..words {
+                let loaded = AtomicU64::from_ptr(source.add(word)).load(Ordering::Acquire);
+                target.add(word).write_unaligned(loaded);
+            }
+            value.assume_init()
+        }
     }
 
-    /// Volatile write of element `index` (a shadow the local NIC will read).
+    /// Writes element `index` (a shadow the local NIC will read) as release-ordered atomic words.
     pub(crate) fn write(&self, index: usize, value: T) {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
-        // SAFETY: in bounds (checked) and aligned; the NIC only reads shadows after the post.
-        unsafe { self.base.as_ptr().add(index).write_volatile(value) }
+        let words = std::mem::size_of::<T>() / 8;
+        // SAFETY: as in `read`; the source is a live local value of whole words.
+        unsafe {
+            let target = self.base.as_ptr().add(index).cast::<u64>();
+            let source = (&value as *const T).cast::<u64>();
+            for word in 0..words {
+                let loaded = source.add(word).read_unaligned();
+                AtomicU64::from_ptr(target.add(word)).store(loaded, Ordering::Release);
+            }
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use super::device::device_gid;
 use super::qp::InFlight;
 use super::queues::deliver;
 use super::World;
+use crate::fabric::landing::land;
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode};
 
 /// What executing the head WR of a QP did.
@@ -168,12 +169,22 @@ fn copy_payload(world: &World, index: usize, head: &InFlight) {
     } else {
         sge.addr as *const u8
     };
+    let dst = wr.remote_addr;
+    let (src_start, dst_start) = (src as u64, dst);
+    let overlapping = src_start < dst_start + len as u64 && dst_start < src_start + len as u64;
     // SAFETY: the destination lies inside a live registration of the peer's device and the
     // source inside one of ours (or is our own inline slot). `QueuePair::post_send`'s contract
     // makes the poster guarantee that both stay valid memory until this WR's chain completes,
-    // which cannot happen before this copy. `copy` (memmove) tolerates overlapping ranges, e.g.
-    // a QP writing within its own registered buffer.
-    unsafe { std::ptr::copy(src, wr.remote_addr as *mut u8, len) };
+    // which cannot happen before this copy. Ranges that do not overlap land in ascending order
+    // as a NIC's would (src/fabric/landing.rs); overlapping ones (a QP writing within its own
+    // registered buffer, never memory the engine polls) are moved with `copy` (memmove).
+    unsafe {
+        if overlapping {
+            std::ptr::copy(src, dst as *mut u8, len);
+        } else {
+            land(dst, std::slice::from_raw_parts(src, len));
+        }
+    }
 }
 
 /// Completes an executed WR on the sender side: error completions are always generated, success

@@ -5,11 +5,8 @@
 //! the registry's read lock, so a registration cannot go away between them (deregistration takes
 //! the write lock). Large payloads are received by `recv(2)` straight into the region (the kernel
 //! reports EFAULT rather than faulting on a bad page); small ones, which may be control memory
-//! that the engine polls (CTS entries, completion records), are staged and then stored with
-//! release-ordered atomic words in ascending address order, so a word the engine polls is either
-//! old or new and never torn, and a CTS entry's `idx` (after its fields) lands last.
-
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+//! that the engine polls (CTS entries, completion records), are staged and then landed in
+//! ascending address order with atomic stores (src/fabric/landing.rs).
 
 use crate::fabric::{Access, MemoryKeys};
 
@@ -92,33 +89,6 @@ impl Registry {
     }
 }
 
-/// Stores `bytes` at `addr` with release-ordered atomic stores, in ascending address order:
-/// whole words where address and length allow, bytes otherwise.
-///
-/// # Safety
-/// `[addr, addr + bytes.len())` must be mapped, writable memory of this process that no Rust
-/// reference covers (registered memory the engine reads only through volatile loads or after a
-/// completion).
-pub(super) unsafe fn store_release(addr: u64, bytes: &[u8]) {
-    if addr % 8 == 0 && bytes.len() % 8 == 0 {
-        for (index, chunk) in bytes.chunks_exact(8).enumerate() {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            let target = (addr as usize + index * 8) as *mut u64;
-            // SAFETY: aligned (checked above), inside the range the caller vouches for, and only
-            // accessed atomically or after synchronisation by others.
-            unsafe { AtomicU64::from_ptr(target) }
-                .store(u64::from_ne_bytes(word), Ordering::Release);
-        }
-    } else {
-        for (index, byte) in bytes.iter().enumerate() {
-            let target = (addr as usize + index) as *mut u8;
-            // SAFETY: as above; bytes need no alignment.
-            unsafe { AtomicU8::from_ptr(target) }.store(*byte, Ordering::Release);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,19 +131,5 @@ mod tests {
             !registry.remote(0x11, 0x1000, 1, RemoteRight::Write),
             "removed"
         );
-    }
-
-    #[test]
-    fn stores_land_whole() {
-        let mut target = [0u64; 4];
-        let bytes: Vec<u8> = (1..=32).collect();
-        // SAFETY: `target` is a live local array read only after the stores.
-        unsafe { store_release(target.as_mut_ptr() as u64, &bytes) };
-        let landed: Vec<u8> = target.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        assert_eq!(landed, bytes);
-        let mut odd = [0u8; 5];
-        // SAFETY: as above.
-        unsafe { store_release(odd.as_mut_ptr() as u64 + 1, &[7, 8, 9]) };
-        assert_eq!(odd, [0, 7, 8, 9, 0]);
     }
 }

@@ -16,18 +16,20 @@ use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use super::memory::{store_release, RemoteRight};
+use super::memory::RemoteRight;
 use super::shared::Shared;
 use super::socket;
 use super::wire::{seq_at_or_before, Header, Hello, Kind, HEADER_LEN, HELLO_LEN};
+use crate::fabric::landing::{store_ordered, POLLED_WRITE_MAX};
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, SendOpcode, Sge, WorkRequest};
 
 mod completion;
 
 use self::completion::status_of;
 
-/// Payloads up to this size are staged and stored atomically (control memory the engine polls).
-const STAGE_MAX: usize = 4096;
+/// Payloads that may reach memory the engine polls are staged and then landed in order
+/// (src/fabric/landing.rs); larger ones are received straight into the region.
+const STAGE_MAX: usize = POLLED_WRITE_MAX;
 /// How often a QP whose incoming stream waits for an SRQ receive tells the peer it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(1);
 /// Bytes one QP may move per pass before the thread serves the others.
@@ -650,9 +652,9 @@ impl Worker {
                 return Err(());
             }
             // SAFETY: the registry (read-locked) has a live registration covering the range;
-            // registered memory is only read by the engine through volatile loads or after a
+            // registered memory is only read by the engine through atomic loads or after a
             // completion (src/net/dma.rs).
-            unsafe { store_release(addr, &self.staging[..length]) };
+            unsafe { store_ordered(addr, &self.staging[..length]) };
         }
         Ok(Placement::Done)
     }

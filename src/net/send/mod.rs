@@ -7,7 +7,6 @@
 use mpib_probes::declared::{RAIL_ERROR_COMPLETIONS, RAIL_SEND_COMPLETIONS};
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
 
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail};
@@ -276,17 +275,20 @@ impl SendComm {
         let slot = slot_of(seq);
         let base = slot * MAX_RECVS;
         let ready = ready_idx(seq);
-        let first = data.fifo.region().read(base);
-        if first.idx != ready {
+        if data.fifo.region().read(base).idx != ready {
             return Ok(false);
         }
+        // Read again: the first read took `nreqs` before `idx` (ascending words), so it may be
+        // the slot's previous use; a read after seeing the new `idx` sees the fields the
+        // receiver's write put below it (src/fabric/landing.rs).
+        let first = data.fifo.region().read(base);
         let nreqs = (first.nreqs as usize).clamp(1, MAX_RECVS);
         // The n entries arrive in one RDMA write but may become visible piecemeal: wait (by
         // returning "try later") until every entry carries this sequence's idx, as net_ib does.
         if (1..nreqs).any(|r| data.fifo.region().read(base + r).idx != ready) {
             return Ok(false);
         }
-        fence(Ordering::Acquire);
+        // Every entry's idx was read with acquire, so these reads see the fields below it.
         let state = &mut data.slots[slot];
         for r in 0..nreqs {
             let entry = data.fifo.region().read(base + r);

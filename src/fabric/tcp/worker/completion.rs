@@ -255,7 +255,7 @@ pub(super) fn status_of(code: u8) -> CompletionStatus {
 }
 
 /// Copies `length` bytes from `source` to `target` through a bounded staging buffer, landing
-/// them with release stores.
+/// them in ascending order (src/fabric/landing.rs).
 ///
 /// # Safety
 /// Both ranges must be mapped memory of this process covered by live registrations.
@@ -270,7 +270,7 @@ unsafe fn copy_release(source: u64, target: u64, length: usize) {
             *byte = unsafe { ((source as usize + done + index) as *const u8).read_volatile() };
         }
         // SAFETY: the target range is mapped registered memory (caller).
-        unsafe { store_release(target + done as u64, &buffer[..chunk]) };
+        unsafe { store_ordered(target + done as u64, &buffer[..chunk]) };
         done += chunk;
     }
 }
