@@ -116,8 +116,8 @@ specs! {
         "Bytes per second the flow's senders completed over the last measuring interval.";
     /// Rate of each rail while it carried the flow's data.
     FLOW_RAIL_RATE = "mpib_agent_flow_rail_rate_bytes_per_second", Gauge, FLOW_RAIL_LABELS,
-        "Completed bytes over busy time on the rail, per connection of the flow (the policy's input: \
-         with N connections sharing a rail each sees about 1/N of its rate).";
+        "Completed bytes over the time the rail had any of the flow's parts in flight, all its \
+         connections and processes together (the policy's input).";
     /// Operator pin.
     FLOW_PINNED = "mpib_agent_flow_pinned", Gauge, FLOW_LABELS,
         "1 when an operator (mpib-agent set) or another writer fixed the flow's share.";

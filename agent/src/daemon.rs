@@ -7,12 +7,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Paths, Policies};
-use crate::measure::{pid_alive, start_ticks, Measurer};
+use crate::measure::{pid_alive, start_ticks, Measurer, SAMPLE_EVERY};
 use crate::policy::PolicyKind;
 use crate::server::Shared;
 use crate::shm::{create_private_dir, HintFile, Opened};
@@ -153,12 +153,10 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
     let mut last = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         let interval = shared.policies.load().interval();
+        // Between measurements, sample the flows' parts in flight (their busy time, measure.rs).
         while last.elapsed() < interval && !shared.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(
-                interval
-                    .saturating_sub(last.elapsed())
-                    .min(Duration::from_millis(20)),
-            );
+            std::thread::sleep(interval.saturating_sub(last.elapsed()).min(SAMPLE_EVERY));
+            measurer.sample();
         }
         if reload.swap(false, Ordering::Relaxed) {
             reload_policies(options, shared);

@@ -371,6 +371,7 @@ mod tests {
             rail_bytes: bytes,
             rail_busy_ns: [0; 2],
             rail_done_bytes: [0; 2],
+            rail_in_flight: [0; 2],
         }
     }
 

@@ -77,6 +77,22 @@ pub struct ConnectionSnapshot {
     pub rail_busy_ns: [u64; MAX_RAILS],
     /// Bytes per rail whose completion was seen.
     pub rail_done_bytes: [u64; MAX_RAILS],
+    /// Parts in flight on each rail when read (always 0 in files older than 2.2).
+    pub rail_in_flight: [u32; MAX_RAILS],
+}
+
+/// What a sampler needs of an active connection, read without the seqlock's retries (a sample
+/// taken while the slot changes occupant is one sample of many).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlightSample {
+    /// Send or receive.
+    pub direction: Direction,
+    /// Vanilla or advanced.
+    pub mode: Mode,
+    /// The connection's agent hint slot.
+    pub hint_slot: u32,
+    /// Whether each rail has at least one of its parts in flight.
+    pub busy: [bool; MAX_RAILS],
 }
 
 /// Writer handle for one connection's slot. Releases the slot (state `CLOSED`) when dropped
@@ -130,6 +146,14 @@ impl<'a> ConnectionProbe<'a> {
         ) {
             bump(done, bytes, false);
             bump(busy, busy_ns, false);
+        }
+    }
+
+    /// Publish the number of parts in flight on `rail` (after a post or a completion changed it).
+    #[inline]
+    pub fn set_rail_in_flight(&self, rail: usize, parts: u32) {
+        if let Some(word) = self.slot.rail_in_flight.get(rail) {
+            word.store(parts, Ordering::Relaxed);
         }
     }
 
@@ -216,6 +240,21 @@ fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
     for counter in counters.chain(&slot.rail_done_bytes) {
         counter.store(0, relaxed);
     }
+    for parts in &slot.rail_in_flight {
+        parts.store(0, relaxed);
+    }
+}
+
+/// The slot's in-flight state if it holds an active connection.
+pub(crate) fn sample_slot(slot: &ConnSlot) -> Option<InFlightSample> {
+    let relaxed = Ordering::Relaxed;
+    let (_, state) = split(slot.state.load(Ordering::Acquire));
+    (state == ACTIVE).then(|| InFlightSample {
+        direction: Direction::from_code(slot.direction.load(relaxed)),
+        mode: Mode::from_code(slot.mode.load(relaxed)),
+        hint_slot: slot.hint_slot.load(relaxed),
+        busy: core::array::from_fn(|r| slot.rail_in_flight[r].load(relaxed) > 0),
+    })
 }
 
 /// Read slot `index` consistently; `None` if it is unused, being claimed, or kept changing
@@ -269,6 +308,7 @@ fn copy_fields(
         rail_bytes: core::array::from_fn(|r| slot.rail_bytes[r].load(relaxed)),
         rail_busy_ns: core::array::from_fn(|r| slot.rail_busy_ns[r].load(relaxed)),
         rail_done_bytes: core::array::from_fn(|r| slot.rail_done_bytes[r].load(relaxed)),
+        rail_in_flight: core::array::from_fn(|r| slot.rail_in_flight[r].load(relaxed)),
     }
 }
 

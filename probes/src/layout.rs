@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 2;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 2;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
@@ -192,7 +192,10 @@ pub(crate) struct ConnSlot {
     pub(crate) rail_busy_ns: [AtomicU64; MAX_RAILS],
     /// Bytes per rail whose completion was seen; single writer.
     pub(crate) rail_done_bytes: [AtomicU64; MAX_RAILS],
-    pub(crate) _reserved: [u8; 40],
+    /// Parts of the connection in flight on each rail now; single writer (2.2 on, zero before).
+    /// (What the policy agent samples for a flow's busy time across connections and processes.)
+    pub(crate) rail_in_flight: [AtomicU32; MAX_RAILS],
+    pub(crate) _reserved: [u8; 32],
 }
 
 /// One value declaration (Aeron's counter metadata record), 256 bytes; written before the
@@ -346,7 +349,8 @@ const _: () = {
     assert!(offset_of!(ConnSlot, rail_bytes) == 40);
     assert!(offset_of!(ConnSlot, rail_busy_ns) == 56);
     assert!(offset_of!(ConnSlot, rail_done_bytes) == 72);
-    assert!(offset_of!(ConnSlot, _reserved) == 88);
+    assert!(offset_of!(ConnSlot, rail_in_flight) == 88);
+    assert!(offset_of!(ConnSlot, _reserved) == 96);
     assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
     assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
     assert!(EVENT_CAPACITY.is_power_of_two());

@@ -7,7 +7,7 @@
 //! offsets (never pointers), counters written by plain stores from one thread each (a writer
 //! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 2.1, 187,136 bytes)
+//! # Layout (ABI 2.2, 187,136 bytes)
 //!
 //! ```text
 //! offset   size
@@ -129,7 +129,7 @@ mod tests_lanes;
 
 #[cfg(not(loom))]
 pub use crate::{
-    conn::{ConnectionProbe, ConnectionSnapshot, ConnectionState, REUSE_LINGER_NS},
+    conn::{ConnectionProbe, ConnectionSnapshot, ConnectionState, InFlightSample, REUSE_LINGER_NS},
     counters::{RailProbe, TransferProbe},
     declared::{
         Declaration, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope, ValueKind,

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::conn::read_slot;
+use crate::conn::{read_slot, sample_slot, InFlightSample};
 use crate::declared::{declared_in_minor_0, Declared, Merge, Scope, DECLARATIONS};
 use crate::guard::GuardedRange;
 use crate::layout::{
@@ -294,6 +294,23 @@ impl ProbesReader {
     /// Clean-shutdown time, ns since the Unix epoch, 0 while the writer runs.
     pub fn closed_ns(&self) -> u64 {
         self.header().closed_ns.load(Ordering::Relaxed)
+    }
+
+    /// Whether the file's writer publishes each connection's parts in flight (2.2 on).
+    pub fn publishes_in_flight(&self) -> bool {
+        self.info.abi_version & 0xffff >= 2
+    }
+
+    /// Visits every active connection's in-flight state: cheap enough to call thousands of times
+    /// a second (no snapshot, no allocation).
+    pub fn sample_in_flight(&self, mut visit: impl FnMut(InFlightSample)) {
+        for i in 0..self.regions[REGION_CONNECTIONS].count {
+            // SAFETY: REGION_CONNECTIONS holds ConnSlots and `i` is below its count.
+            let slot = unsafe { self.record::<ConnSlot>(REGION_CONNECTIONS, i as usize) };
+            if let Some(sample) = sample_slot(slot) {
+                visit(sample);
+            }
+        }
     }
 
     /// Copy every counter, histogram, connection and the dynamic header fields.

@@ -93,7 +93,7 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x01, 0x00, 0x02, 0x00, // abi_version 2.1
+        0x02, 0x00, 0x02, 0x00, // abi_version 2.2
         0x00, 0x02, 0x00, 0x00, // header_len 512
         0x00, 0xdb, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 187136
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
@@ -460,7 +460,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("3.3".into(), "2.1".into())
+                ("3.3".into(), "2.2".into())
             );
         }
         other => panic!("{other:?}"),

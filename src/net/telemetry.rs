@@ -274,10 +274,18 @@ impl ConnectionTelemetry {
         self.probe.index()
     }
 
-    /// A part of `bytes` completed on `rail` after `busy_ns` more of busy time.
+    /// A part of `bytes` completed on `rail` after `busy_ns` more of busy time, leaving
+    /// `in_flight` parts on it.
     #[inline]
-    pub(crate) fn add_rail_done(&self, rail: Rail, bytes: u64, busy_ns: u64) {
+    pub(crate) fn add_rail_done(&self, rail: Rail, bytes: u64, busy_ns: u64, in_flight: u32) {
         self.probe.add_rail_done(rail.index(), bytes, busy_ns);
+        self.probe.set_rail_in_flight(rail.index(), in_flight);
+    }
+
+    /// `in_flight` parts of this connection are on `rail` now.
+    #[inline]
+    pub(crate) fn set_rail_in_flight(&self, rail: Rail, in_flight: u32) {
+        self.probe.set_rail_in_flight(rail.index(), in_flight);
     }
 
     /// Bytes this connection moved per rail.

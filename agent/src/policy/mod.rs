@@ -50,7 +50,8 @@ pub struct Sample {
     pub interval_ns: u64,
     /// Bytes per rail whose completion the senders saw.
     pub done_bytes: [u64; 2],
-    /// Busy time per rail, ns (summed over connections).
+    /// Busy time per rail, ns: the time any of the flow's connections had a part in flight on it
+    /// (sampled; summed over connections for files older than probes 2.2, measure.rs).
     pub busy_ns: [u64; 2],
     /// NIC retransmission-type counter increase per rail.
     pub retransmissions: [u64; 2],

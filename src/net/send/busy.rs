@@ -22,6 +22,11 @@ impl BusyClock {
         self.in_flight = self.in_flight.saturating_add(1);
     }
 
+    /// Parts in flight now (published for the agent's sampler, docs/AGENT.md).
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
     /// A part completed at `now_ns`: the busy time accrued since the last mark.
     pub(crate) fn completed(&mut self, now_ns: u64) -> u64 {
         if self.in_flight == 0 {

@@ -383,9 +383,14 @@ impl SendComm {
         probe.inc(RAIL_SEND_COMPLETIONS);
         probe.record_latency_ns(now.saturating_sub(state.post_ns));
         state.done_ns[rail.index()] = now;
-        let busy_ns = data.busy[rail.index()].completed(now);
-        data.telemetry
-            .add_rail_done(rail, state.rail_bytes[rail.index()], busy_ns);
+        let clock = &mut data.busy[rail.index()];
+        let busy_ns = clock.completed(now);
+        data.telemetry.add_rail_done(
+            rail,
+            state.rail_bytes[rail.index()],
+            busy_ns,
+            clock.in_flight(),
+        );
         state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
         if self.info.profiler.is_some() {
             for index in &state.requests[..state.nreqs as usize] {

@@ -206,7 +206,9 @@ impl SendComm {
         self.start_profiler_events(data, slot, mask, qp_indices, lengths, &rail_bytes);
         let now = now_ns();
         for rail in mask.rails() {
-            data.busy[rail.index()].posted(now);
+            let clock = &mut data.busy[rail.index()];
+            clock.posted(now);
+            data.telemetry.set_rail_in_flight(rail, clock.in_flight());
         }
         let state = &mut data.slots[slot];
         state.pending = mask;

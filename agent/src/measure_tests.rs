@@ -1,0 +1,142 @@
+//! A flow's busy time per rail: each instant once, however many of its connections, in however
+//! many processes, had a part in flight then.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+
+use mpib_probes::{
+    ConnectionInfo, ConnectionProbe, Direction, Mode, PathClass, ProbesFile, RailInfo, WriterInfo,
+};
+
+use super::*;
+
+const SECOND: u64 = 1_000_000_000;
+
+struct Directory(PathBuf);
+
+impl Directory {
+    fn new(name: &str) -> Directory {
+        let dir = std::env::temp_dir().join(format!("mpib-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Directory(dir)
+    }
+}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A probes file as another process of the node would write it (its own start time).
+fn process_file(dir: &Path, process: u64) -> ProbesFile {
+    let rails = ["sout0", "sup0"]
+        .map(|device| RailInfo {
+            device: device.into(),
+            port: 1,
+            speed_mbps: 100_000,
+        })
+        .to_vec();
+    let mut writer = WriterInfo::for_this_process(rails);
+    writer.start_ns += process;
+    ProbesFile::create(dir, &writer).unwrap()
+}
+
+fn send_connection(file: &ProbesFile, port: u16) -> ConnectionProbe<'_> {
+    let info = ConnectionInfo {
+        peer: SocketAddrV4::new([10, 0, 0, 2].into(), port),
+        direction: Direction::Send,
+        path_class: PathClass::IntraIsland,
+        mode: Mode::Advanced,
+        hint_slot: 0,
+    };
+    file.claim_connection(&info).unwrap()
+}
+
+/// Four processes, one connection each, on one flow. SUP is the bottleneck: all four always
+/// have a part on it. SOUT parts finish early and the processes' idle gaps interleave: each
+/// connection is busy on SOUT half the time, and the rail is busy with the flow seven eighths
+/// of it. Summed, SOUT's busy time would be 2 s and SUP's 4 s (SUP looking half as fast as it
+/// is next to SOUT); sampled, each instant counts once.
+#[test]
+fn a_rail_busy_in_several_processes_at_once_counts_each_instant_once() {
+    let dir = Directory::new("measure-processes");
+    let files: Vec<ProbesFile> = (0..4).map(|p| process_file(&dir.0, p)).collect();
+    let connections: Vec<_> = files
+        .iter()
+        .enumerate()
+        .map(|(p, file)| send_connection(file, 5000 + p as u16))
+        .collect();
+    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let users = BTreeMap::new();
+    measurer.measure(SECOND, &users); // every connection's baseline
+                                      // 400 samples over the second; in sample i, connection c has a part on SOUT when
+                                      // (i + 50 c) mod 400 < 200: each half the time, their union samples 0..200 and 250..400.
+    let sout_busy = |i: u64, c: u64| ((i + 50 * c) % 400) < 200;
+    for i in 0..400 {
+        for (c, connection) in connections.iter().enumerate() {
+            connection.set_rail_in_flight(0, u32::from(sout_busy(i, c as u64)));
+            connection.set_rail_in_flight(1, 2);
+        }
+        measurer.sample();
+    }
+    for connection in &connections {
+        connection.add_rail_done(0, 100_000_000, SECOND / 2);
+        connection.add_rail_done(1, 250_000_000, SECOND);
+    }
+    let (flows, _) = measurer.measure(SECOND, &users);
+    let sample = flows[&0].sample;
+    assert_eq!(flows[&0].connections, 4);
+    assert_eq!(
+        sample.busy_ns,
+        [SECOND * 350 / 400, SECOND],
+        "each instant counted once"
+    );
+    let rate = |rail| sample.rate(rail).unwrap();
+    assert_eq!(rate(1), 1e9, "SUP: 1 GB over the whole second");
+    assert!((rate(0) - 0.4e9 / 0.875).abs() < 1.0, "SOUT: {}", rate(0));
+}
+
+/// A flow with no samples (a daemon that did not sample, or a file older than 2.2) keeps the
+/// connections' summed busy time.
+#[test]
+fn without_samples_the_connections_busy_times_are_summed() {
+    let dir = Directory::new("measure-summed");
+    let file = process_file(&dir.0, 0);
+    let connections: Vec<_> = (0..2).map(|c| send_connection(&file, 6000 + c)).collect();
+    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let users = BTreeMap::new();
+    measurer.measure(SECOND, &users);
+    for connection in &connections {
+        connection.add_rail_done(0, 1_000, SECOND / 4);
+        connection.add_rail_done(1, 1_000, SECOND / 2);
+    }
+    let (flows, _) = measurer.measure(SECOND, &users);
+    assert_eq!(flows[&0].sample.busy_ns, [SECOND / 2, SECOND]);
+}
+
+/// Connections of one process busy together (8 communicators posting at the same moments):
+/// the flow's busy time is the time any of them was, on both rails.
+#[test]
+fn connections_of_one_process_busy_together_count_once() {
+    let dir = Directory::new("measure-together");
+    let file = process_file(&dir.0, 0);
+    let connections: Vec<_> = (0..8).map(|c| send_connection(&file, 7000 + c)).collect();
+    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let users = BTreeMap::new();
+    measurer.measure(SECOND, &users);
+    for i in 0..100 {
+        for connection in &connections {
+            connection.set_rail_in_flight(0, u32::from(i < 30));
+            connection.set_rail_in_flight(1, u32::from(i < 60));
+        }
+        measurer.sample();
+    }
+    let (flows, _) = measurer.measure(SECOND, &users);
+    assert_eq!(
+        flows[&0].sample.busy_ns,
+        [SECOND * 30 / 100, SECOND * 60 / 100]
+    );
+}
