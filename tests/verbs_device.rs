@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nccl_net_mpib::fabric::verbs::VerbsFabric;
+use nccl_net_mpib::fabric::verbs::{PortAddress, VerbsFabric};
 use nccl_net_mpib::fabric::SendOpcode::{Read, Write, WriteWithImm};
 use nccl_net_mpib::fabric::{
     Access, AsyncEvent, Completion, CompletionOpcode, CompletionQueue, CqSettings, Fabric,
@@ -101,14 +101,11 @@ fn side(device: Arc<dyn RailDevice>, with_srq: bool) -> Side {
     }
 }
 
-fn remote_of(side: &Side, local: &dyn RailDevice) -> RemoteQp {
+fn remote_of(side: &Side) -> RemoteQp {
     let info = side.device.info();
     RemoteQp {
         qp_num: side.qp.qp_num(),
-        lid: info.lid,
-        gid: info.gid,
-        mtu: info.active_mtu.min(local.info().active_mtu),
-        port: info.service_port,
+        endpoint: info.endpoint,
     }
 }
 
@@ -118,10 +115,7 @@ fn pair() -> (Side, Side) {
     let fabric = fabric();
     let mut sa = side(fabric.open(&a, Rail::ScaleOut).unwrap(), false);
     let mut sb = side(fabric.open(&b, Rail::ScaleOut).unwrap(), true);
-    let (ra, rb) = (
-        remote_of(&sa, sb.device.as_ref()),
-        remote_of(&sb, sa.device.as_ref()),
-    );
+    let (ra, rb) = (remote_of(&sa), remote_of(&sb));
     sa.qp.connect(&rb, &qp_settings()).unwrap();
     sb.qp.connect(&ra, &qp_settings()).unwrap();
     (sa, sb)
@@ -209,15 +203,20 @@ fn open_reports_port_facts() {
         "{info:?}"
     );
     if info.link_layer == LinkLayer::Ethernet {
+        let port = PortAddress::decode(&info.endpoint).unwrap();
         assert_eq!(
-            &info.gid[..12],
+            &port.gid[..12],
             &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
             "IPv4-mapped GID"
         );
+        assert!(info.address.is_ipv4(), "the GID's IPv4 address");
     }
     if a.starts_with("rxe") {
         assert_eq!(
-            (info.gid_index, info.pci_path.as_deref()),
+            (
+                PortAddress::decode(&info.endpoint).unwrap().gid_index,
+                info.pci_path.as_deref()
+            ),
             (1, None),
             "the rig's rxe devices"
         );
@@ -253,7 +252,8 @@ fn gid_index_override_is_used() {
         .unwrap()
         .open(&a, Rail::ScaleOut)
         .unwrap();
-    assert_eq!(dev.info().gid_index, 1);
+    let port = PortAddress::decode(&dev.info().endpoint).unwrap();
+    assert_eq!(port.gid_index, 1);
     let settings = Settings {
         gid_index: Some(0),
         ..settings
@@ -483,7 +483,7 @@ fn a_self_connected_qp_reads_its_own_memory() {
     // The flush pattern: one QP connected to itself, a 1-byte RDMA_READ.
     let (a, _) = device_names();
     let mut me = side(fabric().open(&a, Rail::ScaleOut).unwrap(), false);
-    let remote = remote_of(&me, me.device.as_ref());
+    let remote = remote_of(&me);
     me.qp.connect(&remote, &qp_settings()).unwrap();
     let data = vec![0x42u8; 64];
     let scratch = vec![0u8; 8];

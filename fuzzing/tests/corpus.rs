@@ -13,7 +13,9 @@ use mpib::proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
 use mpib::proto::imm::Imm;
 use mpib::proto::island::PathClass;
 use mpib::proto::rail_mask::RailMask;
-use mpib::proto::wire::{encode_ready, ConnectReply, ConnectRequest, RailEndpoint, MAX_QPS};
+use mpib::proto::wire::{
+    encode_ready, ConnectReply, ConnectRequest, RailEndpoint, MAX_QPS, RAIL_ENDPOINT_BYTES,
+};
 use mpib_fuzzing::TARGETS;
 
 fn fuzz_dir() -> PathBuf {
@@ -29,18 +31,19 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// A RoCE rail at 10.100.0.`last`, its endpoint as the verbs fabric encodes it (tag 1, MTU 3,
+/// Ethernet, GID index 1, LID 0, the IPv4-mapped GID).
 fn endpoint(last: u8) -> RailEndpoint {
-    let mut gid = [0u8; 16];
-    gid[10..12].copy_from_slice(&[0xff, 0xff]);
-    gid[12..].copy_from_slice(&[10, 100, 0, last]);
+    let mut address = [0u8; 16];
+    address[10..12].copy_from_slice(&[0xff, 0xff]);
+    address[12..].copy_from_slice(&[10, 100, 0, last]);
+    let mut endpoint = [0u8; RAIL_ENDPOINT_BYTES];
+    endpoint[..4].copy_from_slice(&[1, 3, 2, 1]);
+    endpoint[6..22].copy_from_slice(&address);
     RailEndpoint {
         present: true,
-        lid: 0,
-        mtu: 3,
-        link_layer: 2,
-        gid,
-        gid_index: 1,
-        port: 0,
+        address,
+        endpoint,
     }
 }
 

@@ -22,6 +22,7 @@ pub mod tcp;
 pub mod verbs;
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Which physical NIC of the fused device a resource belongs to.
@@ -89,21 +90,84 @@ pub struct DeviceInfo {
     pub active_mtu: u8,
     /// Link layer of the port.
     pub link_layer: LinkLayer,
-    /// Local identifier (InfiniBand only; 0 on RoCE).
-    pub lid: u16,
-    /// The GID used for this rail (RoCE v2 IPv4-mapped on Ethernet).
-    pub gid: [u8; 16],
-    /// GID table index of `gid`.
-    pub gid_index: u8,
+    /// The device's IP address: what islands, the agent's flows and the collector's labels are
+    /// keyed by (verbs: the address of the RoCE v2 GID; tcp: the rail's address; `::` when the
+    /// device has none, as on native InfiniBand).
+    pub address: IpAddr,
+    /// How peers reach this rail's queue pairs, in the fabric's own encoding ([`Endpoint`]).
+    pub endpoint: Endpoint,
     /// Node GUID (NETs with the same guid are one ASIC for NCCL's topology search).
     pub guid: u64,
     /// Canonical sysfs PCI path, when the device has one (Soft-RoCE and VFs may not).
     pub pci_path: Option<String>,
     /// Largest number of QPs the device supports.
     pub max_qp: u32,
-    /// The port peers' QPs connect to, for fabrics whose QPs are reached through a listening
-    /// socket (tcp); 0 where a QP number and the GID are the whole address (verbs, loopback).
-    pub service_port: u16,
+}
+
+/// Bytes of an [`Endpoint`].
+pub const ENDPOINT_BYTES: usize = crate::proto::wire::RAIL_ENDPOINT_BYTES;
+
+/// How a peer reaches one rail's queue pairs, opaque to the engine: the handshake carries it,
+/// and the fabric that made it decodes the peer's in [`QueuePair::connect`] and
+/// [`RailDevice::resolve_peer`] (verbs: LID, GID, GID index, MTU and link layer; tcp: address
+/// and listening port; loopback: the device's GID). The first byte names the fabric, so a peer
+/// running another `MPIB_FABRIC` gets an error saying so rather than a misread address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Endpoint(pub [u8; ENDPOINT_BYTES]);
+
+impl Endpoint {
+    /// An endpoint of the fabric named `tag` (a [`FabricTag`]) with `body` (at most
+    /// `ENDPOINT_BYTES - 1` bytes; the rest is zero).
+    pub fn new(tag: FabricTag, body: &[u8]) -> Endpoint {
+        let mut bytes = [0u8; ENDPOINT_BYTES];
+        bytes[0] = tag as u8;
+        let len = body.len().min(ENDPOINT_BYTES - 1);
+        bytes[1..=len].copy_from_slice(&body[..len]);
+        Endpoint(bytes)
+    }
+
+    /// The body, when the endpoint is `tag`'s; otherwise what the peer runs, for the error.
+    pub fn body(&self, tag: FabricTag) -> Result<&[u8; ENDPOINT_BYTES - 1], String> {
+        if self.0[0] == tag as u8 {
+            Ok(self.0[1..].try_into().unwrap_or(&[0; ENDPOINT_BYTES - 1]))
+        } else {
+            Err(format!(
+                "the peer's endpoint is of the {} fabric, this rail is {} (MPIB_FABRIC differs?)",
+                FabricTag::name_of(self.0[0]),
+                tag.name()
+            ))
+        }
+    }
+}
+
+/// The first byte of an [`Endpoint`]: which fabric encoded it. Never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FabricTag {
+    /// `verbs`.
+    Verbs = 1,
+    /// `loopback`.
+    Loopback = 2,
+    /// `tcp`.
+    Tcp = 3,
+}
+
+impl FabricTag {
+    /// The fabric's `MPIB_FABRIC` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FabricTag::Verbs => "verbs",
+            FabricTag::Loopback => "loopback",
+            FabricTag::Tcp => "tcp",
+        }
+    }
+
+    fn name_of(code: u8) -> String {
+        [FabricTag::Verbs, FabricTag::Loopback, FabricTag::Tcp]
+            .into_iter()
+            .find(|tag| *tag as u8 == code)
+            .map_or_else(|| format!("unknown ({code})"), |tag| tag.name().into())
+    }
 }
 
 /// A local scatter/gather element.
@@ -285,14 +349,8 @@ impl Access {
 pub struct RemoteQp {
     /// Remote QP number.
     pub qp_num: u32,
-    /// Remote port LID (InfiniBand).
-    pub lid: u16,
-    /// Remote GID.
-    pub gid: [u8; 16],
-    /// Path MTU as the verbs enum value: the minimum of both sides.
-    pub mtu: u8,
-    /// The peer rail's service port ([`DeviceInfo::service_port`]; 0 on verbs and loopback).
-    pub port: u16,
+    /// The remote rail's endpoint ([`DeviceInfo::endpoint`]).
+    pub endpoint: Endpoint,
 }
 
 /// Transport settings applied when a QP is brought to RTR/RTS (NCCL's defaults).
@@ -495,8 +553,8 @@ pub trait RailDevice: Send + Sync {
     ) -> FabricResult<Box<dyn QueuePair>>;
     /// Reads one pending asynchronous event without blocking.
     fn next_async_event(&self) -> Option<AsyncEvent>;
-    /// Starts resolving the address of a peer whose port has GID `peer_gid`.
-    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>>;
+    /// Starts resolving the address of the peer rail at `peer` (its [`DeviceInfo::endpoint`]).
+    fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>>;
 }
 
 /// A peer's address being resolved on one rail, checked without blocking.
@@ -529,4 +587,23 @@ pub trait Fabric: Send + Sync {
         let _ = sout;
         None
     }
+    /// Whether NCCL should find its devices on the PCI bus (hardware NICs): a device without a
+    /// PCI path then earns a warning, since NCCL places it without PCI topology.
+    fn places_by_pci(&self) -> bool {
+        false
+    }
+}
+
+/// The fabric `settings.fabric` names, created with its settings: the one place that knows
+/// every fabric, so a new one is a new module and a line here.
+pub fn select(settings: &crate::params::Settings) -> FabricResult<Arc<dyn Fabric>> {
+    use crate::params::FabricKind;
+    Ok(match settings.fabric {
+        FabricKind::Loopback => Arc::new(loopback::LoopbackFabric::new(
+            &settings.loopback_faults,
+            &settings.loopback_rails,
+        )?),
+        FabricKind::Verbs => Arc::new(verbs::VerbsFabric::new(settings)?),
+        FabricKind::Tcp => Arc::new(tcp::TcpFabric::new()),
+    })
 }

@@ -6,7 +6,7 @@
 //! resources and returns "not yet" after it (see connect.rs). A first `accept` never waits: with nothing
 //! pending on the listener it returns "not yet" at once.
 
-use std::net::{SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, TcpStream};
 use std::sync::Arc;
 
 use socket2::Socket;
@@ -30,7 +30,7 @@ use super::flush::Flusher;
 use super::oob::{listen_on, local_address, ListenHandle, Transfer};
 use super::peer::PeerWatch;
 use super::recv::{RecvComm, RecvData};
-use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
+use super::registration::{address_of_wire, ipv4_of, AgentRegistration, PendingRegistration};
 use super::resolve::Resolutions;
 use super::resources::{
     connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
@@ -84,7 +84,7 @@ struct Acceptance {
     refusal: Option<Error>,
     built: Option<(ConnectionInfo, RecvData)>,
     /// The connector's SUP GID (the agent registration names the SUP address pair).
-    peer_sup_gid: [u8; 16],
+    peer_sup_address: IpAddr,
 }
 
 /// `listen` on the context's OOB address.
@@ -159,7 +159,7 @@ impl ListenComm {
             stage: Stage::ReceivingRequest(Transfer::incoming()),
             refusal: None,
             built: None,
-            peer_sup_gid: [0; 16],
+            peer_sup_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         })
     }
 }
@@ -235,8 +235,8 @@ impl Acceptance {
                         return self.finish(ctx, None).map(Some);
                     }
                     let sup = (
-                        ipv4_of_gid(&ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
-                        ipv4_of_gid(&self.peer_sup_gid),
+                        ipv4_of(ctx.plugin.devices[Rail::ScaleUp.index()].info().address),
+                        ipv4_of(self.peer_sup_address),
                     );
                     let (local, remote) = (*self.local.ip(), *self.peer.ip());
                     let pending = PendingRegistration::start(&ctx.settings, local, remote, sup);
@@ -346,7 +346,7 @@ impl Acceptance {
             qp_nums: qp_nums_by_rail(&data.qps, layout),
         };
         self.built = Some((info, data));
-        self.peer_sup_gid = request.rails[Rail::ScaleUp.index()].gid;
+        self.peer_sup_address = address_of_wire(request.rails[Rail::ScaleUp.index()].address);
         Ok(())
     }
 
@@ -359,7 +359,6 @@ impl Acceptance {
         connect_queue_pairs(
             &mut data.qps,
             info.layout,
-            &ctx.plugin.devices,
             &request.rails,
             &request.qp_nums,
             &qp_settings(&ctx.settings, ctx.traffic_class),

@@ -9,7 +9,7 @@
 //! The island class is computed once from the bound control socket's address pair and carried in
 //! the request; the acceptor recomputes it from the same pair and refuses a disagreement.
 
-use std::net::{SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, TcpStream};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -28,7 +28,7 @@ use super::agent::HintReader;
 use super::comm::ConnectionInfo;
 use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
 use super::peer::PeerWatch;
-use super::registration::{ipv4_of_gid, AgentRegistration, PendingRegistration};
+use super::registration::{address_of_wire, ipv4_of, AgentRegistration, PendingRegistration};
 use super::resolve::Resolutions;
 use super::resources::{
     connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
@@ -69,7 +69,7 @@ struct Prepared {
     request: ConnectRequest,
     remote_records: (u64, [u32; 2]),
     /// The acceptor's SUP GID (the agent registration names the SUP address pair).
-    peer_sup_gid: [u8; 16],
+    peer_sup_address: IpAddr,
 }
 
 /// An in-progress `connect`.
@@ -243,7 +243,7 @@ impl Connector {
             records,
             request,
             remote_records: (0, [0; 2]),
-            peer_sup_gid: [0; 16],
+            peer_sup_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         });
         Ok(request)
     }
@@ -294,17 +294,15 @@ impl Connector {
             .as_mut()
             .ok_or_else(|| Error::internal("connect before prepare"))?;
         let settings = qp_settings(&self.ctx.settings, self.traffic_class);
-        let devices = &self.ctx.plugin.devices;
         connect_queue_pairs(
             &mut prepared.qps,
             prepared.layout,
-            devices,
             &reply.rails,
             &reply.qp_nums,
             &settings,
         )?;
         prepared.remote_records = (reply.records_addr, reply.records_rkeys);
-        prepared.peer_sup_gid = reply.rails[Rail::ScaleUp.index()].gid;
+        prepared.peer_sup_address = address_of_wire(reply.rails[Rail::ScaleUp.index()].address);
         Ok(())
     }
 
@@ -316,8 +314,12 @@ impl Connector {
             .ok_or_else(|| Error::internal("registration before prepare"))?;
         let local = self.local()?;
         let sup = (
-            ipv4_of_gid(&self.ctx.plugin.devices[Rail::ScaleUp.index()].info().gid),
-            ipv4_of_gid(&prepared.peer_sup_gid),
+            ipv4_of(
+                self.ctx.plugin.devices[Rail::ScaleUp.index()]
+                    .info()
+                    .address,
+            ),
+            ipv4_of(prepared.peer_sup_address),
         );
         Ok(PendingRegistration::start(
             &self.ctx.settings,

@@ -46,13 +46,9 @@ impl Flusher {
                 max_inline: 0,
             };
             let mut qp = device.create_qp(cq.cq.as_ref(), None, caps)?;
-            let info = device.info();
             let own = crate::fabric::RemoteQp {
                 qp_num: qp.qp_num(),
-                lid: info.lid,
-                gid: info.gid,
-                mtu: info.active_mtu,
-                port: info.service_port,
+                endpoint: device.info().endpoint,
             };
             qp.connect(&own, &qp_settings(settings, -1))
                 .map_err(|e| Error::from(e).context(format!("flush QP on {rail}")))?;

@@ -11,12 +11,9 @@ use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
-use crate::fabric::loopback::LoopbackFabric;
-use crate::fabric::tcp::TcpFabric;
-use crate::fabric::verbs::VerbsFabric;
 use crate::fabric::{Fabric, Rail, RailDevice};
 use crate::log;
-use crate::params::{FabricKind, Settings};
+use crate::params::Settings;
 
 use super::health::DeviceHealth;
 use super::resources::Devices;
@@ -202,14 +199,7 @@ fn open(settings: &Settings) -> Result<Opened> {
     // Logged: the first open of a process is the slowest call of a run (on the rig, libibverbs'
     // first device list, which loads every provider library, takes 105-160 ms; RELIABILITY.md).
     let started = std::time::Instant::now();
-    let fabric: Arc<dyn Fabric> = match settings.fabric {
-        FabricKind::Loopback => Arc::new(LoopbackFabric::new(
-            &settings.loopback_faults,
-            &settings.loopback_rails,
-        )?),
-        FabricKind::Verbs => Arc::new(VerbsFabric::new(settings)?),
-        FabricKind::Tcp => Arc::new(TcpFabric::new()),
-    };
+    let fabric: Arc<dyn Fabric> = crate::fabric::select(settings)?;
     let open_rail = |spec: &str, variable: &str, rail: Rail| -> Result<Arc<dyn RailDevice>> {
         if spec.is_empty() {
             return Err(Error::invalid_usage(format!(
@@ -228,7 +218,7 @@ fn open(settings: &Settings) -> Result<Opened> {
     let sup = open_rail(&settings.hca_sup, "MPIB_HCA_SUP", Rail::ScaleUp)?;
     let name = format!("{}+{}", sout.info().name, sup.info().name);
     let pci_path = sout.info().pci_path.clone();
-    if pci_path.is_none() && settings.fabric == FabricKind::Verbs {
+    if pci_path.is_none() && fabric.places_by_pci() {
         warn!(
             log::INIT,
             "{} ({}) has no PCI path (Soft-RoCE or a virtual function?): NCCL will place the fused device without PCI topology",

@@ -13,7 +13,7 @@
 //! Every send passes `MSG_NOSIGNAL`: the host is a C program (NCCL) whose SIGPIPE would end the
 //! job if the agent closed its end first.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -356,12 +356,18 @@ fn read_some(socket: &Socket, buffer: &mut [u8]) -> std::io::Result<usize> {
     reader.read(buffer)
 }
 
-/// The IPv4 address inside a RoCE v2 IPv4-mapped GID (`::ffff:a.b.c.d`), or 0.0.0.0 for any
-/// other GID (InfiniBand, IPv6 RoCE): the agent identifies SUP flows by IPv4 pairs.
-pub(crate) fn ipv4_of_gid(gid: &[u8; 16]) -> Ipv4Addr {
-    if gid[..10].iter().all(|b| *b == 0) && gid[10..12] == [0xff, 0xff] {
-        Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15])
-    } else {
-        Ipv4Addr::UNSPECIFIED
+/// The IPv4 address the agent knows a rail by: the device's address when it is IPv4 (or
+/// IPv4-mapped), 0.0.0.0 otherwise (InfiniBand, IPv6): the agent identifies SUP flows by IPv4
+/// pairs.
+pub(crate) fn ipv4_of(address: IpAddr) -> Ipv4Addr {
+    match address {
+        IpAddr::V4(v4) => v4,
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
     }
+}
+
+/// A rail's address as the handshake carries it (`RailEndpoint::address`, IPv6 with IPv4
+/// addresses IPv4-mapped).
+pub(crate) fn address_of_wire(bytes: [u8; 16]) -> IpAddr {
+    Ipv6Addr::from(bytes).to_canonical()
 }

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
-use crate::fabric::{PeerResolution, Rail};
+use crate::fabric::{Endpoint, PeerResolution, Rail};
 use crate::log;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::RailEndpoint;
@@ -43,7 +43,10 @@ impl Resolutions {
                 continue;
             }
             let device = &devices[rail.index()];
-            pending.push((rail, device.resolve_peer(&peer[rail.index()].gid)?));
+            pending.push((
+                rail,
+                device.resolve_peer(&Endpoint(peer[rail.index()].endpoint))?,
+            ));
         }
         Ok(Resolutions {
             pending,

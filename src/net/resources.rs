@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::fabric::{
-    Access, CompletionQueue, CqSettings, MemoryKeys, QpCapabilities, QpSettings, QueuePair, Rail,
-    RailDevice, RemoteQp, SharedReceiveQueue,
+    Access, CompletionQueue, CqSettings, Endpoint, MemoryKeys, QpCapabilities, QpSettings,
+    QueuePair, Rail, RailDevice, RemoteQp, SharedReceiveQueue,
 };
 use crate::log;
 use crate::proto::credits::SendQueueCredits;
@@ -223,17 +223,14 @@ impl QueueBuilder {
 /// What the handshake tells the peer about a local rail.
 pub(crate) fn endpoint(device: &dyn RailDevice) -> RailEndpoint {
     let info = device.info();
+    let address = match info.address {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
     RailEndpoint {
         present: true,
-        lid: info.lid,
-        mtu: info.active_mtu,
-        link_layer: match info.link_layer {
-            crate::fabric::LinkLayer::InfiniBand => 1,
-            crate::fabric::LinkLayer::Ethernet => 2,
-        },
-        gid: info.gid,
-        gid_index: info.gid_index,
-        port: info.service_port,
+        address: address.octets(),
+        endpoint: info.endpoint.0,
     }
 }
 
@@ -241,7 +238,6 @@ pub(crate) fn endpoint(device: &dyn RailDevice) -> RailEndpoint {
 pub(crate) fn connect_queue_pairs(
     qps: &mut QueuePairs,
     layout: QpLayout,
-    devices: &Devices,
     remote_rails: &[RailEndpoint; 2],
     remote_qp_nums: &[u32],
     settings: &QpSettings,
@@ -251,18 +247,15 @@ pub(crate) fn connect_queue_pairs(
             .rail_of(index)
             .ok_or_else(|| Error::internal(format!("QP index {index} outside the layout")))?;
         let remote = &remote_rails[rail.index()];
-        let local = devices[rail.index()].info();
         if !remote.present {
             return Err(Error::remote(format!(
                 "peer reported no {rail} rail but the layout uses it"
             )));
         }
+        // The fabric decodes and checks the peer's endpoint (the path MTU is its business).
         let remote_qp = RemoteQp {
             qp_num: remote_qp_nums[index],
-            lid: remote.lid,
-            gid: remote.gid,
-            mtu: local.active_mtu.min(remote.mtu),
-            port: remote.port,
+            endpoint: Endpoint(remote.endpoint),
         };
         qp.connect(&remote_qp, settings)
             .map_err(|e| Error::from(e).context(format!("bringing up {rail} QP {index}")))?;

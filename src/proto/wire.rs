@@ -25,7 +25,7 @@ use super::island::PathClass;
 /// "MPIBHSK1".
 pub const HANDSHAKE_MAGIC: u64 = 0x4D50_4942_4853_4B31;
 /// Bumped on any change of layout or meaning.
-pub const HANDSHAKE_VERSION: u32 = 1;
+pub const HANDSHAKE_VERSION: u32 = 2;
 /// Largest QP array of one connection (both rails).
 pub const MAX_QPS: usize = 32;
 /// Largest QP count on one rail.
@@ -34,7 +34,9 @@ pub const MAX_QPS_PER_RAIL: u8 = 16;
 pub const READY_MAGIC: u64 = 0x4D50_4942_5244_5931;
 
 const HEADER_LEN: usize = 8 + 4;
-const ENDPOINT_LEN: usize = 4 + 2 + 2 + 16;
+/// Bytes of a fabric's opaque endpoint ([`RailEndpoint::endpoint`]).
+pub const RAIL_ENDPOINT_BYTES: usize = 24;
+const ENDPOINT_LEN: usize = 4 + 16 + RAIL_ENDPOINT_BYTES;
 const QP_NUMS_LEN: usize = MAX_QPS * 4;
 const KEYS_LEN: usize = 2 * 4;
 
@@ -46,29 +48,17 @@ pub const CONNECT_REPLY_LEN: usize = HEADER_LEN + 8 + 2 * ENDPOINT_LEN + QP_NUMS
 /// Bytes of the ready marker.
 pub const READY_LEN: usize = 8;
 
-/// Largest verbs MTU enum value (`IBV_MTU_4096`).
-const MAX_MTU_CODE: u8 = 5;
-/// Largest verbs link-layer value (`IBV_LINK_LAYER_ETHERNET`).
-const MAX_LINK_LAYER_CODE: u8 = 2;
-
 /// How to reach one rail of one end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RailEndpoint {
     /// Whether this end has the rail at all.
     pub present: bool,
-    /// Local identifier (InfiniBand; 0 on RoCE).
-    pub lid: u16,
-    /// Active MTU as the verbs enum value (0..=5).
-    pub mtu: u8,
-    /// Link layer as the verbs value (0 unspecified, 1 InfiniBand, 2 Ethernet).
-    pub link_layer: u8,
-    /// GID of the port.
-    pub gid: [u8; 16],
-    /// GID table index.
-    pub gid_index: u8,
-    /// The rail's service port, where the fabric's QPs are reached through a listening socket
-    /// (tcp); 0 on verbs and loopback.
-    pub port: u16,
+    /// The rail device's IP address as IPv6 (IPv4 addresses IPv4-mapped): what islands and the
+    /// agent's flows are keyed by.
+    pub address: [u8; 16],
+    /// How the fabric reaches the rail's queue pairs, in its own encoding: opaque here (the
+    /// fabric's `connect` decodes and checks it; src/fabric/mod.rs `Endpoint`).
+    pub endpoint: [u8; RAIL_ENDPOINT_BYTES],
 }
 
 /// Connector to acceptor: what the connector computed and how to reach its QPs.
@@ -243,12 +233,9 @@ fn read_reserved(reader: &mut Reader<'_>, count: usize) -> Result<(), WireError>
 fn write_endpoints(writer: &mut Writer<'_>, rails: &[RailEndpoint; 2]) {
     for endpoint in rails {
         writer.u8(u8::from(endpoint.present));
-        writer.u8(endpoint.mtu);
-        writer.u8(endpoint.link_layer);
-        writer.u8(endpoint.gid_index);
-        writer.u16(endpoint.lid);
-        writer.u16(endpoint.port);
-        writer.bytes(&endpoint.gid);
+        writer.bytes(&[0; 3]);
+        writer.bytes(&endpoint.address);
+        writer.bytes(&endpoint.endpoint);
     }
 }
 
@@ -257,18 +244,9 @@ fn read_endpoints(reader: &mut Reader<'_>) -> Result<[RailEndpoint; 2], WireErro
     for endpoint in &mut rails {
         let present = reader.u8();
         endpoint.present = check("rail.present", present, present <= 1)? == 1;
-        let mtu = reader.u8();
-        endpoint.mtu = check("rail.mtu", mtu, mtu <= MAX_MTU_CODE)?;
-        let link_layer = reader.u8();
-        endpoint.link_layer = check(
-            "rail.link_layer",
-            link_layer,
-            link_layer <= MAX_LINK_LAYER_CODE,
-        )?;
-        endpoint.gid_index = reader.u8();
-        endpoint.lid = reader.u16();
-        endpoint.port = reader.u16();
-        endpoint.gid = reader.array();
+        read_reserved(reader, 3)?;
+        endpoint.address = reader.array();
+        endpoint.endpoint = reader.array();
     }
     Ok(rails)
 }

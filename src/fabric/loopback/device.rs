@@ -8,9 +8,9 @@ use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
 use super::{device_name, fabric_error, world, World};
 use crate::fabric::pages::check_depth;
 use crate::fabric::{
-    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
-    LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail, RailDevice, Sge,
-    SharedReceiveQueue,
+    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
+    FabricResult, FabricTag, LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair,
+    Rail, RailDevice, Sge, SharedReceiveQueue,
 };
 
 /// Largest CQ a loopback device creates (the ConnectX `max_cqe`).
@@ -138,15 +138,27 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
         speed_mbps: 100_000,
         active_mtu: 5,
         link_layer: LinkLayer::Ethernet,
-        lid: 0,
-        gid,
-        gid_index: 1,
+        address: std::net::Ipv6Addr::from(gid).to_canonical(),
+        endpoint: endpoint_of_gid(gid),
         // "MPIBLOOP" followed by the device number: distinct per device, recognisable in logs.
         guid: 0x4d50_4942_4c4f_4f00 | u64::from(host),
         pci_path: None,
         max_qp: 1 << 17,
-        service_port: 0,
     }
+}
+
+/// A loopback rail's endpoint: its device's GID (a wrong one is how the fault tests aim a QP at
+/// no device).
+pub(crate) fn endpoint_of_gid(gid: [u8; 16]) -> Endpoint {
+    Endpoint::new(FabricTag::Loopback, &gid)
+}
+
+/// The GID in a loopback endpoint, or why it is not one.
+pub(crate) fn gid_of_endpoint(endpoint: &Endpoint) -> Result<[u8; 16], String> {
+    let body = endpoint.body(FabricTag::Loopback)?;
+    let mut gid = [0u8; 16];
+    gid.copy_from_slice(&body[..16]);
+    Ok(gid)
 }
 
 /// The GID of device `index`: `::ffff:127.0.0.(index + 1)`, so the two rails have different
@@ -290,11 +302,13 @@ impl RailDevice for LoopbackDevice {
         world().devices[self.index].events.pop_front()
     }
 
-    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
+    fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>> {
+        let peer_gid =
+            gid_of_endpoint(peer).map_err(|e| self.error("resolve peer", libc::EPROTO, e))?;
         Ok(Box::new(LoopbackResolution {
             rail: self.rail,
             device: self.index,
-            peer_gid: *peer_gid,
+            peer_gid,
             polls: 0,
         }))
     }

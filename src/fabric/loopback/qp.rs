@@ -207,6 +207,10 @@ impl QueuePair for LoopbackQp {
             std::thread::sleep(KERNEL_RESOLUTION_WAIT);
             world().unresolved[rail.index()] = 0;
         }
+        let gid = super::device::gid_of_endpoint(&remote.endpoint).map_err(|detail| {
+            let detail = format!("remote QP {:#x}: {detail}", remote.qp_num);
+            self.error(verb, libc::EINVAL, detail)
+        })?;
         let mut world = world();
         if world.qp_index(remote.qp_num).is_none() {
             let detail = format!("remote QP {:#x} does not exist", remote.qp_num);
@@ -221,7 +225,7 @@ impl QueuePair for LoopbackQp {
         }
         state.peer = Some(Peer {
             qpn: remote.qp_num,
-            gid: remote.gid,
+            gid,
         });
         Ok(())
     }

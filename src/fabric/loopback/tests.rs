@@ -125,10 +125,7 @@ pub(super) fn end(fabric: &LoopbackFabric, spec: &str, rail: Rail, cq_depth: u32
 pub(super) fn link(a: &mut End, b: &mut End) {
     let remote = |e: &End| RemoteQp {
         qp_num: e.qp.qp_num(),
-        lid: 0,
-        gid: e.dev.info().gid,
-        mtu: e.dev.info().active_mtu,
-        port: 0,
+        endpoint: e.dev.info().endpoint,
     };
     let (ra, rb) = (remote(a), remote(b));
     a.qp.connect(&rb, &QpSettings::default())
@@ -219,12 +216,10 @@ fn devices_report_distinct_identities() {
     let a = fabric.open("loop0", Rail::ScaleOut).unwrap();
     let b = fabric.open("loop1", Rail::ScaleUp).unwrap();
     let (a, b) = (a.info(), b.info());
-    assert_eq!(
-        (a.port, a.speed_mbps, a.active_mtu, a.gid_index),
-        (1, 100_000, 5, 1)
-    );
-    assert_eq!(&a.gid[10..], &[0xff, 0xff, 127, 0, 0, 1]);
-    assert_ne!(a.gid, b.gid);
+    assert_eq!((a.port, a.speed_mbps, a.active_mtu), (1, 100_000, 5));
+    assert_eq!(a.address, std::net::IpAddr::from([127, 0, 0, 1]));
+    assert_ne!(a.address, b.address);
+    assert_ne!(a.endpoint, b.endpoint);
     assert_ne!(a.guid, b.guid);
     assert!(a.pci_path.is_none());
 }
@@ -552,13 +547,20 @@ fn qp_setup_errors() {
     );
     let gone = RemoteQp {
         qp_num: 0x00ff_fff0,
-        lid: 0,
-        gid: [0; 16],
-        mtu: 5,
-        port: 0,
+        endpoint: super::device::endpoint_of_gid([0; 16]),
     };
     let err = a.qp.connect(&gone, &QpSettings::default()).unwrap_err();
     assert!(err.to_string().contains("0xfffff0"), "{err}");
+    // An endpoint another fabric made is refused, naming both fabrics.
+    let foreign = RemoteQp {
+        qp_num: b.qp.qp_num(),
+        endpoint: crate::fabric::tcp::endpoint_of("127.0.0.1:7000".parse().unwrap()),
+    };
+    let err = a.qp.connect(&foreign, &QpSettings::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("tcp fabric") && err.to_string().contains("loopback"),
+        "{err}"
+    );
     // A CQ of another device cannot serve this device's QP.
     let other = fabric.open("loop1", Rail::ScaleUp).unwrap();
     let caps = QpCapabilities {

@@ -145,10 +145,10 @@ fn arp_holds_a_rail_unresolved_for_n_polls() {
     let (_s, fabric) = serial("arp=sup:3");
     let sout = end(&fabric, "loop0", Rail::ScaleOut, 8, 4);
     let sup = end(&fabric, "loop1", Rail::ScaleUp, 8, 4);
-    let mut on_sout = sout.dev.resolve_peer(&sout.dev.info().gid).unwrap();
+    let mut on_sout = sout.dev.resolve_peer(&sout.dev.info().endpoint).unwrap();
     assert!(on_sout.poll().unwrap(), "the knob names SUP only");
-    let mut first = sup.dev.resolve_peer(&sup.dev.info().gid).unwrap();
-    let mut second = sup.dev.resolve_peer(&sup.dev.info().gid).unwrap();
+    let mut first = sup.dev.resolve_peer(&sup.dev.info().endpoint).unwrap();
+    let mut second = sup.dev.resolve_peer(&sup.dev.info().endpoint).unwrap();
     // Three polls between all of the rail's resolutions, then every one is ready.
     assert!(!first.poll().unwrap());
     assert!(!second.poll().unwrap());
@@ -178,6 +178,6 @@ fn connecting_an_unresolved_rail_waits_like_the_kernel() {
         waited < std::time::Duration::from_millis(1900),
         "only the first: {waited:?}"
     );
-    let mut resolution = a.dev.resolve_peer(&b.dev.info().gid).unwrap();
+    let mut resolution = a.dev.resolve_peer(&b.dev.info().endpoint).unwrap();
     assert!(resolution.poll().unwrap(), "resolved by the wait");
 }

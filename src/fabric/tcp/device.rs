@@ -13,7 +13,7 @@ use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
 use crate::fabric::pages::check_depth;
 use crate::fabric::{
-    Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, FabricError,
+    Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
     FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
     RemoteQp, SharedReceiveQueue, WorkRequest,
 };
@@ -248,13 +248,15 @@ impl RailDevice for TcpDevice {
         self.core.shared.state().events.pop_front()
     }
 
-    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
-        Ok(Box::new(Resolved(*peer_gid)))
+    fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>> {
+        let peer = super::socket_address(peer)
+            .map_err(|detail| self.core.error("resolve peer", None, libc::EPROTO, detail))?;
+        Ok(Box::new(Resolved(peer)))
     }
 }
 
 /// TCP needs no neighbour resolution before a QP connects: `connect(2)` runs in the background.
-struct Resolved([u8; 16]);
+struct Resolved(SocketAddrV4);
 
 impl PeerResolution for Resolved {
     fn poll(&mut self) -> FabricResult<bool> {
@@ -262,10 +264,7 @@ impl PeerResolution for Resolved {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "tcp peer {} (nothing to resolve)",
-            super::ipv4_of_gid(&self.0)
-        )
+        format!("tcp peer {} (nothing to resolve)", self.0)
     }
 }
 
@@ -375,18 +374,11 @@ impl QueuePair for TcpQp {
 
     fn connect(&mut self, remote: &RemoteQp, settings: &QpSettings) -> FabricResult<()> {
         let shared = &self.core.shared;
-        let peer_address = SocketAddrV4::new(super::ipv4_of_gid(&remote.gid), remote.port);
-        if remote.port == 0 {
-            return Err(self.core.error(
-                "ibv_modify_qp",
-                Some(self.qpn),
-                libc::EINVAL,
-                format!(
-                    "the peer {} gave no tcp port (is it running another fabric?)",
-                    peer_address.ip()
-                ),
-            ));
-        }
+        let peer_address = super::socket_address(&remote.endpoint).map_err(|detail| {
+            let detail = format!("remote QP {}: {detail}", remote.qp_num);
+            self.core
+                .error("ibv_modify_qp", Some(self.qpn), libc::EINVAL, detail)
+        })?;
         let timeout = user_timeout_ms(settings);
         // The side with the smaller (address, port, QP) opens the connection; the other accepts.
         let local = (u32::from(shared.address), shared.port, self.qpn);

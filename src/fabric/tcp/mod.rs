@@ -29,12 +29,14 @@ mod thread;
 mod wire;
 mod worker;
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
 use self::device::{Core, TcpDevice};
 use self::shared::Shared;
-use super::{DeviceInfo, Fabric, FabricError, FabricResult, LinkLayer, Rail, RailDevice};
+use super::{
+    DeviceInfo, Endpoint, Fabric, FabricError, FabricResult, FabricTag, LinkLayer, Rail, RailDevice,
+};
 use crate::netif::{ipv4_interfaces, Interface};
 
 /// Speed reported for an interface whose sysfs speed is unknown (loopback, some virtual ones).
@@ -71,7 +73,10 @@ impl Fabric for TcpFabric {
     /// The control connection runs over the scale-out rail, as it does beside a verbs SOUT NIC:
     /// islands are classified from that address pair.
     fn control_address(&self, sout: &dyn RailDevice) -> Option<Ipv4Addr> {
-        Some(ipv4_of_gid(&sout.info().gid))
+        match sout.info().address {
+            std::net::IpAddr::V4(address) => Some(address),
+            std::net::IpAddr::V6(_) => None,
+        }
     }
 
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
@@ -165,8 +170,8 @@ fn resolve_spec(spec: &str, interfaces: &[Interface]) -> FabricResult<(String, I
     }
 }
 
-/// What a TCP rail reports: the interface as the device, its address as the GID (IPv4-mapped,
-/// as RoCE v2), its sysfs speed and PCI path when it has them, and a GUID per address.
+/// What a TCP rail reports: the interface as the device, its address, its endpoint (address and
+/// listening port), its sysfs speed and PCI path when it has them, and a GUID per address.
 fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
     let sysfs = format!("/sys/class/net/{name}");
     let speed_mbps = std::fs::read_to_string(format!("{sysfs}/speed"))
@@ -179,10 +184,6 @@ fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
         .ok()
         .map(|p| p.to_string_lossy().into_owned())
         .filter(|p| p.contains("/pci"));
-    let mut gid = [0u8; 16];
-    gid[10] = 0xff;
-    gid[11] = 0xff;
-    gid[12..].copy_from_slice(&address.octets());
     // SAFETY: getrlimit writes the struct it is given.
     let descriptors = unsafe {
         let mut limit = std::mem::zeroed::<libc::rlimit>();
@@ -199,19 +200,34 @@ fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
         speed_mbps,
         active_mtu: 5,
         link_layer: LinkLayer::Ethernet,
-        lid: 0,
-        gid,
-        gid_index: 0,
+        address: address.into(),
+        endpoint: endpoint_of(SocketAddrV4::new(address, port)),
         // "MPIB" then the address: distinct per rail address, the same in every process on it.
         guid: 0x4D50_4942_0000_0000 | u64::from(u32::from(address)),
         pci_path,
         // Each QP holds one descriptor.
         max_qp: u32::try_from(descriptors).unwrap_or(u32::MAX).max(1),
-        service_port: port,
     }
 }
 
-/// The IPv4 address in an IPv4-mapped GID.
-fn ipv4_of_gid(gid: &[u8; 16]) -> Ipv4Addr {
-    Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15])
+/// A tcp rail's endpoint: the rail's IPv4 address and listening port (big-endian), the rest
+/// zero.
+pub(crate) fn endpoint_of(address: SocketAddrV4) -> Endpoint {
+    let mut body = [0u8; 6];
+    body[..4].copy_from_slice(&address.ip().octets());
+    body[4..].copy_from_slice(&address.port().to_be_bytes());
+    Endpoint::new(FabricTag::Tcp, &body)
+}
+
+/// Where a peer rail's queue pairs listen, from its endpoint, or why that is not a tcp rail's.
+pub(crate) fn socket_address(endpoint: &Endpoint) -> Result<SocketAddrV4, String> {
+    let body = endpoint.body(FabricTag::Tcp)?;
+    let ip = Ipv4Addr::new(body[0], body[1], body[2], body[3]);
+    let port = u16::from_be_bytes([body[4], body[5]]);
+    if port == 0 || ip.is_unspecified() {
+        return Err(format!(
+            "the peer's tcp endpoint {ip}:{port} has no address or port"
+        ));
+    }
+    Ok(SocketAddrV4::new(ip, port))
 }

@@ -39,13 +39,9 @@ fn end(spec: &str) -> End {
 }
 
 fn remote(end: &End) -> RemoteQp {
-    let info = end.device.info();
     RemoteQp {
         qp_num: end.qp.qp_num(),
-        lid: 0,
-        gid: info.gid,
-        mtu: 5,
-        port: info.service_port,
+        endpoint: end.device.info().endpoint,
     }
 }
 
@@ -247,13 +243,9 @@ fn a_self_connected_qp_reads_local_memory() {
         max_inline: 0,
     };
     let mut qp = device.create_qp(cq.as_ref(), None, caps).unwrap();
-    let info = device.info();
     let own = RemoteQp {
         qp_num: qp.qp_num(),
-        lid: 0,
-        gid: info.gid,
-        mtu: 5,
-        port: info.service_port,
+        endpoint: device.info().endpoint,
     };
     qp.connect(&own, &QpSettings::default()).unwrap();
     let source = [42u64];

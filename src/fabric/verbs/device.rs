@@ -10,11 +10,12 @@ use rdma_sys::{
 };
 
 use super::attrs::{self, PORT_ACTIVE};
+use super::endpoint::PortAddress;
 use super::{fabric_error, gid, sys, teardown_failed};
 use crate::fabric::{
-    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, FabricError, FabricResult,
-    LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail, RailDevice,
-    SharedReceiveQueue,
+    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
+    FabricResult, LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail,
+    RailDevice, SharedReceiveQueue,
 };
 use crate::log;
 
@@ -144,6 +145,8 @@ impl Drop for DeviceInner {
 pub struct VerbsDevice {
     pub(crate) inner: Arc<DeviceInner>,
     info: DeviceInfo,
+    /// The port's address (what `info.endpoint` encodes).
+    pub(crate) address: PortAddress,
     /// Whether data registrations asking for relaxed ordering get it.
     relaxed_ordering: bool,
     /// Result of NCCL's DMA-BUF probe at open.
@@ -188,7 +191,7 @@ impl VerbsDevice {
             ctx,
             label: label.clone(),
         };
-        let info = query_info(&context, name, options)?;
+        let (info, address) = query_info(&context, name, options)?;
         let relaxed_ordering = relaxed_policy(options.relaxed_ordering, &label)?;
         set_nonblocking(&context)?;
         // SAFETY: `ctx` is live.
@@ -216,21 +219,22 @@ impl VerbsDevice {
             info.link_layer,
             attrs::mtu_bytes(info.active_mtu),
             info.speed_mbps,
-            info.gid_index,
-            gid::format_gid(&info.gid),
+            address.gid_index,
+            gid::format_gid(&address.gid),
             info.pci_path,
             relaxed_ordering,
             dmabuf
         );
         let netdev = match info.link_layer {
             LinkLayer::Ethernet => {
-                gid::read_attr(name, options.port, "ndevs", u32::from(info.gid_index))
+                gid::read_attr(name, options.port, "ndevs", u32::from(address.gid_index))
             }
             LinkLayer::InfiniBand => None,
         };
         Ok(VerbsDevice {
             inner,
             info,
+            address,
             relaxed_ordering,
             dmabuf,
             netdev,
@@ -297,8 +301,12 @@ fn set_nonblocking(context: &Context) -> FabricResult<()> {
     Ok(())
 }
 
-/// Queries the device and port and builds the [`DeviceInfo`].
-fn query_info(context: &Context, name: &str, options: OpenOptions) -> FabricResult<DeviceInfo> {
+/// Queries the device and port and builds the [`DeviceInfo`] and the port's address.
+fn query_info(
+    context: &Context,
+    name: &str,
+    options: OpenOptions,
+) -> FabricResult<(DeviceInfo, PortAddress)> {
     let label = context.label.as_str();
     // SAFETY: all-zero is a valid `ibv_device_attr` (integers and arrays of integers).
     let mut device_attr: ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -347,20 +355,27 @@ fn query_info(context: &Context, name: &str, options: OpenOptions) -> FabricResu
         fabric_error("ibv_query_port", label, None, libc::EPROTONOSUPPORT, detail)
     })?;
     let (gid_index, gid) = choose_gid(context, name, options, link_layer, &port_attr)?;
-    Ok(DeviceInfo {
-        name: name.to_string(),
-        port: options.port,
-        speed_mbps: port_speed(context, options.port, &port_attr),
-        active_mtu: u8::try_from(port_attr.active_mtu).unwrap_or(0),
-        link_layer,
+    let active_mtu = u8::try_from(port_attr.active_mtu).unwrap_or(0);
+    let address = PortAddress {
         lid: port_attr.lid,
         gid,
         gid_index,
+        mtu: active_mtu,
+        link_layer,
+    };
+    let info = DeviceInfo {
+        name: name.to_string(),
+        port: options.port,
+        speed_mbps: port_speed(context, options.port, &port_attr),
+        active_mtu,
+        link_layer,
+        address: address.ip(),
+        endpoint: address.endpoint(),
         guid: u64::from_be(device_attr.node_guid),
         pci_path: pci_path(name),
         max_qp: u32::try_from(device_attr.max_qp).unwrap_or(0),
-        service_port: 0,
-    })
+    };
+    Ok((info, address))
 }
 
 /// `ibv_query_port` (the `verbs.h` inline that prefers the extended op).
@@ -511,7 +526,7 @@ impl RailDevice for VerbsDevice {
         srq: Option<&dyn SharedReceiveQueue>,
         caps: QpCapabilities,
     ) -> FabricResult<Box<dyn QueuePair>> {
-        let qp = super::qp::VerbsQp::create(&self.inner, &self.info, cq, srq, caps)?;
+        let qp = super::qp::VerbsQp::create(&self.inner, &self.address, cq, srq, caps)?;
         Ok(Box::new(qp))
     }
 
@@ -519,13 +534,22 @@ impl RailDevice for VerbsDevice {
         super::events::next_async_event(&self.inner)
     }
 
-    fn resolve_peer(&self, peer_gid: &[u8; 16]) -> FabricResult<Box<dyn PeerResolution>> {
+    fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>> {
+        let peer = PortAddress::decode(peer).map_err(|detail| {
+            fabric_error(
+                "resolve peer",
+                &self.inner.label,
+                None,
+                libc::EPROTO,
+                detail,
+            )
+        })?;
         super::neighbour::start(
             &self.inner.label,
             self.info.link_layer,
-            &self.info.gid,
+            &self.address.gid,
             self.netdev.as_deref(),
-            peer_gid,
+            &peer.gid,
         )
     }
 }

@@ -28,7 +28,9 @@
 
 mod attrs;
 mod device;
+mod endpoint;
 mod events;
+pub use endpoint::PortAddress;
 mod gid;
 mod memory;
 mod neighbour;
@@ -197,6 +199,10 @@ impl Fabric for VerbsFabric {
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
         let device: Arc<dyn RailDevice> = self.open_device(spec, rail)?;
         Ok(device)
+    }
+
+    fn places_by_pci(&self) -> bool {
+        true
     }
 }
 

@@ -11,11 +11,12 @@ use rdma_sys::{
 };
 
 use super::device::DeviceInner;
+use super::endpoint::PortAddress;
 use super::queues::{CqInner, SrqInner, VerbsCq, VerbsSrq};
 use super::{fabric_error, gid, sys, teardown_failed};
 use crate::fabric::{
-    CompletionQueue, DeviceInfo, FabricError, FabricResult, LinkLayer, QpCapabilities, QpSettings,
-    QueuePair, RemoteQp, SendOpcode, SharedReceiveQueue, WorkRequest,
+    CompletionQueue, FabricError, FabricResult, LinkLayer, QpCapabilities, QpSettings, QueuePair,
+    RemoteQp, SendOpcode, SharedReceiveQueue, WorkRequest,
 };
 
 /// Longest chain `post_send` accepts (MPIB's chains are at most 9 WRs).
@@ -26,8 +27,8 @@ pub struct VerbsQp {
     qp: *mut ibv_qp,
     qp_num: u32,
     port: u8,
-    link_layer: LinkLayer,
-    gid_index: u8,
+    /// The local port's address (link layer, GID index, active MTU).
+    local: PortAddress,
     device: Arc<DeviceInner>,
     _cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
@@ -52,7 +53,7 @@ impl VerbsQp {
     /// Creates an RC QP on `device` whose completions go to `cq` and receives come from `srq`.
     pub(crate) fn create(
         device: &Arc<DeviceInner>,
-        info: &DeviceInfo,
+        local: &PortAddress,
         cq: &dyn CompletionQueue,
         srq: Option<&dyn SharedReceiveQueue>,
         caps: QpCapabilities,
@@ -107,8 +108,7 @@ impl VerbsQp {
             // SAFETY: a non-null `ibv_qp` from ibv_create_qp.
             qp_num: unsafe { (*qp).qp_num },
             port: device.port,
-            link_layer: info.link_layer,
-            gid_index: info.gid_index,
+            local: *local,
             device: Arc::clone(device),
             _cq: Arc::clone(&cq.inner),
             _srq: srq.map(|s| Arc::clone(&s.inner)),
@@ -126,20 +126,20 @@ impl VerbsQp {
         verb: &'static str,
         attr: &mut ibv_qp_attr,
         mask: ibv_qp_attr_mask,
-        remote: &RemoteQp,
+        remote: &Remote,
     ) -> FabricResult<()> {
         sys::clear_errno();
         // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
         let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as c_int) };
         if rc != 0 {
             let detail = format!(
-                "remote QP {} lid {} gid {} mtu {}, local port {} gid index {}",
+                "remote QP {} lid {} gid {} path mtu {}, local port {} gid index {}",
                 remote.qp_num,
-                remote.lid,
-                gid::format_gid(&remote.gid),
-                remote.mtu,
+                remote.address.lid,
+                gid::format_gid(&remote.address.gid),
+                remote.path_mtu,
                 self.port,
-                self.gid_index
+                self.local.gid_index
             );
             return Err(self.error(verb, sys::rc_errno(rc), detail));
         }
@@ -147,9 +147,18 @@ impl VerbsQp {
     }
 }
 
+/// A peer's QP as this fabric reads it: its number, its port's address and the path MTU both
+/// ports support.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Remote {
+    pub qp_num: u32,
+    pub address: PortAddress,
+    pub path_mtu: u8,
+}
+
 /// The RTR attributes against `remote` (pure, so tests can check them).
 pub(crate) fn rtr_attr(
-    remote: &RemoteQp,
+    remote: &Remote,
     settings: &QpSettings,
     port: u8,
     link_layer: LinkLayer,
@@ -158,7 +167,7 @@ pub(crate) fn rtr_attr(
     // SAFETY: all-zero is a valid `ibv_qp_attr` (integers, and unions of integer arrays).
     let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
     attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
-    attr.path_mtu = u32::from(remote.mtu);
+    attr.path_mtu = u32::from(remote.path_mtu);
     attr.dest_qp_num = remote.qp_num;
     attr.rq_psn = 0;
     attr.max_dest_rd_atomic = 1;
@@ -168,11 +177,11 @@ pub(crate) fn rtr_attr(
     match link_layer {
         LinkLayer::InfiniBand => {
             attr.ah_attr.is_global = 0;
-            attr.ah_attr.dlid = remote.lid;
+            attr.ah_attr.dlid = remote.address.lid;
         }
         LinkLayer::Ethernet => {
             attr.ah_attr.is_global = 1;
-            attr.ah_attr.grh.dgid.raw = remote.gid;
+            attr.ah_attr.grh.dgid.raw = remote.address.gid;
             attr.ah_attr.grh.sgid_index = gid_index;
             attr.ah_attr.grh.hop_limit = 255;
             attr.ah_attr.grh.traffic_class = settings.traffic_class;
@@ -200,13 +209,16 @@ impl QueuePair for VerbsQp {
     }
 
     fn connect(&mut self, remote: &RemoteQp, settings: &QpSettings) -> FabricResult<()> {
-        if !(1..=5).contains(&remote.mtu) {
-            let detail = format!(
-                "remote path MTU enum {} is not 1 (256) ..= 5 (4096)",
-                remote.mtu
-            );
-            return Err(self.error("ibv_modify_qp(RTR)", libc::EINVAL, detail));
-        }
+        let address = PortAddress::decode(&remote.endpoint).map_err(|detail| {
+            let detail = format!("remote QP {}: {detail}", remote.qp_num);
+            self.error("ibv_modify_qp(RTR)", libc::EINVAL, detail)
+        })?;
+        let remote = &Remote {
+            qp_num: remote.qp_num,
+            address,
+            // The path MTU is what both ports support (as net_ib takes the minimum).
+            path_mtu: address.mtu.min(self.local.mtu).max(1),
+        };
         use ibv_qp_attr_mask as m;
         // SAFETY: all-zero is a valid `ibv_qp_attr`.
         let mut init: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -219,7 +231,13 @@ impl QueuePair for VerbsQp {
             .0;
         let mask = m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS;
         self.modify("ibv_modify_qp(INIT)", &mut init, mask, remote)?;
-        let mut rtr = rtr_attr(remote, settings, self.port, self.link_layer, self.gid_index);
+        let mut rtr = rtr_attr(
+            remote,
+            settings,
+            self.port,
+            self.local.link_layer,
+            self.local.gid_index,
+        );
         let mask = m::IBV_QP_STATE
             | m::IBV_QP_AV
             | m::IBV_QP_PATH_MTU

@@ -2,14 +2,15 @@
 //! building and the no-device paths. The device tests live in `tests/verbs_device.rs`.
 
 use super::attrs::{self, EventAction, RawCompletion};
+use super::endpoint::PortAddress;
 use super::gid::{self, GidEntry, GidType};
 use super::memory::access_flags;
-use super::qp::{rtr_attr, rts_attr, SendChain, MAX_CHAIN};
+use super::qp::{rtr_attr, rts_attr, Remote, SendChain, MAX_CHAIN};
 use super::queues::{link_receives, RECV_BATCH};
 use super::{parse_spec, sys, VerbsFabric};
 use crate::fabric::{
     Access, AsyncEvent, CompletionOpcode, CompletionStatus, Fabric, LinkLayer, QpSettings, Rail,
-    RemoteQp, SendOpcode, Sge, WorkRequest,
+    SendOpcode, Sge, WorkRequest,
 };
 use crate::params::Settings;
 use rdma_sys::{ibv_access_flags as af, ibv_recv_wr, ibv_send_flags, ibv_wr_opcode};
@@ -366,12 +367,16 @@ fn receive_batches_are_zero_sge_lists() {
 
 #[test]
 fn rtr_and_rts_attributes_follow_nccl() {
-    let remote = RemoteQp {
+    let remote = Remote {
         qp_num: 0x1234,
-        lid: 7,
-        gid: mapped(10, 100, 0, 2),
-        mtu: 5,
-        port: 0,
+        address: PortAddress {
+            lid: 7,
+            gid: mapped(10, 100, 0, 2),
+            gid_index: 0,
+            mtu: 5,
+            link_layer: LinkLayer::Ethernet,
+        },
+        path_mtu: 5,
     };
     let settings = QpSettings {
         traffic_class: 106,
@@ -391,7 +396,7 @@ fn rtr_and_rts_attributes_follow_nccl() {
         (1, 255, 106)
     );
     // SAFETY: (test) the raw view of the GID union.
-    assert_eq!(unsafe { ah.grh.dgid.raw }, remote.gid);
+    assert_eq!(unsafe { ah.grh.dgid.raw }, remote.address.gid);
     let ib = rtr_attr(&remote, &settings, 2, LinkLayer::InfiniBand, 0);
     assert_eq!(
         (ib.ah_attr.is_global, ib.ah_attr.dlid, ib.ah_attr.port_num),

@@ -6,12 +6,8 @@ use proptest::prelude::*;
 fn endpoint(seed: u8) -> RailEndpoint {
     RailEndpoint {
         present: true,
-        lid: u16::from(seed) * 3,
-        mtu: 5,
-        link_layer: 2,
-        gid: [seed; 16],
-        gid_index: 3,
-        port: u16::from(seed) * 1000,
+        address: [seed; 16],
+        endpoint: [seed.wrapping_mul(3); RAIL_ENDPOINT_BYTES],
     }
 }
 
@@ -51,8 +47,8 @@ fn reply() -> ConnectReply {
 
 #[test]
 fn lengths() {
-    assert_eq!(CONNECT_REQUEST_LEN, 228);
-    assert_eq!(CONNECT_REPLY_LEN, 212);
+    assert_eq!(CONNECT_REQUEST_LEN, 268);
+    assert_eq!(CONNECT_REPLY_LEN, 252);
     assert_eq!(&encode_ready(), b"1YDRBIPM");
     assert_eq!(&request().encode()[..8], b"1KSHBIPM");
 }
@@ -79,10 +75,11 @@ fn header_rejected_first() {
         Err(WireError::BadMagic(_))
     ));
     let mut bytes = request().encode();
-    bytes[8] = 2;
+    bytes[8] = 1;
     assert_eq!(
         ConnectRequest::decode(&bytes),
-        Err(WireError::BadVersion(2))
+        Err(WireError::BadVersion(1)),
+        "the version before opaque endpoints"
     );
     let mut bytes = reply().encode();
     bytes[8] = 9;
@@ -99,7 +96,7 @@ fn fields_validated() {
         (16, 17, "sup_qps"),
         (17, 1, "reserved"),
         (28, 2, "rail.present"),
-        (29, 6, "rail.mtu"),
+        (29, 1, "reserved"),
     ];
     for (offset, value, field) in cases {
         let mut bytes = request().encode();
@@ -174,24 +171,14 @@ fn refusal_codes() {
 fn any_endpoint() -> impl Strategy<Value = RailEndpoint> {
     (
         any::<bool>(),
-        any::<u16>(),
-        0u8..=5,
-        0u8..=2,
         any::<[u8; 16]>(),
-        any::<u8>(),
-        any::<u16>(),
+        any::<[u8; RAIL_ENDPOINT_BYTES]>(),
     )
-        .prop_map(
-            |(present, lid, mtu, link_layer, gid, gid_index, port)| RailEndpoint {
-                present,
-                lid,
-                mtu,
-                link_layer,
-                gid,
-                gid_index,
-                port,
-            },
-        )
+        .prop_map(|(present, address, endpoint)| RailEndpoint {
+            present,
+            address,
+            endpoint,
+        })
 }
 
 fn any_layout() -> impl Strategy<Value = (Mode, PathClass, u8, u8)> {
