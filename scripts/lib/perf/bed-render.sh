@@ -77,6 +77,16 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
       echo "| $n | $a | $f | $r | $v |"
     done
     echo
+    echo "How the agent sees a flow of several connections: each connection publishes its parts in flight"
+    echo "per rail (probes 2.2, \`rail_in_flight\`), the agent samples them about every 500 µs between"
+    echo "decisions, and the flow's rail is busy while any of its connections, in any process, has a part"
+    echo "on it (docs/AGENT.md). Summing the connections' own busy times instead counted an instant once per"
+    echo "connection busy in it, more often on the bottleneck rail than on the other: 4 processes reached"
+    echo "0.758 of the fixed split that way (2 processes 0.977), and capping the sum at the interval (0.934"
+    echo "here) halved the loopback \`comms8\` case, where 8 connections are busy together. The sums of"
+    echo "per-process medians can pass the fixed split's by a few percent, as the processes' rows do not"
+    echo "line up: read a ratio above 1 as no gap."
+    echo
   fi
 } > "$work/bed.md"
 awk -F'\t' '$1 == "bed-split" { sub("sup_bw ", "", $2); print $2, $4 }' "$medians" | sort -n > "$work/split.dat"
