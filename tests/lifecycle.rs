@@ -1,6 +1,7 @@
 //! The library's life cycle as a long job sees it: 100 rounds of dlopen → init → connect →
 //! transfer → close → finalize → dlclose in one process leave no thread, file descriptor,
-//! mapping or memory behind (read from /proc/self between rounds). In a child process, so
+//! mapping or memory behind (read from /proc/self between rounds), and each dlclose unmaps the
+//! library itself. In a child process, so
 //! nothing else in it holds the library or its resources.
 
 use std::time::Duration;
@@ -84,6 +85,7 @@ fn child_rounds() {
             baseline = Some(resources());
         }
         let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+        let image = std::fs::canonicalize(plugin.path()).unwrap();
         let net = plugin.net(Version::V12).unwrap();
         let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("round {round}: {e}"));
         let case = format!("round {round}");
@@ -93,6 +95,14 @@ fn child_rounds() {
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
         drop(net);
         drop(plugin); // dlclose
+                      // Nothing pins the image (no thread-exit destructor registered from it): dlclose
+                      // unmapped it, so a later dlopen starts from fresh statics.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let image = image.to_string_lossy();
+        assert!(
+            !maps.lines().any(|line| line.ends_with(image.as_ref())),
+            "round {round}: {image} is still mapped after dlclose"
+        );
     }
     let (before, after) = (baseline.unwrap(), resources());
     eprintln!("after {WARM_UP} rounds: {before:?}; after {ROUNDS}: {after:?}");

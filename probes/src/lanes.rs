@@ -1,53 +1,32 @@
 //! Writer lanes: which copy of the hot counters the calling thread writes.
 //!
-//! A thread's first update to a probes file claims a free lane of that file with one
-//! compare-and-swap on the lane's `owner` word and remembers it in a thread-local lease; every
-//! later update finds the lease in a one-entry cache (a thread-local load and a compare). When
-//! the thread exits, the lease's destructor releases the lane with a Release store, so the next
-//! thread's Acquire claim sees every count the last one wrote and goes on from there: counts are
-//! never reset, only handed on. A thread that finds every owned lane taken writes the shared
-//! lane with locked adds (counted in the process block's `lane_overflows`).
+//! A thread's first update to a probes file claims a lane of that file with one compare-and-swap
+//! on the lane's `owner` word, which takes the thread's kernel id (its tid), and remembers it in a
+//! one-entry thread-local cache; every later update is a thread-local load and a compare. A lane
+//! is free when its owner is 0 or names a thread of this process that has exited: the claim then
+//! takes it over (Acquire), and counts are never reset, only handed on. A thread that finds no
+//! free owned lane writes the shared lane with locked adds (counted in the process block's
+//! `lane_overflows`).
 //!
-//! The lease holds the file only weakly: a file dropped before the thread exits is not kept
-//! mapped, and its lease then releases nothing.
+//! Why the owner is a tid and not a lease released on thread exit: a thread-local with a
+//! destructor makes glibc pin the library that registered it (`__cxa_thread_atexit_impl` takes a
+//! reference on the DSO until the thread exits), so `dlclose` would not unmap the plugin and its
+//! statics would outlive a reload (tests/lifecycle.rs checks that the image is gone). The
+//! thread-locals here are plain `Cell`s, which register nothing.
 
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::declared::WRITER_LANE_OVERFLOWS;
 use crate::layout::{FileImage, SHARED_LANE};
 use crate::writer::Owner;
 
-/// A thread's lane in one file.
-struct Lease {
-    serial: u64,
-    lane: usize,
-    file: Weak<Owner>,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if self.lane == SHARED_LANE {
-            return;
-        }
-        if let Some(owner) = self.file.upgrade() {
-            // SYNC: pairs with the Acquire compare-and-swap in `claim`: the next owner sees
-            // every store this thread made to the lane.
-            owner.image().lanes[self.lane]
-                .owner
-                .store(0, Ordering::Release);
-        }
-    }
-}
-
 thread_local! {
     /// The last (file serial, lane) this thread used: the hot path's whole lookup.
     static LAST: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
-    /// Every lane this thread holds, one per file it has written.
-    static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
-    /// This thread's owner token (non-zero once taken).
-    static TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// This thread's kernel id (0 until first needed).
+    static TID: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The lane the calling thread writes in the file `owner` (claiming one on first use).
@@ -56,7 +35,6 @@ pub(crate) fn lane_of(owner: &Arc<Owner>) -> usize {
     let serial = owner.serial();
     match LAST.try_with(Cell::get) {
         Ok((last, lane)) if last == serial => lane,
-        // A thread being torn down (its thread-locals gone) writes the shared lane.
         Err(_) => SHARED_LANE,
         Ok(_) => lease_lane(owner, serial),
     }
@@ -64,49 +42,71 @@ pub(crate) fn lane_of(owner: &Arc<Owner>) -> usize {
 
 #[cold]
 fn lease_lane(owner: &Arc<Owner>, serial: u64) -> usize {
-    let lane = LEASES
-        .try_with(|leases| {
-            let mut leases = leases.borrow_mut();
-            if let Some(lease) = leases.iter().find(|l| l.serial == serial) {
-                return lease.lane;
-            }
-            // Leases of dropped files hold nothing any more.
-            leases.retain(|l| l.file.strong_count() > 0);
-            let lane = claim(owner.image(), token());
-            leases.push(Lease {
-                serial,
-                lane,
-                file: Arc::downgrade(owner),
-            });
-            lane
-        })
-        .unwrap_or(SHARED_LANE);
+    let lane = claim(owner.image(), tid());
     let _ = LAST.try_with(|last| last.set((serial, lane)));
     lane
 }
 
-fn token() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    TOKEN
-        .try_with(|token| {
-            if token.get() == 0 {
-                token.set(NEXT.fetch_add(1, Ordering::Relaxed));
-            }
-            token.get()
-        })
-        .unwrap_or(u64::MAX)
+/// The calling thread's kernel id, cached.
+fn tid() -> u64 {
+    TID.try_with(|cached| {
+        if cached.get() == 0 {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            cached.set(u64::try_from(tid).unwrap_or(0));
+        }
+        cached.get()
+    })
+    .unwrap_or(0)
 }
 
-/// Take the first free owned lane for `token`, or the shared lane when none is free.
-fn claim(image: &FileImage, token: u64) -> usize {
-    for (lane, block) in image.lanes[..SHARED_LANE].iter().enumerate() {
-        // SYNC: Acquire pairs with the Release store of the lease that freed this lane.
+/// Whether thread `tid` of this process has exited (so its lane may be taken over). A thread
+/// that cannot be asked about is taken to be alive: its lane is then left alone.
+pub(crate) fn thread_gone(tid: u64) -> bool {
+    let Ok(tid) = libc::pid_t::try_from(tid) else {
+        return false;
+    };
+    // SAFETY: tgkill with signal 0 sends nothing; it only checks that the thread exists.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The lane `tid` writes: one it already owns, else the first free one, else one whose owner
+/// has exited, else the shared lane.
+fn claim(image: &FileImage, tid: u64) -> usize {
+    if tid == 0 {
+        return SHARED_LANE;
+    }
+    let owned = &image.lanes[..SHARED_LANE];
+    if let Some(lane) = owned
+        .iter()
+        .position(|block| block.owner.load(Ordering::Relaxed) == tid)
+    {
+        return lane;
+    }
+    for (lane, block) in owned.iter().enumerate() {
+        // A lane whose owner is 0 has never been written: nothing to order.
         let free = block.owner.load(Ordering::Relaxed) == 0
             && block
                 .owner
-                .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(0, tid, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok();
         if free {
+            block.claims.fetch_add(1, Ordering::Relaxed);
+            return lane;
+        }
+    }
+    for (lane, block) in owned.iter().enumerate() {
+        let previous = block.owner.load(Ordering::Relaxed);
+        // SYNC: the exited owner's last stores precede its exit, which the kernel has completed
+        // before tgkill reports ESRCH; Acquire orders this thread's later loads after the CAS.
+        if previous != 0
+            && thread_gone(previous)
+            && block
+                .owner
+                .compare_exchange(previous, tid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
             block.claims.fetch_add(1, Ordering::Relaxed);
             return lane;
         }

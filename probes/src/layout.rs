@@ -160,8 +160,9 @@ pub(crate) struct ProcessBlock {
 /// One writer lane's ownership and its transfer counts, 128 bytes.
 #[repr(C, align(128))]
 pub(crate) struct LaneBlock {
-    /// 0 while free, else a token of the thread that owns the lane (never set on the shared
-    /// lane). Claimed by a compare-and-swap, released with Release when the thread exits.
+    /// 0 while never used, else the kernel id (tid) of the thread that owns the lane (never set
+    /// on the shared lane). Claimed by a compare-and-swap; taken over by a later claim once that
+    /// thread has exited (src/lanes.rs).
     pub(crate) owner: AtomicU64,
     /// Times the lane was claimed (a thread that exited hands it to the next).
     pub(crate) claims: AtomicU64,

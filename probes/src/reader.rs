@@ -330,7 +330,7 @@ impl ProbesReader {
             for (total, word) in by_mask.iter_mut().zip(&block.transfers_by_mask) {
                 *total = total.wrapping_add(load(word));
             }
-            lanes_in_use += u32::from(load(&block.owner) != 0);
+            lanes_in_use += u32::from(writer_thread_alive(self.info.pid, load(&block.owner)));
         }
         let [no_rail, sout_only, sup_only, both] = by_mask;
         let connections = (0..self.regions[REGION_CONNECTIONS].count)
@@ -519,4 +519,19 @@ fn check_region(
     } else {
         Err(Corruption::BadRegion(REGION_NAMES[i]))
     }
+}
+
+/// Whether lane owner `tid` (0: never used) is a live thread of writer process `pid`. Owners keep
+/// their lane after they exit until another thread takes it over (src/lanes.rs), so a reader
+/// asks /proc; where the writer's /proc is not visible (another pid namespace) an owner counts
+/// as alive.
+fn writer_thread_alive(pid: u32, tid: u64) -> bool {
+    if tid == 0 {
+        return false;
+    }
+    let process = format!("/proc/{pid}");
+    if !Path::new(&process).exists() {
+        return true;
+    }
+    Path::new(&format!("{process}/task/{tid}")).exists()
 }

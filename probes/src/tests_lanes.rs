@@ -13,6 +13,15 @@ use crate::*;
 
 const ADDS: u64 = 20_000;
 
+/// A writer of this process (its real pid), so that readers can tell which lane owners are
+/// still running threads.
+fn this_process() -> WriterInfo {
+    WriterInfo {
+        pid: std::process::id(),
+        ..info()
+    }
+}
+
 /// `threads` threads, all alive at once (a barrier after each has taken its lane), each
 /// counting `ADDS` updates of every kind into SUP.
 fn count_from_threads(probes: &ProbesFile, threads: usize) {
@@ -35,15 +44,21 @@ fn count_from_threads(probes: &ProbesFile, threads: usize) {
             })
             .collect();
         claimed.wait();
-        let in_use = open_ready(probes.path().unwrap()).snapshot().lanes_in_use;
+        // Every worker holds its lane now; threads of an earlier call may still show in /proc a
+        // moment after their join (the kernel releases a task after waking its joiner).
+        let owned = (threads.min(SHARED_LANE)) as u32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut in_use = open_ready(probes.path().unwrap()).snapshot().lanes_in_use;
+        while in_use != owned && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            in_use = open_ready(probes.path().unwrap()).snapshot().lanes_in_use;
+        }
         counted.wait();
-        // A join waits for the thread's whole exit, its thread-local destructors (the lane
-        // release) included; the scope's own end does not.
+        // A join waits for the thread's whole exit; the scope's own end does not.
         for worker in workers {
             worker.join().unwrap();
         }
         // Checked once every thread is past the barriers: a failure here never hangs them.
-        let owned = (threads.min(SHARED_LANE)) as u32;
         assert_eq!(in_use, owned, "one lane per live thread");
     });
 }
@@ -51,7 +66,7 @@ fn count_from_threads(probes: &ProbesFile, threads: usize) {
 #[test]
 fn threads_beyond_the_lanes_still_count_exactly() {
     let dir = TempDir::new();
-    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    let probes = ProbesFile::create(&dir.0, &this_process()).unwrap();
     let threads = WRITER_LANES + 4;
     count_from_threads(&probes, threads);
     let snapshot = open_ready(probes.path().unwrap()).snapshot();
@@ -69,16 +84,21 @@ fn threads_beyond_the_lanes_still_count_exactly() {
         (threads - SHARED_LANE) as u64,
         "the threads beyond the owned lanes shared the last one"
     );
-    assert_eq!(
-        snapshot.lanes_in_use, 0,
-        "exited threads released their lanes"
-    );
+    // A joined thread's /proc entry goes a moment after the join returns (the kernel releases
+    // the task after waking the joiner): wait for it, boundedly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut in_use = snapshot.lanes_in_use;
+    while in_use != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        in_use = open_ready(probes.path().unwrap()).snapshot().lanes_in_use;
+    }
+    assert_eq!(in_use, 0, "exited threads' lanes are not counted as in use");
 }
 
 #[test]
 fn a_lane_is_handed_on_with_its_counts() {
     let dir = TempDir::new();
-    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    let probes = ProbesFile::create(&dir.0, &this_process()).unwrap();
     // More threads over time than lanes, never more than a few at once: every count lands
     // in an owned lane, handed from each exited thread to the next.
     for _ in 0..3 * WRITER_LANES {
@@ -98,7 +118,7 @@ fn a_lane_is_handed_on_with_its_counts() {
 #[test]
 fn srq_gauges_show_the_lowest_depth_of_the_lanes_that_receive() {
     let dir = TempDir::new();
-    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    let probes = ProbesFile::create(&dir.0, &this_process()).unwrap();
     // Three threads alive at once (three lanes): two receive (SRQ gauges), one only sends.
     let depths = [Some((64, 512, 300)), Some((64, 512, 70)), None];
     let all_set = Barrier::new(depths.len());

@@ -55,8 +55,7 @@ pub fn file_name(pid: u32, start_ns: u64) -> String {
     format!("mpib-{pid}-{start_ns}.probes")
 }
 
-/// A created file: its mapping, shared with the writer lanes' leases (which release their lane
-/// on thread exit only while the file is still mapped).
+/// A created file: its mapping, shared by every handle that writes it.
 pub(crate) struct Owner {
     /// Turns a fault of the mapping (the file shrank) into zero pages; dropped before `_map`.
     guard: GuardedRange,
@@ -65,7 +64,7 @@ pub(crate) struct Owner {
     /// The file's device and inode, to notice it was removed or replaced.
     identity: (u64, u64),
     image: NonNull<FileImage>,
-    /// Unique within the process: which file a thread's lane lease is for.
+    /// Unique within the process: which file a thread's cached lane is for.
     serial: u64,
     path: PathBuf,
     removed: AtomicBool,

@@ -2,10 +2,11 @@
 //! after the last `finalize`; per-communicator contexts snapshot the settings (v11+ calls `init`
 //! once per communicator).
 //!
-//! Nothing here survives `dlclose` in a way that matters: the only threads are the tcp fabric's
-//! (one per rail, `src/fabric/tcp/thread.rs`), joined when the rail's last handle is dropped —
-//! after `finalize` and the last comm's close — and no `atexit` hooks are registered (NCCL 2.28+
-//! unloads the plugin after the last communicator).
+//! Nothing here survives `dlclose`: the only threads are the tcp fabric's (one per rail,
+//! `src/fabric/tcp/thread.rs`), joined when the rail's last handle is dropped — after `finalize`
+//! and the last comm's close — and neither `atexit` hooks nor thread-local destructors are
+//! registered (either would pin the image), so NCCL 2.28+'s unload after the last communicator
+//! unmaps the library (tests/lifecycle.rs).
 
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
+use super::native::NativeThread;
 use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
 use crate::fabric::pages::check_depth;
@@ -32,11 +32,11 @@ static NEXT_KEY: AtomicU32 = AtomicU32::new(0x10);
 /// The rail's thread and shared state; dropping it stops and joins the thread.
 pub(super) struct Core {
     pub shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Option<NativeThread>>,
 }
 
 impl Core {
-    pub(super) fn new(shared: Arc<Shared>, thread: JoinHandle<()>) -> Core {
+    pub(super) fn new(shared: Arc<Shared>, thread: NativeThread) -> Core {
         Core {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -65,7 +65,7 @@ impl Drop for Core {
         self.shared.request_stop();
         let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(thread) = thread {
-            let _ = thread.join();
+            thread.join();
         }
     }
 }

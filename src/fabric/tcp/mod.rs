@@ -21,6 +21,7 @@
 
 mod device;
 mod memory;
+mod native;
 mod shared;
 mod socket;
 #[cfg(test)]
@@ -92,9 +93,10 @@ impl Fabric for TcpFabric {
         let shared =
             Arc::new(Shared::new(name.clone(), address, port).map_err(|e| error("eventfd", e))?);
         let thread_shared = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name(format!("mpib-tcp-{}", rail.label()))
-            .spawn(move || thread::run(thread_shared, listener))
+        let thread =
+            native::NativeThread::spawn(&format!("mpib-tcp-{}", rail.label()), move || {
+                thread::run(thread_shared, listener);
+            })
             .map_err(|e| error("pthread_create", e))?;
         let info = device_info(&name, address, port);
         Ok(Arc::new(TcpDevice {
