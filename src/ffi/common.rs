@@ -419,6 +419,15 @@ pub unsafe fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) ->
 /// # Safety
 /// `comm` NULL or a live send comm, not used again.
 pub unsafe fn close_send(comm: *mut c_void) -> Result<()> {
+    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
+    // never freed.
+    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
+    let live = unsafe { handle::try_ref::<SendComm>(comm, "sendComm") }?;
+    if !net::is_send_comm(live) {
+        return Err(Error::invalid_argument(
+            "closeSend: sendComm is not a live MPIB send comm",
+        ));
+    }
     // SAFETY: forwarded contract.
     net::close_send(unsafe { handle::box_from_ptr::<SendComm>(comm, "sendComm") }?)
 }
@@ -428,6 +437,15 @@ pub unsafe fn close_send(comm: *mut c_void) -> Result<()> {
 /// # Safety
 /// `comm` NULL or a live receive comm, not used again.
 pub unsafe fn close_recv(comm: *mut c_void) -> Result<()> {
+    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
+    // never freed.
+    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
+    let live = unsafe { handle::try_ref::<RecvComm>(comm, "recvComm") }?;
+    if !net::is_recv_comm(live) {
+        return Err(Error::invalid_argument(
+            "closeRecv: recvComm is not a live MPIB receive comm",
+        ));
+    }
     // SAFETY: forwarded contract.
     net::close_recv(unsafe { handle::box_from_ptr::<RecvComm>(comm, "recvComm") }?)
 }
@@ -437,6 +455,15 @@ pub unsafe fn close_recv(comm: *mut c_void) -> Result<()> {
 /// # Safety
 /// `comm` NULL or a live listen comm, not used again.
 pub unsafe fn close_listen(comm: *mut c_void) -> Result<()> {
+    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
+    // never freed.
+    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
+    let live = unsafe { handle::try_ref::<ListenComm>(comm, "listenComm") }?;
+    if !net::is_listen_comm(live) {
+        return Err(Error::invalid_argument(
+            "closeListen: listenComm is not a live MPIB listen comm",
+        ));
+    }
     // SAFETY: forwarded contract.
     net::close_listen(unsafe { handle::box_from_ptr::<ListenComm>(comm, "listenComm") }?)
 }

@@ -215,3 +215,36 @@ fn optional_entry_points() {
     assert_eq!(vdev, -1);
     let _ = null::<c_void>();
 }
+
+/// A pointer to something that is not a live comm of the kind (a zeroed block as large and as
+/// aligned as any comm) is refused before ownership is taken: the call fails with
+/// ncclInvalidArgument and the block is left alone (no free, no write).
+#[test]
+fn close_refuses_what_is_not_a_live_comm_and_frees_nothing() {
+    use crate::net::{ListenComm, RecvComm, SendComm};
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::mem::{align_of, size_of};
+    let size = size_of::<SendComm>()
+        .max(size_of::<RecvComm>())
+        .max(size_of::<ListenComm>());
+    let align = align_of::<SendComm>()
+        .max(align_of::<RecvComm>())
+        .max(align_of::<ListenComm>());
+    let layout = Layout::from_size_align(size, align).unwrap();
+    // SAFETY: the layout is non-zero in size.
+    let pointer = unsafe { alloc_zeroed(layout) };
+    assert!(!pointer.is_null());
+    let t = &ncclNetPlugin_v12.0;
+    // SAFETY: `pointer` is a live zeroed block the size of any comm; each close reads its first
+    // word, finds no magic and returns before taking ownership.
+    unsafe {
+        let comm = pointer.cast::<c_void>();
+        assert_eq!(t.close_send.expect("closeSend")(comm), INVALID_ARGUMENT);
+        assert_eq!(t.close_recv.expect("closeRecv")(comm), INVALID_ARGUMENT);
+        assert_eq!(t.close_listen.expect("closeListen")(comm), INVALID_ARGUMENT);
+        let bytes = std::slice::from_raw_parts(pointer, size);
+        assert!(bytes.iter().all(|byte| *byte == 0), "nothing written");
+        // Still ours to free: had a close freed it, this would be a double free.
+        dealloc(pointer, layout);
+    }
+}

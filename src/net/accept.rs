@@ -110,6 +110,11 @@ impl ListenComm {
         self.magic == LISTEN_MAGIC
     }
 
+    /// Clears the magic, so a pointer to a closed listen comm that is still readable is refused.
+    pub(crate) fn poison(&mut self) {
+        self.magic = 0;
+    }
+
     /// One `accept` call.
     pub(crate) fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
         if self.pending.is_none() {

@@ -81,13 +81,20 @@ impl Flusher {
             let Some((qp, credits)) = self.queue_pairs[rail.index()].as_mut() else {
                 continue;
             };
-            let post_index = credits.reserve(1).unwrap_or_default();
+            let post_index = credits.reserve(1).ok_or_else(|| {
+                Error::internal(format!(
+                    "invariant broken in flush on {rail}: credits were checked before posting"
+                ))
+            })?;
+            let slot = u8::try_from(request).map_err(|_| {
+                Error::internal(format!("flush request {request} does not fit a wr_id slot"))
+            })?;
             let wr = WorkRequest {
                 wr_id: WrId {
                     kind: WrKind::Flush,
                     rail,
                     qp_index: 0,
-                    slot: request as u8,
+                    slot,
                     post_index,
                 }
                 .pack(),

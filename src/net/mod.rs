@@ -334,25 +334,38 @@ pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
     Ok(outcome)
 }
 
-/// `closeSend`.
-pub fn close_send(comm: Box<SendComm>) -> Result<()> {
+/// Whether `comm` is a live send comm (checked before `closeSend` takes ownership).
+pub fn is_send_comm(comm: &SendComm) -> bool {
+    comm.is_valid()
+}
+
+/// Whether `comm` is a live receive comm (checked before `closeRecv` takes ownership).
+pub fn is_recv_comm(comm: &RecvComm) -> bool {
+    comm.is_valid()
+}
+
+/// Whether `comm` is a live listen comm (checked before `closeListen` takes ownership).
+pub fn is_listen_comm(comm: &ListenComm) -> bool {
+    comm.is_valid()
+}
+
+/// `closeSend`: poisons the comm, then drops it.
+pub fn close_send(mut comm: Box<SendComm>) -> Result<()> {
+    comm.poison();
     drop(comm);
     Ok(())
 }
 
-/// `closeRecv`.
-pub fn close_recv(comm: Box<RecvComm>) -> Result<()> {
+/// `closeRecv`: poisons the comm, then drops it.
+pub fn close_recv(mut comm: Box<RecvComm>) -> Result<()> {
+    comm.poison();
     drop(comm);
     Ok(())
 }
 
-/// `closeListen`.
-pub fn close_listen(comm: Box<ListenComm>) -> Result<()> {
-    if !comm.is_valid() {
-        return Err(Error::invalid_argument(
-            "closeListen: not a live MPIB listen comm",
-        ));
-    }
+/// `closeListen`: poisons the comm, then drops it.
+pub fn close_listen(mut comm: Box<ListenComm>) -> Result<()> {
+    comm.poison();
     drop(comm);
     Ok(())
 }

@@ -180,6 +180,16 @@ impl RecvComm {
         })
     }
 
+    /// Whether this is a live comm of this kind (the magic word, cleared at close).
+    pub(crate) fn is_valid(&self) -> bool {
+        self.magic == RECV_MAGIC
+    }
+
+    /// Clears the magic, so a pointer to a closed comm that is still readable is refused.
+    pub(crate) fn poison(&mut self) {
+        self.magic = 0;
+    }
+
     #[allow(clippy::mut_from_ref)]
     fn data(&self) -> &mut RecvData {
         // SAFETY: as for `SendComm::data`: one progress thread, no re-entrance.

@@ -188,6 +188,16 @@ impl SendComm {
         })
     }
 
+    /// Whether this is a live comm of this kind (the magic word, cleared at close).
+    pub(crate) fn is_valid(&self) -> bool {
+        self.magic == SEND_MAGIC
+    }
+
+    /// Clears the magic, so a pointer to a closed comm that is still readable is refused.
+    pub(crate) fn poison(&mut self) {
+        self.magic = 0;
+    }
+
     /// The data-path state.
     #[allow(clippy::mut_from_ref)]
     fn data(&self) -> &mut SendData {

@@ -160,14 +160,19 @@ impl SendComm {
         chain: &mut [WorkRequest],
     ) -> Result<()> {
         let length = chain.len();
+        let invariant = |what: &str| {
+            Error::internal(format!(
+                "invariant broken posting slot {slot} on {rail} QP {qp}: {what}"
+            ))
+        };
         let post_index = data.qps.credits[qp]
-            .reserve(length as u32)
-            .unwrap_or_default();
+            .reserve(u32::try_from(length).map_err(|_| invariant("chain length"))?)
+            .ok_or_else(|| invariant("send credits were checked before the chain was built"))?;
         chain[length - 1].wr_id = WrId {
             kind: WrKind::Data,
             rail,
-            qp_index: qp as u8,
-            slot: slot as u8,
+            qp_index: u8::try_from(qp).map_err(|_| invariant("QP index fits a wr_id"))?,
+            slot: u8::try_from(slot).map_err(|_| invariant("slot fits a wr_id"))?,
             post_index,
         }
         .pack();
