@@ -17,6 +17,22 @@ ensure_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# Miri on the nightly toolchain (rustup's components miri and rust-src), installed when missing:
+# the test command runs Miri rather than skipping it. Fails loudly when rustup cannot install it.
+ensure_miri() {
+    if cargo +nightly miri --version >/dev/null 2>&1; then
+        return
+    fi
+    if ! command -v rustup >/dev/null 2>&1; then
+        echo "error: Miri is missing and there is no rustup to install it with" >&2
+        exit 1
+    fi
+    rustup toolchain list | grep -q '^nightly' ||
+        rustup toolchain install nightly --profile minimal >/dev/null
+    rustup component add miri rust-src --toolchain nightly >/dev/null
+    cargo +nightly miri --version >/dev/null
+}
+
 ensure_rust() {
     if ! command -v cargo >/dev/null 2>&1; then
         echo "error: cargo not found (looked in PATH and ~/.cargo/bin). MPIB needs Rust 1.80 or newer:" >&2

@@ -2,6 +2,8 @@
 //! outstanding receives, each matching up to 8 sends), allocated and freed through an index stack
 //! so the data path never touches the heap.
 
+use std::ptr::NonNull;
+
 use crate::proto::completion::MaskLearning;
 use crate::proto::cts::{FIFO_SLOTS, MAX_RECVS};
 use crate::proto::rail_mask::RailMask;
@@ -78,21 +80,45 @@ impl Request {
 
 /// The pool.
 pub(crate) struct RequestPool {
-    requests: Box<[Request]>,
+    /// The [`POOL_SIZE`] requests, one allocation released from its `Box`: every reference the
+    /// engine takes and every pointer handed to NCCL is derived from this raw pointer, so taking
+    /// one never invalidates another under Stacked or Tree Borrows (a pointer derived from
+    /// `&mut requests[i]` of a boxed slice was invalidated by the next `&mut` reborrow of the
+    /// slice, and `test` then read through it).
+    base: NonNull<Request>,
     free: Box<[u16]>,
     free_count: usize,
 }
+
+// SAFETY: the pool owns its allocation exclusively (as the `Box` it came from did); the requests
+// hold only plain data and a raw owner pointer that is never dereferenced through the pool.
+unsafe impl Send for RequestPool {}
+
+const _: () = assert!(
+    POOL_SIZE <= u16::MAX as usize + 1,
+    "request indices are u16"
+);
 
 impl RequestPool {
     /// A pool of [`POOL_SIZE`] free requests.
     pub(crate) fn new() -> RequestPool {
         let requests: Box<[Request]> = (0..POOL_SIZE as u16).map(Request::blank).collect();
         let free: Box<[u16]> = (0..POOL_SIZE as u16).rev().collect();
+        let raw = Box::into_raw(requests).cast::<Request>();
         RequestPool {
-            requests,
+            // SAFETY: `Box::into_raw` never returns null.
+            base: unsafe { NonNull::new_unchecked(raw) },
             free,
             free_count: POOL_SIZE,
         }
+    }
+
+    /// The request at `index`, as a raw pointer derived from `base`.
+    fn slot(&self, index: u16) -> NonNull<Request> {
+        let index = usize::from(index);
+        assert!(index < POOL_SIZE, "request index {index} outside the pool");
+        // SAFETY: in bounds of the allocation (checked above).
+        unsafe { self.base.add(index) }
     }
 
     /// Takes a request, or `None` when all 256 are in flight (NCCL then retries).
@@ -107,7 +133,7 @@ impl RequestPool {
         }
         self.free_count -= 1;
         let index = self.free[self.free_count];
-        let request = &mut self.requests[index as usize];
+        let request = self.get_mut(index);
         *request = Request::blank(index);
         request.magic = IN_USE;
         request.owner_kind = owner_kind;
@@ -118,7 +144,7 @@ impl RequestPool {
 
     /// Returns a request to the pool.
     pub(crate) fn release(&mut self, index: u16) {
-        let request = &mut self.requests[index as usize];
+        let request = self.get_mut(index);
         if request.magic != IN_USE {
             return;
         }
@@ -129,23 +155,36 @@ impl RequestPool {
 
     /// The request at `index`.
     pub(crate) fn get(&self, index: u16) -> &Request {
-        &self.requests[index as usize]
+        // SAFETY: a live, initialised element of the pool's allocation; `&self` keeps the pool
+        // (and so the allocation) alive and the engine mutably borrows no request meanwhile.
+        unsafe { self.slot(index).as_ref() }
     }
 
     /// The request at `index`, mutably.
     pub(crate) fn get_mut(&mut self, index: u16) -> &mut Request {
-        &mut self.requests[index as usize]
+        // SAFETY: as in `get`; `&mut self` makes this the only reference the engine holds, and
+        // NCCL reads its pointer only inside calls, never while the engine holds this one.
+        unsafe { self.slot(index).as_mut() }
     }
 
-    /// Stable pointer handed to NCCL.
-    pub(crate) fn pointer(&mut self, index: u16) -> std::ptr::NonNull<Request> {
-        std::ptr::NonNull::from(&mut self.requests[index as usize])
+    /// Stable pointer handed to NCCL (derived from `base`, so later accesses keep it valid).
+    pub(crate) fn pointer(&mut self, index: u16) -> NonNull<Request> {
+        self.slot(index)
     }
 
     /// Requests currently handed out.
     #[cfg(test)]
     pub(crate) fn in_use(&self) -> usize {
         POOL_SIZE - self.free_count
+    }
+}
+
+impl Drop for RequestPool {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), POOL_SIZE);
+        // SAFETY: `base` came from `Box::into_raw` of a `Box<[Request]>` of `POOL_SIZE`
+        // elements, and is released once, here.
+        drop(unsafe { Box::from_raw(slice) });
     }
 }
 
@@ -177,5 +216,24 @@ mod tests {
         assert!(!pool.get(7).is_live());
         assert_eq!(pool.allocate(Owner::Send, std::ptr::null(), 1), Some(7));
         assert_eq!(pool.in_use(), POOL_SIZE);
+    }
+
+    /// The pattern `isend`/`test` follow: a pointer handed to NCCL, then the engine updating
+    /// other requests and this one, then NCCL's `test` reading through its pointer. Under Miri
+    /// (the test command runs it with Tree Borrows) a pointer that a later reborrow invalidated
+    /// is undefined behaviour.
+    #[test]
+    fn a_pointer_handed_out_stays_valid_while_the_engine_updates_requests() {
+        let mut pool = RequestPool::new();
+        let first = pool.allocate(Owner::Send, std::ptr::null(), 1).unwrap();
+        let handed = pool.pointer(first);
+        let second = pool.allocate(Owner::Send, std::ptr::null(), 2).unwrap();
+        pool.get_mut(second).done = true;
+        pool.get_mut(first).done = true;
+        // SAFETY: the pool is alive and nothing borrows the request now.
+        let seen = unsafe { handed.as_ref() };
+        assert!(seen.is_live() && seen.done && seen.seq == 1);
+        pool.release(first);
+        pool.release(second);
     }
 }
