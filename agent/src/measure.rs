@@ -157,17 +157,10 @@ impl Measurer {
         // A flow's rail may be busy in several of its connections at once: count the sample
         // once per flow.
         self.sampled.sort_unstable_by_key(|(slot, _)| *slot);
-        let mut index = 0;
-        while index < self.sampled.len() {
-            let slot = self.sampled[index].0;
-            let mut busy = [false; 2];
-            while let Some((_, connection)) = self.sampled.get(index).filter(|(s, _)| *s == slot) {
-                busy = [busy[SOUT] || connection[SOUT], busy[SUP] || connection[SUP]];
-                index += 1;
-            }
-            let counts = self.busy_samples.entry(slot).or_default();
+        for flow in self.sampled.chunk_by(|a, b| a.0 == b.0) {
+            let counts = self.busy_samples.entry(flow[0].0).or_default();
             for rail in [SOUT, SUP] {
-                counts[rail] += u64::from(busy[rail]);
+                counts[rail] += u64::from(flow.iter().any(|(_, busy)| busy[rail]));
             }
         }
     }
@@ -253,22 +246,17 @@ impl Measurer {
         interval_ns: u64,
     ) {
         let samples = std::mem::take(&mut self.samples);
-        let mut busy_samples = std::mem::take(&mut self.busy_samples);
-        if samples == 0 {
-            return;
-        }
-        for (slot, flow) in flows.iter_mut() {
-            if summed.contains(slot) {
-                continue;
-            }
-            let counts = busy_samples.remove(slot).unwrap_or_default();
-            for rail in [SOUT, SUP] {
-                let busy = u128::from(interval_ns) * u128::from(counts[rail]) / u128::from(samples);
-                flow.sample.busy_ns[rail] = busy as u64;
+        if samples > 0 {
+            for (slot, flow) in flows.iter_mut().filter(|(slot, _)| !summed.contains(slot)) {
+                let counts = self.busy_samples.get(slot).copied().unwrap_or_default();
+                for rail in [SOUT, SUP] {
+                    let busy =
+                        u128::from(interval_ns) * u128::from(counts[rail]) / u128::from(samples);
+                    flow.sample.busy_ns[rail] = busy as u64;
+                }
             }
         }
-        busy_samples.clear();
-        self.busy_samples = busy_samples;
+        self.busy_samples.clear();
     }
 
     /// A connection's (completed bytes, busy ns) per rail since its previous reading. First seen

@@ -44,6 +44,13 @@ fn process_file(dir: &Path, process: u64) -> ProbesFile {
     ProbesFile::create(dir, &writer).unwrap()
 }
 
+/// A measurer of `dir` that has read every connection there once (their baselines).
+fn baselined(dir: &Path) -> Measurer {
+    let mut measurer = Measurer::new(dir, &dir.join("no-sysfs"));
+    measurer.measure(SECOND, &BTreeMap::new());
+    measurer
+}
+
 fn send_connection(file: &ProbesFile, port: u16) -> ConnectionProbe<'_> {
     let info = ConnectionInfo {
         peer: SocketAddrV4::new([10, 0, 0, 2].into(), port),
@@ -69,11 +76,10 @@ fn a_rail_busy_in_several_processes_at_once_counts_each_instant_once() {
         .enumerate()
         .map(|(p, file)| send_connection(file, 5000 + p as u16))
         .collect();
-    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let mut measurer = baselined(&dir.0);
     let users = BTreeMap::new();
-    measurer.measure(SECOND, &users); // every connection's baseline
-                                      // 400 samples over the second; in sample i, connection c has a part on SOUT when
-                                      // (i + 50 c) mod 400 < 200: each half the time, their union samples 0..200 and 250..400.
+    // 400 samples over the second; in sample i, connection c has a part on SOUT when
+    // (i + 50 c) mod 400 < 200: each half the time, their union samples 0..200 and 250..400.
     let sout_busy = |i: u64, c: u64| ((i + 50 * c) % 400) < 200;
     for i in 0..400 {
         for (c, connection) in connections.iter().enumerate() {
@@ -106,9 +112,8 @@ fn without_samples_the_connections_busy_times_are_summed() {
     let dir = Directory::new("measure-summed");
     let file = process_file(&dir.0, 0);
     let connections: Vec<_> = (0..2).map(|c| send_connection(&file, 6000 + c)).collect();
-    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let mut measurer = baselined(&dir.0);
     let users = BTreeMap::new();
-    measurer.measure(SECOND, &users);
     for connection in &connections {
         connection.add_rail_done(0, 1_000, SECOND / 4);
         connection.add_rail_done(1, 1_000, SECOND / 2);
@@ -124,9 +129,8 @@ fn connections_of_one_process_busy_together_count_once() {
     let dir = Directory::new("measure-together");
     let file = process_file(&dir.0, 0);
     let connections: Vec<_> = (0..8).map(|c| send_connection(&file, 7000 + c)).collect();
-    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    let mut measurer = baselined(&dir.0);
     let users = BTreeMap::new();
-    measurer.measure(SECOND, &users);
     for i in 0..100 {
         for connection in &connections {
             connection.set_rail_in_flight(0, u32::from(i < 30));
