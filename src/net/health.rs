@@ -65,26 +65,21 @@ impl DeviceHealth {
         }
     }
 
-    /// Reads `device`'s events if the device is due and this caller wins the deadline (at most
-    /// one reader per device per interval).
+    /// Whether the caller, at `now_ns`, is the one to read the device's events this interval:
+    /// true for at most one caller per [`CHECK_INTERVAL_NS`], whichever wins the deadline.
     #[inline]
-    pub(crate) fn poll_if_due(&self, now_ns: u64, device: &dyn RailDevice, rail: Rail) {
+    fn claim_poll(&self, now_ns: u64) -> bool {
         let due = self.next_poll_ns.load(Ordering::Relaxed);
-        if now_ns < due {
-            return;
-        }
-        let claimed = self
-            .next_poll_ns
-            .compare_exchange(
-                due,
-                now_ns + CHECK_INTERVAL_NS,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_ok();
-        if claimed {
-            self.poll(device, rail);
-        }
+        now_ns >= due
+            && self
+                .next_poll_ns
+                .compare_exchange(
+                    due,
+                    now_ns + CHECK_INTERVAL_NS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Fatal events published so far.
@@ -138,7 +133,9 @@ impl HealthWatch {
         self.next_check_ns = now_ns + CHECK_INTERVAL_NS;
         for rail in Rail::ALL {
             let device_health = &health[rail.index()];
-            device_health.poll_if_due(now_ns, devices[rail.index()].as_ref(), rail);
+            if device_health.claim_poll(now_ns) {
+                device_health.poll(devices[rail.index()].as_ref(), rail);
+            }
             let generation = device_health.generation();
             if generation == self.seen[rail.index()] {
                 continue;
@@ -155,118 +152,20 @@ impl HealthWatch {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::sync::Arc;
-
     use super::*;
-    use crate::fabric::{
-        Access, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError, FabricResult,
-        MemoryKeys, PeerResolution, QpCapabilities, QueuePair, SharedReceiveQueue,
-    };
 
-    /// A device that only counts how often its event queue is read.
-    struct CountingDevice {
-        info: DeviceInfo,
-        reads: AtomicUsize,
-    }
-
-    fn refused<T>() -> FabricResult<T> {
-        Err(FabricError {
-            verb: "test",
-            device: "counting".into(),
-            qp_num: None,
-            errno: libc::ENOTSUP,
-            detail: "a health test device does nothing else".into(),
-        })
-    }
-
-    impl RailDevice for CountingDevice {
-        fn info(&self) -> &DeviceInfo {
-            &self.info
-        }
-        fn register(&self, _: u64, _: usize, _: Access) -> FabricResult<MemoryKeys> {
-            refused()
-        }
-        fn register_dmabuf(
-            &self,
-            _: u64,
-            _: usize,
-            _: u64,
-            _: i32,
-            _: Access,
-        ) -> FabricResult<MemoryKeys> {
-            refused()
-        }
-        fn deregister(&self, _: MemoryKeys) -> FabricResult<()> {
-            refused()
-        }
-        fn create_cq(&self, _: CqSettings) -> FabricResult<Box<dyn CompletionQueue>> {
-            refused()
-        }
-        fn create_srq(&self, _: u32) -> FabricResult<Box<dyn SharedReceiveQueue>> {
-            refused()
-        }
-        fn create_qp(
-            &self,
-            _: &dyn CompletionQueue,
-            _: Option<&dyn SharedReceiveQueue>,
-            _: QpCapabilities,
-        ) -> FabricResult<Box<dyn QueuePair>> {
-            refused()
-        }
-        fn next_async_event(&self) -> Option<AsyncEvent> {
-            self.reads.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-        fn resolve_peer(&self, _: &Endpoint) -> FabricResult<Box<dyn PeerResolution>> {
-            refused()
-        }
-    }
-
-    /// 1,000 comms whose checks all come due in the same interval read each device's event
-    /// queue once, not once each (the syscall on verbs); the next interval reads it once more.
+    /// 1,000 comms whose checks all come due in one interval: one of them reads the device's
+    /// event queue (the syscall on verbs), not each; the next interval, one more.
     #[test]
     fn many_comms_read_a_devices_events_once_per_interval() {
-        let device = |name: &str| {
-            Arc::new(CountingDevice {
-                info: DeviceInfo {
-                    name: name.into(),
-                    port: 1,
-                    speed_mbps: 100_000,
-                    active_mtu: 5,
-                    link_layer: crate::fabric::LinkLayer::Ethernet,
-                    address: std::net::Ipv4Addr::LOCALHOST.into(),
-                    endpoint: Endpoint::default(),
-                    guid: 1,
-                    pci_path: None,
-                    max_qp: 1,
-                },
-                reads: AtomicUsize::new(0),
-            })
-        };
-        let (sout, sup) = (device("sout"), device("sup"));
-        let devices: super::super::resources::Devices = [sout.clone(), sup.clone()];
-        let health = [
-            Arc::new(DeviceHealth::default()),
-            Arc::new(DeviceHealth::default()),
-        ];
-        let mut watches: Vec<HealthWatch> = (0..1000).map(|_| HealthWatch::new(&health)).collect();
-        let qp_nums = [Vec::new(), Vec::new()];
-        let reads = || [&sout, &sup].map(|d| d.reads.load(Ordering::Relaxed));
-        for (i, watch) in watches.iter_mut().enumerate() {
-            assert!(watch
-                .check(1_000 + i as u64, &devices, &health, &qp_nums)
-                .is_none());
-        }
-        assert_eq!(reads(), [1, 1], "one read per device for 1,000 comms");
-        for watch in &mut watches {
-            watch.check(
-                1_000 + CHECK_INTERVAL_NS + 5_000,
-                &devices,
-                &health,
-                &qp_nums,
-            );
-        }
-        assert_eq!(reads(), [2, 2], "and one more the next interval");
+        let health = DeviceHealth::default();
+        let claims = |from: u64| (0..1000).filter(|i| health.claim_poll(from + i)).count();
+        assert_eq!(claims(1_000), 1, "one read for 1,000 comms");
+        assert_eq!(claims(2_000), 0, "none again within the interval");
+        assert_eq!(
+            claims(1_000 + CHECK_INTERVAL_NS),
+            1,
+            "one more the next interval"
+        );
     }
 }
