@@ -192,16 +192,7 @@ pub const PARAMS: &[Param] = &[
     },
 ];
 
-/// Which backend serves the fabric seam.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FabricKind {
-    /// Real libibverbs.
-    Verbs,
-    /// The in-process loopback model.
-    Loopback,
-    /// RC over TCP connections.
-    Tcp,
-}
+pub use crate::fabric::FabricKind;
 
 /// Vanilla or advanced policy mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,16 +303,9 @@ impl Settings {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Settings, ParamError> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let fabric = match get("MPIB_FABRIC").as_deref().map(str::trim) {
-            None | Some("verbs") => FabricKind::Verbs,
-            Some("loopback") => FabricKind::Loopback,
-            Some("tcp") => FabricKind::Tcp,
-            Some(other) => {
-                return Err(invalid(
-                    "MPIB_FABRIC",
-                    other,
-                    "`verbs`, `tcp` or `loopback`",
-                ))
-            }
+            None => FabricKind::Verbs,
+            Some(name) => FabricKind::from_name(name)
+                .ok_or_else(|| invalid("MPIB_FABRIC", name, "`verbs`, `tcp` or `loopback`"))?,
         };
         let default_hca = |loopback_name: &str| match fabric {
             FabricKind::Loopback => loopback_name.to_string(),

@@ -13,9 +13,9 @@ pub const ENDPOINT_BYTES: usize = crate::proto::wire::RAIL_ENDPOINT_BYTES;
 pub struct Endpoint(pub [u8; ENDPOINT_BYTES]);
 
 impl Endpoint {
-    /// An endpoint of the fabric named `tag` (a [`FabricTag`]) with `body` (at most
+    /// An endpoint of fabric `tag` with `body` (at most
     /// `ENDPOINT_BYTES - 1` bytes; the rest is zero).
-    pub fn new(tag: FabricTag, body: &[u8]) -> Endpoint {
+    pub fn new(tag: FabricKind, body: &[u8]) -> Endpoint {
         let mut bytes = [0u8; ENDPOINT_BYTES];
         bytes[0] = tag as u8;
         let len = body.len().min(ENDPOINT_BYTES - 1);
@@ -24,45 +24,54 @@ impl Endpoint {
     }
 
     /// The body, when the endpoint is `tag`'s; otherwise what the peer runs, for the error.
-    pub fn body(&self, tag: FabricTag) -> Result<&[u8; ENDPOINT_BYTES - 1], String> {
+    pub fn body(&self, tag: FabricKind) -> Result<&[u8; ENDPOINT_BYTES - 1], String> {
         if self.0[0] == tag as u8 {
             Ok(self.0[1..].try_into().unwrap_or(&[0; ENDPOINT_BYTES - 1]))
         } else {
             Err(format!(
                 "the peer's endpoint is of the {} fabric, this rail is {} (MPIB_FABRIC differs?)",
-                FabricTag::name_of(self.0[0]),
+                FabricKind::name_of(self.0[0]),
                 tag.name()
             ))
         }
     }
 }
 
-/// The first byte of an [`Endpoint`]: which fabric encoded it. Never reused.
+/// Which backend serves the fabric seam (`MPIB_FABRIC`); its code is also the first byte of
+/// the [`Endpoint`]s it makes (never reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum FabricTag {
-    /// `verbs`.
+pub enum FabricKind {
+    /// Real libibverbs.
     Verbs = 1,
-    /// `loopback`.
+    /// The in-process loopback model.
     Loopback = 2,
-    /// `tcp`.
+    /// RC over TCP connections.
     Tcp = 3,
 }
 
-impl FabricTag {
+impl FabricKind {
+    /// Every fabric.
+    pub const ALL: [FabricKind; 3] = [FabricKind::Verbs, FabricKind::Loopback, FabricKind::Tcp];
+
     /// The fabric's `MPIB_FABRIC` name.
     pub fn name(self) -> &'static str {
         match self {
-            FabricTag::Verbs => "verbs",
-            FabricTag::Loopback => "loopback",
-            FabricTag::Tcp => "tcp",
+            FabricKind::Verbs => "verbs",
+            FabricKind::Loopback => "loopback",
+            FabricKind::Tcp => "tcp",
         }
     }
 
+    /// The fabric named `name`.
+    pub fn from_name(name: &str) -> Option<FabricKind> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
     fn name_of(code: u8) -> String {
-        [FabricTag::Verbs, FabricTag::Loopback, FabricTag::Tcp]
+        Self::ALL
             .into_iter()
-            .find(|tag| *tag as u8 == code)
-            .map_or_else(|| format!("unknown ({code})"), |tag| tag.name().into())
+            .find(|kind| *kind as u8 == code)
+            .map_or_else(|| format!("unknown ({code})"), |kind| kind.name().into())
     }
 }

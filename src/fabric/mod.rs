@@ -22,7 +22,7 @@ pub(crate) mod pages;
 pub mod tcp;
 pub mod verbs;
 
-pub use endpoint::{Endpoint, FabricTag, ENDPOINT_BYTES};
+pub use endpoint::{Endpoint, FabricKind, ENDPOINT_BYTES};
 
 use std::fmt;
 use std::net::IpAddr;
@@ -534,7 +534,6 @@ pub trait Fabric: Send + Sync {
 /// The fabric `settings.fabric` names, created with its settings: the one place that knows
 /// every fabric, so a new one is a new module and a line here.
 pub fn select(settings: &crate::params::Settings) -> FabricResult<Arc<dyn Fabric>> {
-    use crate::params::FabricKind;
     Ok(match settings.fabric {
         FabricKind::Loopback => Arc::new(loopback::LoopbackFabric::new(
             &settings.loopback_faults,

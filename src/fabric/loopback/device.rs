@@ -8,9 +8,9 @@ use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
 use super::{device_name, fabric_error, world, World};
 use crate::fabric::pages::check_depth;
 use crate::fabric::{
-    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
-    FabricResult, FabricTag, LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair,
-    Rail, RailDevice, Sge, SharedReceiveQueue,
+    Access, AsyncEvent, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError, FabricKind,
+    FabricResult, LinkLayer, MemoryKeys, PeerResolution, QpCapabilities, QueuePair, Rail,
+    RailDevice, Sge, SharedReceiveQueue,
 };
 
 /// Largest CQ a loopback device creates (the ConnectX `max_cqe`).
@@ -150,12 +150,12 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
 /// A loopback rail's endpoint: its device's GID (a wrong one is how the fault tests aim a QP at
 /// no device).
 pub(crate) fn endpoint_of_gid(gid: [u8; 16]) -> Endpoint {
-    Endpoint::new(FabricTag::Loopback, &gid)
+    Endpoint::new(FabricKind::Loopback, &gid)
 }
 
 /// The GID in a loopback endpoint, or why it is not one.
 pub(crate) fn gid_of_endpoint(endpoint: &Endpoint) -> Result<[u8; 16], String> {
-    let body = endpoint.body(FabricTag::Loopback)?;
+    let body = endpoint.body(FabricKind::Loopback)?;
     let mut gid = [0u8; 16];
     gid.copy_from_slice(&body[..16]);
     Ok(gid)

@@ -36,7 +36,8 @@ use std::sync::Arc;
 use self::device::{Core, TcpDevice};
 use self::shared::Shared;
 use super::{
-    DeviceInfo, Endpoint, Fabric, FabricError, FabricResult, FabricTag, LinkLayer, Rail, RailDevice,
+    DeviceInfo, Endpoint, Fabric, FabricError, FabricKind, FabricResult, LinkLayer, Rail,
+    RailDevice,
 };
 use crate::netif::{ipv4_interfaces, Interface};
 
@@ -218,12 +219,12 @@ pub(crate) fn endpoint_of(address: SocketAddrV4) -> Endpoint {
     let mut body = [0u8; 6];
     body[..4].copy_from_slice(&address.ip().octets());
     body[4..].copy_from_slice(&address.port().to_be_bytes());
-    Endpoint::new(FabricTag::Tcp, &body)
+    Endpoint::new(FabricKind::Tcp, &body)
 }
 
 /// Where a peer rail's queue pairs listen, from its endpoint, or why that is not a tcp rail's.
 pub(crate) fn socket_address(endpoint: &Endpoint) -> Result<SocketAddrV4, String> {
-    let body = endpoint.body(FabricTag::Tcp)?;
+    let body = endpoint.body(FabricKind::Tcp)?;
     let ip = Ipv4Addr::new(body[0], body[1], body[2], body[3]);
     let port = u16::from_be_bytes([body[4], body[5]]);
     if port == 0 || ip.is_unspecified() {

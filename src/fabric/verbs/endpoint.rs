@@ -7,10 +7,8 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use crate::fabric::{Endpoint, FabricTag, LinkLayer};
-
-/// Largest verbs MTU enum value (`IBV_MTU_4096`).
-const MAX_MTU_CODE: u8 = 5;
+use super::attrs;
+use crate::fabric::{Endpoint, FabricKind, LinkLayer};
 
 /// The address of one verbs port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,31 +31,24 @@ impl PortAddress {
         let mut body = [0u8; 21];
         body[0] = self.mtu;
         body[1] = match self.link_layer {
-            LinkLayer::InfiniBand => 1,
-            LinkLayer::Ethernet => 2,
+            LinkLayer::InfiniBand => attrs::LINK_LAYER_INFINIBAND,
+            LinkLayer::Ethernet => attrs::LINK_LAYER_ETHERNET,
         };
         body[2] = self.gid_index;
         body[3..5].copy_from_slice(&self.lid.to_le_bytes());
         body[5..21].copy_from_slice(&self.gid);
-        Endpoint::new(FabricTag::Verbs, &body)
+        Endpoint::new(FabricKind::Verbs, &body)
     }
 
     /// A peer's address from its endpoint, or why it is not a verbs port's.
     pub fn decode(endpoint: &Endpoint) -> Result<PortAddress, String> {
-        let body = endpoint.body(FabricTag::Verbs)?;
+        let body = endpoint.body(FabricKind::Verbs)?;
         let mtu = body[0];
-        if !(1..=MAX_MTU_CODE).contains(&mtu) {
+        if attrs::mtu_bytes(mtu) == 0 {
             return Err(format!("path MTU enum {mtu} is not 1 (256) ..= 5 (4096)"));
         }
-        let link_layer = match body[1] {
-            1 => LinkLayer::InfiniBand,
-            2 => LinkLayer::Ethernet,
-            other => {
-                return Err(format!(
-                    "link layer {other} is neither 1 (IB) nor 2 (Ethernet)"
-                ))
-            }
-        };
+        let link_layer = attrs::link_layer(body[1])
+            .ok_or_else(|| format!("link layer {} is neither 1 (IB) nor 2 (Ethernet)", body[1]))?;
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&body[5..21]);
         Ok(PortAddress {
@@ -82,10 +73,9 @@ mod tests {
 
     #[test]
     fn endpoints_round_trip_and_name_what_is_wrong() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[10, 0, 0, 7]);
+        let gid = std::net::Ipv4Addr::new(10, 0, 0, 7)
+            .to_ipv6_mapped()
+            .octets();
         let address = PortAddress {
             lid: 0x1234,
             gid,
@@ -105,7 +95,7 @@ mod tests {
         assert!(PortAddress::decode(&bad)
             .unwrap_err()
             .contains("link layer 3"));
-        let tcp = Endpoint::new(FabricTag::Tcp, &[127, 0, 0, 1, 0, 80]);
+        let tcp = Endpoint::new(FabricKind::Tcp, &[127, 0, 0, 1, 0, 80]);
         let error = PortAddress::decode(&tcp).unwrap_err();
         assert!(
             error.contains("tcp fabric") && error.contains("verbs"),

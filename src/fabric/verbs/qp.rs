@@ -217,8 +217,15 @@ impl QueuePair for VerbsQp {
             qp_num: remote.qp_num,
             address,
             // The path MTU is what both ports support (as net_ib takes the minimum).
-            path_mtu: address.mtu.min(self.local.mtu).max(1),
+            path_mtu: address.mtu.min(self.local.mtu),
         };
+        if super::attrs::mtu_bytes(remote.path_mtu) == 0 {
+            let detail = format!(
+                "path MTU enum {} (local port {}) is not 1 (256) ..= 5 (4096)",
+                remote.path_mtu, self.local.mtu
+            );
+            return Err(self.error("ibv_modify_qp(RTR)", libc::EINVAL, detail));
+        }
         use ibv_qp_attr_mask as m;
         // SAFETY: all-zero is a valid `ibv_qp_attr`.
         let mut init: ibv_qp_attr = unsafe { std::mem::zeroed() };
