@@ -414,22 +414,36 @@ pub unsafe fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) ->
     Ok(())
 }
 
+/// Takes a comm back from NCCL, but only if `is_live` finds it one of this kind: a pointer that
+/// is not is refused whole, never freed.
+///
+/// # Safety
+/// `comm` NULL or a readable object of type `T` from [`handle::box_to_ptr`], not used again.
+unsafe fn take_live<T: handle::Castable<Ownership = handle::OwnershipBox>>(
+    comm: *mut c_void,
+    name: &str,
+    kind: &str,
+    is_live: fn(&T) -> bool,
+) -> Result<Box<T>> {
+    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
+    let live = unsafe { handle::try_ref::<T>(comm, name) }?;
+    if !is_live(live) {
+        return Err(Error::invalid_argument(format!(
+            "{name} is not a live MPIB {kind}"
+        )));
+    }
+    // SAFETY: forwarded contract; checked above.
+    unsafe { handle::box_from_ptr::<T>(comm, name) }
+}
+
 /// `closeSend`.
 ///
 /// # Safety
 /// `comm` NULL or a live send comm, not used again.
 pub unsafe fn close_send(comm: *mut c_void) -> Result<()> {
-    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
-    // never freed.
-    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
-    let live = unsafe { handle::try_ref::<SendComm>(comm, "sendComm") }?;
-    if !net::is_send_comm(live) {
-        return Err(Error::invalid_argument(
-            "closeSend: sendComm is not a live MPIB send comm",
-        ));
-    }
     // SAFETY: forwarded contract.
-    net::close_send(unsafe { handle::box_from_ptr::<SendComm>(comm, "sendComm") }?)
+    let comm = unsafe { take_live(comm, "sendComm", "send comm", SendComm::is_valid) }?;
+    net::close_send(comm)
 }
 
 /// `closeRecv`.
@@ -437,17 +451,9 @@ pub unsafe fn close_send(comm: *mut c_void) -> Result<()> {
 /// # Safety
 /// `comm` NULL or a live receive comm, not used again.
 pub unsafe fn close_recv(comm: *mut c_void) -> Result<()> {
-    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
-    // never freed.
-    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
-    let live = unsafe { handle::try_ref::<RecvComm>(comm, "recvComm") }?;
-    if !net::is_recv_comm(live) {
-        return Err(Error::invalid_argument(
-            "closeRecv: recvComm is not a live MPIB receive comm",
-        ));
-    }
     // SAFETY: forwarded contract.
-    net::close_recv(unsafe { handle::box_from_ptr::<RecvComm>(comm, "recvComm") }?)
+    let comm = unsafe { take_live(comm, "recvComm", "receive comm", RecvComm::is_valid) }?;
+    net::close_recv(comm)
 }
 
 /// `closeListen`.
@@ -455,17 +461,9 @@ pub unsafe fn close_recv(comm: *mut c_void) -> Result<()> {
 /// # Safety
 /// `comm` NULL or a live listen comm, not used again.
 pub unsafe fn close_listen(comm: *mut c_void) -> Result<()> {
-    // Checked before ownership is taken: a pointer that is not a live comm is refused whole,
-    // never freed.
-    // SAFETY: forwarded contract (a readable comm of this kind, or NULL).
-    let live = unsafe { handle::try_ref::<ListenComm>(comm, "listenComm") }?;
-    if !net::is_listen_comm(live) {
-        return Err(Error::invalid_argument(
-            "closeListen: listenComm is not a live MPIB listen comm",
-        ));
-    }
     // SAFETY: forwarded contract.
-    net::close_listen(unsafe { handle::box_from_ptr::<ListenComm>(comm, "listenComm") }?)
+    let comm = unsafe { take_live(comm, "listenComm", "listen comm", ListenComm::is_valid) }?;
+    net::close_listen(comm)
 }
 
 /// `getDeviceMr`: MPIB is a HOST plugin, so there is no device-side handle (`*dptr` = NULL).

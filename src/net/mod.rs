@@ -334,21 +334,6 @@ pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
     Ok(outcome)
 }
 
-/// Whether `comm` is a live send comm (checked before `closeSend` takes ownership).
-pub fn is_send_comm(comm: &SendComm) -> bool {
-    comm.is_valid()
-}
-
-/// Whether `comm` is a live receive comm (checked before `closeRecv` takes ownership).
-pub fn is_recv_comm(comm: &RecvComm) -> bool {
-    comm.is_valid()
-}
-
-/// Whether `comm` is a live listen comm (checked before `closeListen` takes ownership).
-pub fn is_listen_comm(comm: &ListenComm) -> bool {
-    comm.is_valid()
-}
-
 /// `closeSend`: poisons the comm, then drops it.
 pub fn close_send(mut comm: Box<SendComm>) -> Result<()> {
     comm.poison();
