@@ -25,8 +25,6 @@ use crate::writer::Owner;
 thread_local! {
     /// The last (file serial, lane) this thread used: the hot path's whole lookup.
     static LAST: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
-    /// This thread's kernel id (0 until first needed).
-    static TID: Cell<u64> = const { Cell::new(0) };
 }
 
 /// The lane the calling thread writes in the file `owner` (claiming one on first use).
@@ -36,33 +34,22 @@ pub(crate) fn lane_of(owner: &Arc<Owner>) -> usize {
     match LAST.try_with(Cell::get) {
         Ok((last, lane)) if last == serial => lane,
         Err(_) => SHARED_LANE,
-        Ok(_) => lease_lane(owner, serial),
+        Ok(_) => claim_lane(owner, serial),
     }
 }
 
 #[cold]
-fn lease_lane(owner: &Arc<Owner>, serial: u64) -> usize {
-    let lane = claim(owner.image(), tid());
+fn claim_lane(owner: &Arc<Owner>, serial: u64) -> usize {
+    // SAFETY: gettid has no preconditions (one syscall per thread and file, off the hot path).
+    let tid = u64::try_from(unsafe { libc::gettid() }).unwrap_or(0);
+    let lane = claim(owner.image(), tid);
     let _ = LAST.try_with(|last| last.set((serial, lane)));
     lane
 }
 
-/// The calling thread's kernel id, cached.
-fn tid() -> u64 {
-    TID.try_with(|cached| {
-        if cached.get() == 0 {
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() };
-            cached.set(u64::try_from(tid).unwrap_or(0));
-        }
-        cached.get()
-    })
-    .unwrap_or(0)
-}
-
 /// Whether thread `tid` of this process has exited (so its lane may be taken over). A thread
 /// that cannot be asked about is taken to be alive: its lane is then left alone.
-pub(crate) fn thread_gone(tid: u64) -> bool {
+fn thread_gone(tid: u64) -> bool {
     let Ok(tid) = libc::pid_t::try_from(tid) else {
         return false;
     };
