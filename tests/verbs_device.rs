@@ -102,10 +102,10 @@ fn side(device: Arc<dyn RailDevice>, with_srq: bool) -> Side {
 }
 
 fn remote_of(side: &Side) -> RemoteQp {
-    let info = side.device.info();
+    let endpoint = side.device.info().endpoint;
     RemoteQp {
         qp_num: side.qp.qp_num(),
-        endpoint: info.endpoint,
+        endpoint,
     }
 }
 
@@ -202,24 +202,15 @@ fn open_reports_port_facts() {
         (1..=5).contains(&info.active_mtu) && info.speed_mbps > 0 && info.max_qp > 0,
         "{info:?}"
     );
+    let port = PortAddress::decode(&info.endpoint).unwrap();
     if info.link_layer == LinkLayer::Ethernet {
-        let port = PortAddress::decode(&info.endpoint).unwrap();
-        assert_eq!(
-            &port.gid[..12],
-            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
-            "IPv4-mapped GID"
-        );
+        let mapped = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+        assert_eq!(&port.gid[..12], &mapped, "IPv4-mapped GID");
         assert!(info.address.is_ipv4(), "the GID's IPv4 address");
     }
     if a.starts_with("rxe") {
-        assert_eq!(
-            (
-                PortAddress::decode(&info.endpoint).unwrap().gid_index,
-                info.pci_path.as_deref()
-            ),
-            (1, None),
-            "the rig's rxe devices"
-        );
+        let rxe = (port.gid_index, info.pci_path.as_deref());
+        assert_eq!(rxe, (1, None), "the rig's rxe devices");
         assert_eq!(info.active_mtu, 5, "veth MTU 9000");
     }
     assert!(fabric.open(&format!("{a}:1"), Rail::ScaleUp).is_ok());
