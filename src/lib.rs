@@ -19,5 +19,6 @@ pub mod ffi;
 pub mod net;
 mod netif;
 pub mod params;
-pub mod proto;
+/// The sans-IO protocol core, its own crate (`proto/`) so that tools depend on it alone.
+pub use mpib_proto as proto;
 mod trust;

@@ -194,14 +194,7 @@ pub const PARAMS: &[Param] = &[
 
 pub use crate::fabric::FabricKind;
 
-/// Vanilla or advanced policy mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Topology-driven: intra-island all SUP, inter-island all SOUT.
-    Vanilla,
-    /// Agent-driven: the hint SHM decides the split.
-    Advanced,
-}
+pub use mpib_proto::mode::Mode;
 
 /// An invalid variable value.
 #[derive(Clone, Debug, PartialEq, Eq)]

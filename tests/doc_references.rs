@@ -8,7 +8,7 @@
 //! `fuzz/artifacts/`, ...) and `.git/`. Checked:
 //!
 //! * paths that start at a top-level directory (`docs/PROTOCOL.md`, `scripts/rig/suite.sh`,
-//!   `src/proto/imm.rs`, ...), resolved from the repository root, the citing file's crate (so
+//!   `proto/src/imm.rs`, ...), resolved from the repository root, the citing file's crate (so
 //!   `src/lib.rs` inside `probes/` is `probes/src/lib.rs`) or the citing file's directory, with
 //!   or without `.rs` (`benches/transfer`); a placeholder component (`<target>`, `*`, `{name}`,
 //!   `$X`, `...`) ends the path and what comes before it must exist. Paths into the directories
@@ -51,6 +51,7 @@ const TOP_LEVEL: &[&str] = &[
     "collector",
     "driver",
     "probes",
+    "proto",
     "fuzz",
     "fuzzing",
 ];
@@ -384,7 +385,7 @@ fn the_scan_flags_what_it_should() {
             "// docs/PROTOCOL.md, scripts/rig/suite.sh, src/{}.rs, PROBES_LAYOUT.md",
             "main"
         ),
-        "// fuzz/corpus/<target>/, src/proto/*.rs, benches/transfer, /usr/src/x, fuzz/coverage/x"
+        "// fuzz/corpus/<target>/, proto/src/*.rs, benches/transfer, /usr/src/x, fuzz/coverage/x"
             .to_string(),
         format!("// docs/{}.md", "NOT_THERE"),
         format!("// see {}.md", "NOT_THERE_EITHER"),

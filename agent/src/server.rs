@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use mpib::proto::agent_wire::{
+use mpib_proto::agent_wire::{
     AgentRequest, AgentResponse, AgentStatus, Header, HEADER_LEN, MAX_MESSAGE_LEN, MSG_DEREGISTER,
 };
 

@@ -6,7 +6,7 @@
 //! So the agent maps the existing file when it is one of ours (our owner, a regular file, the
 //! right size and header), takes its entries back as flows, and only ever grows or creates it.
 //! A new file is built under a temporary name and renamed into place, so a plugin never maps a
-//! half-written header. Layout and seqlock: `mpib::proto::hint` (docs/AGENT.md).
+//! half-written header. Layout and seqlock: `mpib_proto::hint` (docs/AGENT.md).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use memmap2::MmapMut;
-use mpib::proto::hint::{
+use mpib_probes::guard::GuardedRange;
+use mpib_proto::hint::{
     check_header, encode_header, entry_offset, header_fields, DST_IP_OFFSET, HINT_FILE_LEN,
     HINT_HEADER_LEN, HINT_MAX_ENTRIES, SEQ_OFFSET, SRC_IP_OFFSET, SUP_BW_OFFSET,
 };
-use mpib_probes::guard::GuardedRange;
 
 /// One entry as read back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,7 +256,7 @@ impl HintFile {
         let before = seq.load(Ordering::Relaxed) & !1;
         seq.store(before.wrapping_add(1), Ordering::Relaxed);
         // SYNC: pairs with the reader's Acquire load of sup_bw and second seq load
-        // (mpib::proto::hint::read_hint): a reader that sees the new value sees seq odd or
+        // (mpib_proto::hint::read_hint): a reader that sees the new value sees seq odd or
         // changed and retries.
         fence(Ordering::Release);
         self.word(slot, SUP_BW_OFFSET)
@@ -326,7 +326,7 @@ pub fn create_private_dir(dir: &Path) -> Result<(), String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use mpib::proto::hint::{read_hint, HintCell};
+    use mpib_proto::hint::{read_hint, HintCell};
 
     struct Cell<'a>(&'a HintFile, usize);
     impl HintCell for Cell<'_> {

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use mpib::proto::hint::HINT_MAX_ENTRIES;
+use mpib_proto::hint::HINT_MAX_ENTRIES;
 
 /// The process behind a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use mpib::proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
 
 use crate::config::{Policies, Subnet};
 use crate::measure::FlowMeasurement;

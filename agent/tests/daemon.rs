@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{eventually, register, request, temp_dir, Agent};
-use mpib::proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
 
 fn slot_of(response: AgentResponse) -> u32 {
     match response {

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{register, request, temp_dir, Agent};
-use mpib::proto::agent_wire::{AgentResponse, AgentStatus};
 use mpib_driver::other_user::{other_user_or_skip, OtherUser};
+use mpib_proto::agent_wire::{AgentResponse, AgentStatus};
 
 const CHILD_SOCKET: &str = "MPIB_AGENT_TEST_FOREIGN_SOCKET";
 

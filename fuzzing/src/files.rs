@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-use mpib::proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
 use mpib_probes::{EventCursor, LoadState, ProbesFile, ProbesReader, RailInfo, WriterInfo};
+use mpib_proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
 
 use crate::{discard, scratch};
 

@@ -2,11 +2,11 @@
 //! completion record a peer writes into our memory, the RDMA immediate word, and the agent
 //! socket's messages (both directions) with the agent's control commands.
 
-use mpib::proto::agent_wire::{AgentRequest, AgentResponse, Header};
-use mpib::proto::cts::{match_tag, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
-use mpib::proto::imm::Imm;
-use mpib::proto::rail_mask::RailMask;
-use mpib::proto::wire::{decode_ready, ConnectReply, ConnectRequest};
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse, Header};
+use mpib_proto::cts::{match_tag, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
+use mpib_proto::imm::Imm;
+use mpib_proto::rail_mask::RailMask;
+use mpib_proto::wire::{decode_ready, ConnectReply, ConnectRequest};
 
 /// The first `N` bytes of `data`, zero-padded: a decoder of fixed-size messages sees every
 /// prefix the fuzzer tries.

@@ -6,17 +6,17 @@
 
 use std::path::{Path, PathBuf};
 
-use mpib::params::Mode;
-use mpib::proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
-use mpib::proto::cts::{CompletionRecord, CtsEntry};
-use mpib::proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
-use mpib::proto::imm::Imm;
-use mpib::proto::island::PathClass;
-use mpib::proto::rail_mask::RailMask;
-use mpib::proto::wire::{
+use mpib_fuzzing::TARGETS;
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
+use mpib_proto::cts::{CompletionRecord, CtsEntry};
+use mpib_proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
+use mpib_proto::imm::Imm;
+use mpib_proto::island::PathClass;
+use mpib_proto::mode::Mode;
+use mpib_proto::rail_mask::RailMask;
+use mpib_proto::wire::{
     encode_ready, ConnectReply, ConnectRequest, RailEndpoint, MAX_QPS, RAIL_ENDPOINT_BYTES,
 };
-use mpib_fuzzing::TARGETS;
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")

@@ -23,53 +23,13 @@ pub mod tcp;
 pub mod verbs;
 
 pub use endpoint::{Endpoint, FabricKind, ENDPOINT_BYTES};
+// The protocol core owns the shapes it builds (rails, work requests); the seam speaks them.
+pub use mpib_proto::rail::Rail;
+pub use mpib_proto::work::{SendOpcode, Sge, WorkRequest};
 
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
-
-/// Which physical NIC of the fused device a resource belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Rail {
-    /// The scale-out NIC: routable everywhere, carries the control socket.
-    ScaleOut = 0,
-    /// The scale-up NIC: extra bandwidth inside an island.
-    ScaleUp = 1,
-}
-
-impl Rail {
-    /// Both rails, in index order.
-    pub const ALL: [Rail; 2] = [Rail::ScaleOut, Rail::ScaleUp];
-
-    /// Index of the rail (0 = SOUT, 1 = SUP); also its bit position in an active mask.
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The rail with the given index.
-    pub const fn from_index(index: usize) -> Option<Rail> {
-        match index {
-            0 => Some(Rail::ScaleOut),
-            1 => Some(Rail::ScaleUp),
-            _ => None,
-        }
-    }
-
-    /// Short lower-case label used in logs and metrics (`sout`, `sup`).
-    pub const fn label(self) -> &'static str {
-        match self {
-            Rail::ScaleOut => "sout",
-            Rail::ScaleUp => "sup",
-        }
-    }
-}
-
-impl fmt::Display for Rail {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
 
 /// Link layer of a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,58 +65,6 @@ pub struct DeviceInfo {
     pub pci_path: Option<String>,
     /// Largest number of QPs the device supports.
     pub max_qp: u32,
-}
-
-/// A local scatter/gather element.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Sge {
-    /// Local virtual address.
-    pub addr: u64,
-    /// Length in bytes.
-    pub length: u32,
-    /// Local key of the memory region containing the range.
-    pub lkey: u32,
-}
-
-/// Operation of a send-queue work request. Only the two MPIB needs exist.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendOpcode {
-    /// RDMA_WRITE: place bytes, no receiver completion.
-    Write,
-    /// RDMA_WRITE_WITH_IMM: place bytes, then consume one receive and complete it with `imm`.
-    /// `imm` is stored exactly as the wire carries it (network byte order), as in verbs.
-    WriteWithImm {
-        /// Immediate data, already in network byte order.
-        imm: u32,
-    },
-    /// RDMA_READ: copy the remote range into the local SGE (the 1-byte flush read).
-    Read,
-}
-
-/// One send-queue work request (one element of a chain).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkRequest {
-    /// Caller's identifier, returned in the completion (see `proto::wr_id`).
-    pub wr_id: u64,
-    /// RDMA_WRITE or RDMA_WRITE_WITH_IMM.
-    pub opcode: SendOpcode,
-    /// Local data; `None` for a zero-byte write.
-    pub sge: Option<Sge>,
-    /// Remote virtual address written to.
-    pub remote_addr: u64,
-    /// Remote key of the target memory region.
-    pub rkey: u32,
-    /// Whether a completion is generated on the sender's CQ.
-    pub signaled: bool,
-    /// Whether the payload is copied at post time (small control writes).
-    pub inline: bool,
-}
-
-impl WorkRequest {
-    /// Number of payload bytes this WR moves.
-    pub fn length(&self) -> u32 {
-        self.sge.map_or(0, |s| s.length)
-    }
 }
 
 /// Completion status, a subset of `ibv_wc_status` with the values that matter to MPIB.

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mpib::proto::agent_wire::{AgentRequest, AgentResponse};
-use mpib::proto::hint::{entry_offset, HINT_FILE_LEN};
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse};
+use mpib_proto::hint::{entry_offset, HINT_FILE_LEN};
 
 /// A fresh directory under the temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use crate::fabric::Rail;
+use crate::rail::Rail;
 
 use super::rail_mask::RailMask;
 

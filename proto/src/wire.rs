@@ -16,8 +16,8 @@
 
 use std::fmt;
 
-use crate::fabric::Rail;
-use crate::params::Mode;
+use crate::mode::Mode;
+use crate::rail::Rail;
 
 use super::cursor::{Reader, Writer};
 use super::island::PathClass;

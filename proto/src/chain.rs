@@ -9,7 +9,8 @@
 //!
 //! A zero-byte portion is not posted: it moves nothing, and the rail's IMM still counts it.
 
-use crate::fabric::{Rail, SendOpcode, Sge, WorkRequest};
+use crate::rail::Rail;
+use crate::work::{SendOpcode, Sge, WorkRequest};
 
 use super::cts::{CtsEntry, MAX_RECVS};
 use super::imm::{Imm, SIZE_Q_SENTINEL};
@@ -141,7 +142,7 @@ fn data_write(buffer: &MatchedBuffer, rail: Rail) -> WorkRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::split::slot_mask;
+    use crate::split::slot_mask;
     use proptest::prelude::*;
 
     const LOCAL: u64 = 0x10_0000;

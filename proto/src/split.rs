@@ -11,7 +11,7 @@
 //! * Only rails with bytes are activated (docs/PROTOCOL.md §4); a 0-byte transfer still needs one
 //!   IMM to complete the receive, and it goes on SOUT.
 
-use crate::fabric::Rail;
+use crate::rail::Rail;
 
 use super::rail_mask::RailMask;
 

@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use crate::fabric::Rail;
+use crate::rail::Rail;
 
 /// What a work request was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

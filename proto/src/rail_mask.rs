@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::fabric::Rail;
+use crate::rail::Rail;
 
 /// A set of rails, as carried in bits [9:8] of `imm_data` (bit 0 = SOUT, bit 1 = SUP).
 ///

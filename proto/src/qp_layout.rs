@@ -13,8 +13,8 @@
 //! * CTS is pinned to a single QP so the periodic signalling rule drains exactly that QP's send
 //!   queue (see `signal`).
 
-use crate::fabric::Rail;
-use crate::params::Mode;
+use crate::mode::Mode;
+use crate::rail::Rail;
 
 use super::island::PathClass;
 use super::rail_mask::RailMask;

@@ -7,7 +7,7 @@
 //! sender decides');
 //! the reader is passed as a closure so this stays pure and the SHM read happens only when needed.
 
-use crate::params::Mode;
+use crate::mode::Mode;
 
 use super::island::PathClass;
 
@@ -37,8 +37,8 @@ pub fn within_bdp(mode: Mode, class: PathClass, size: u64, bdp_bytes: u64) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::rail_mask::RailMask;
-    use crate::proto::split::RailSplit;
+    use crate::rail_mask::RailMask;
+    use crate::split::RailSplit;
 
     #[test]
     fn vanilla_follows_island_and_never_reads_hint() {
