@@ -48,6 +48,19 @@ pub struct CtsEntry {
     pub padding: [u8; 24],
 }
 
+impl CtsEntry {
+    /// An entry nothing was written to (a fresh FIFO, or an unused element of an array).
+    pub const EMPTY: CtsEntry = CtsEntry {
+        addr: 0,
+        size: 0,
+        rkeys: [0; 2],
+        nreqs: 0,
+        tag: 0,
+        idx: 0,
+        padding: [0; 24],
+    };
+}
+
 const _: () = {
     assert!(core::mem::size_of::<CtsEntry>() == CTS_ENTRY_SIZE);
     assert!(core::mem::align_of::<CtsEntry>() == 8);

@@ -16,10 +16,13 @@ use crate::error::{Error, Result};
 use crate::fabric::{
     Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
 };
-use crate::proto::completion::{MaskError, MaskLearning};
-use crate::proto::cts::{ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::completion::MaskError;
+use crate::proto::cts::{self, CompletionRecord, CtsEntry, MAX_RECVS};
 use crate::proto::imm::Imm;
 use crate::proto::rail_mask::RailMask;
+use crate::proto::recv_slots::{
+    Completed, ImmOutcome, RecvBlocked, RecvBuffer as CtsBuffer, RecvSlotError, RecvSlots,
+};
 use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::SrqCredits;
 use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
@@ -48,17 +51,14 @@ pub(crate) struct RecvData {
     pub(crate) records: RegisteredRegion<CompletionRecord>,
     pub(crate) remote_fifo: u64,
     pub(crate) remote_fifo_rkeys: [u32; 2],
-    pub(crate) srq: [SrqCredits; 2],
     cts_qp: usize,
     cts_rail: Rail,
     signal: CtsSignalPolicy,
-    fifo_head: u64,
-    slot_requests: Box<[Option<u16>]>,
+    /// The CTS slots' protocol state and the SRQ accounting (`proto::recv_slots`).
+    slots: RecvSlots,
     pool: RequestPool,
     failure: Option<Error>,
     protocol_errors: u64,
-    /// Slots whose CTS is out and whose IMMs may still arrive.
-    outstanding: u32,
     pub(crate) telemetry: ConnectionTelemetry,
     pub(crate) watch: HealthWatch,
     /// The peer's end of the control connection (set once accepted).
@@ -80,6 +80,16 @@ impl RecvData {
         telemetry: ConnectionTelemetry,
         health: &[std::sync::Arc<DeviceHealth>; 2],
     ) -> RecvData {
+        // Only a rail with an SRQ holds receives (and counts them).
+        let has_srq = |rail: Rail| {
+            queues[rail.index()]
+                .as_ref()
+                .is_some_and(|q| q.srq.is_some())
+        };
+        let srq = [
+            has_srq(Rail::ScaleOut).then_some(srq[0]),
+            has_srq(Rail::ScaleUp).then_some(srq[1]),
+        ];
         RecvData {
             qps,
             flusher: None,
@@ -88,16 +98,13 @@ impl RecvData {
             records,
             remote_fifo: remote_fifo.0,
             remote_fifo_rkeys: remote_fifo.1,
-            srq,
             cts_qp: cts.0,
             cts_rail: cts.1,
             signal,
-            fifo_head: 0,
-            slot_requests: vec![None; FIFO_SLOTS].into_boxed_slice(),
+            slots: RecvSlots::new(srq),
             pool: RequestPool::new(),
             failure: None,
             protocol_errors: 0,
-            outstanding: 0,
             watch: HealthWatch::new(health),
             peer: PeerWatch::none(),
             telemetry,
@@ -107,22 +114,7 @@ impl RecvData {
     /// Posts generic receives on every rail whose SRQ is under its low-water mark. The first
     /// fill (at accept) is not counted as a low-water hit.
     pub(crate) fn refill(&mut self) -> Result<()> {
-        self.refill_for(self.outstanding)
-    }
-
-    /// Slots that may be outstanding at once: the smallest high-water mark of the rails that
-    /// have an SRQ (with `refill_for`, every outstanding slot then has a receive on each rail).
-    fn srq_capacity(&self) -> u32 {
-        Rail::ALL
-            .into_iter()
-            .filter(|rail| {
-                self.queues[rail.index()]
-                    .as_ref()
-                    .is_some_and(|q| q.srq.is_some())
-            })
-            .map(|rail| self.srq[rail.index()].high_water())
-            .min()
-            .unwrap_or(u32::MAX)
+        self.refill_for(self.slots.outstanding())
     }
 
     /// Refills so that every rail's SRQ holds a receive for each of `in_flight` slots.
@@ -134,14 +126,16 @@ impl RecvData {
             else {
                 continue;
             };
-            let credits = &mut self.srq[rail.index()];
-            let first_fill = credits.refills() == 0;
-            let needed = credits.refill_needed_for(in_flight);
+            let first_fill = self.slots.srq(rail).is_some_and(|c| c.refills() == 0);
+            let needed = self.slots.refill_needed(rail, in_flight);
             if needed == 0 {
                 continue;
             }
             srq.post_receives(needed, receive_wr_id(rail))?;
-            credits.on_posted(needed);
+            self.slots.on_posted(rail, needed);
+            let Some(credits) = self.slots.srq(rail) else {
+                continue;
+            };
             let probe = self.telemetry.telemetry().rail(rail);
             if first_fill {
                 let (low, high) = (credits.low_water(), credits.high_water());
@@ -217,49 +211,54 @@ impl RecvComm {
         // Never more receives outstanding than an SRQ holds: each may bring one IMM per rail,
         // and an IMM that finds its SRQ empty stalls the sender (RNR). Completions free slots,
         // so poll once; otherwise no request (NCCL calls again), never a wait.
-        if data.outstanding >= data.srq_capacity() {
+        if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
             self.poll(data)?;
-            if data.outstanding >= data.srq_capacity() {
+            if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
                 return Ok(None);
             }
         }
-        data.refill_for(data.outstanding + 1)?;
-        let seq = data.fifo_head;
-        let slot = slot_of(seq);
+        data.refill_for(data.slots.outstanding() + 1)?;
         if data.qps.credits[data.cts_qp].available() == 0 {
             // CTS credits come back with the periodic signalled CTS completion: reap it here too,
             // so a caller that only retries `irecv` still makes progress.
             self.poll(data)?;
         }
-        if data.slot_requests[slot].is_some() || data.qps.credits[data.cts_qp].available() == 0 {
+        if data.slots.can_post().is_err() || data.qps.credits[data.cts_qp].available() == 0 {
             return Ok(None);
         }
+        let mut advertised = [CtsBuffer::default(); MAX_RECVS];
+        for (entry, buffer) in advertised.iter_mut().zip(buffers) {
+            let memory = buffer
+                .memory
+                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
+            *entry = CtsBuffer {
+                addr: buffer.addr,
+                size: buffer.capacity as u64,
+                rkeys: [memory.rkey(Rail::ScaleOut), memory.rkey(Rail::ScaleUp)],
+                tag: buffer.tag as u32,
+            };
+        }
+        let count = buffers.len();
         let owner = self as *const RecvComm as *const ();
-        let Some(index) = data.pool.allocate(Owner::Recv, owner, seq) else {
+        let Some(index) = data
+            .pool
+            .allocate(Owner::Recv, owner, data.slots.fifo_head())
+        else {
             return Ok(None);
         };
         let request = data.pool.get_mut(index);
-        request.count = buffers.len() as u8;
-        request.learning = MaskLearning::new();
+        request.count = count as u8;
         request.posted_ns = now_ns();
         for (r, buffer) in buffers.iter().enumerate() {
             request.sizes[r] = buffer.capacity as u64;
             request.profiler_handles[r] = buffer.profiler_handle as usize;
-            let memory = buffer
-                .memory
-                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
-            let entry = CtsEntry {
-                addr: buffer.addr,
-                size: buffer.capacity as u64,
-                rkeys: [memory.rkey(Rail::ScaleOut), memory.rkey(Rail::ScaleUp)],
-                nreqs: buffers.len() as u32,
-                tag: buffer.tag as u32,
-                idx: ready_idx(seq),
-                padding: [0; 24],
-            };
-            data.cts_shadow.region().write(slot * MAX_RECVS + r, entry);
         }
-        if let Err(error) = self.post_cts(data, slot, buffers.len()) {
+        let slot = cts::slot_of(data.slots.fifo_head());
+        let entries = data.slots.cts_entries(&advertised[..count]);
+        for (r, entry) in entries.iter().enumerate().take(count) {
+            data.cts_shadow.region().write(slot * MAX_RECVS + r, *entry);
+        }
+        if let Err(error) = self.post_cts(data, slot, count) {
             data.pool.release(index);
             return Err(error);
         }
@@ -269,15 +268,15 @@ impl RecvComm {
                 wr_id: u64::from(data.qps.credits[data.cts_qp].posted_index()),
                 opcode: profiler::OPCODE_RDMA_WRITE,
                 qp_num: data.qps.qps[data.cts_qp].qp_num(),
-                length: (buffers.len() * std::mem::size_of::<CtsEntry>()) as u64,
+                length: (count * std::mem::size_of::<CtsEntry>()) as u64,
             };
             let request = data.pool.get_mut(index);
             request.profiler_events[0] =
                 profiler::start(self.info.profiler, request.profiler_handles[0], &event);
         }
-        data.slot_requests[slot] = Some(index);
-        data.outstanding += 1;
-        data.fifo_head += 1;
+        data.slots
+            .posted(index, count as u8)
+            .map_err(|e| Error::internal(format!("{}: {e}", self.info.describe_peer())))?;
         Ok(Some(data.pool.pointer(index)))
     }
 
@@ -428,52 +427,50 @@ impl RecvComm {
         }
     }
 
-    /// One IMM: consume an SRQ credit, find the slot's request, learn and check the mask.
+    /// One IMM: the slot state machine consumes an SRQ credit, finds the slot's request and
+    /// learns or checks the mask.
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         let probe = data.telemetry.telemetry().rail(rail);
         probe.inc(RAIL_RECV_COMPLETIONS);
-        if data.srq[rail.index()].on_consumed().is_err() {
-            let what = format!("{rail} SRQ delivered more IMMs than receives posted");
-            return self.protocol_error(data, rail, None, what);
-        }
-        probe.set(SRQ_DEPTH, u64::from(data.srq[rail.index()].posted()));
         let imm = match Imm::from_wire(completion.imm) {
             Ok(imm) => imm,
             Err(e) => return self.protocol_error(data, rail, None, e.to_string()),
         };
-        let slot = imm.slot as usize;
-        let Some(index) = data.slot_requests[slot] else {
-            let what = format!("IMM for slot {slot}, which has no receive posted");
-            return self.protocol_error(data, rail, None, what);
-        };
         let allowed = self.info.layout.rails();
-        let request = data.pool.get_mut(index);
-        let complete = match request.learning.arrive(rail, imm.mask, allowed) {
-            Ok(complete) => complete,
-            Err(e) => return self.protocol_error(data, rail, Some(e), format!("slot {slot}: {e}")),
+        let outcome = match data.slots.on_imm(rail, imm, allowed) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let mask_error = match &e {
+                    RecvSlotError::Mask(_, mask_error) => Some(*mask_error),
+                    _ => None,
+                };
+                return self.protocol_error(data, rail, mask_error, e.to_string());
+            }
         };
-        if let Some(bytes) = imm.size_bytes() {
+        if let Some(credits) = data.slots.srq(rail) {
+            probe.set(SRQ_DEPTH, u64::from(credits.posted()));
+        }
+        if imm.size_bytes().is_some() {
             // Fast path: the IMM's own write carried this rail's bytes.
-            request.imm_size = Some(bytes);
             probe.add(RAIL_RX_BYTES, u64::from(completion.byte_len));
             data.telemetry
                 .add_rail_bytes(rail, u64::from(completion.byte_len));
         }
-        if complete {
-            self.finish(data, slot, index);
+        if let ImmOutcome::Complete(completed) = outcome {
+            self.finish(data, completed);
         }
         Ok(())
     }
 
-    /// All active rails delivered: fix the sizes and release the slot.
-    fn finish(&self, data: &mut RecvData, slot: usize, index: u16) {
-        let request = data.pool.get_mut(index);
-        let count = request.count as usize;
-        match (count, request.imm_size) {
+    /// All active rails delivered: fix the sizes and report the request done.
+    fn finish(&self, data: &mut RecvData, completed: Completed) {
+        let request = data.pool.get_mut(completed.request);
+        let count = usize::from(completed.count);
+        match (count, completed.imm_size) {
             (1, Some(bytes)) => request.sizes[0] = bytes.min(request.sizes[0]),
             _ => {
                 // The leader rail's IMM has been seen, so its record write landed before it.
-                let record = data.records.region().read(slot);
+                let record = data.records.region().read(completed.slot);
                 for r in 0..count {
                     request.sizes[r] = u64::from(record.sizes[r]).min(request.sizes[r]);
                 }
@@ -486,14 +483,12 @@ impl RecvComm {
                 data.telemetry.add_split(record.rail_bytes);
             }
         }
-        let request = data.pool.get_mut(index);
+        let request = data.pool.get_mut(completed.request);
         request.done = true;
         profiler::stop(
             self.info.profiler,
             std::mem::take(&mut request.profiler_events[0]),
         );
-        data.slot_requests[slot] = None;
-        data.outstanding -= 1;
     }
 
     /// Counts a protocol violation (mask mismatches separately) and fails the comm with the full

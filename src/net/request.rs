@@ -4,7 +4,6 @@
 
 use std::ptr::NonNull;
 
-use crate::proto::completion::MaskLearning;
 use crate::proto::cts::{FIFO_SLOTS, MAX_RECVS};
 use crate::proto::rail_mask::RailMask;
 
@@ -38,10 +37,6 @@ pub struct Request {
     pub(crate) count: u8,
     /// Send: the clamped size. Receive: capacities, replaced by the received sizes when done.
     pub(crate) sizes: [u64; MAX_RECVS],
-    /// Receive: which rails have delivered their IMM (docs/PROTOCOL.md §8).
-    pub(crate) learning: MaskLearning,
-    /// Receive: the size carried in `size_q`, when it was carried (`nreqs == 1` fast path).
-    pub(crate) imm_size: Option<u64>,
     /// Profiler handle per buffer (NCCL's; may be NULL).
     pub(crate) profiler_handles: [usize; MAX_RECVS],
     /// Post time (ns, monotonic), for latency.
@@ -63,8 +58,6 @@ impl Request {
             seq: 0,
             count: 0,
             sizes: [0; MAX_RECVS],
-            learning: MaskLearning::new(),
-            imm_size: None,
             profiler_handles: [0; MAX_RECVS],
             posted_ns: 0,
             flush_pending: RailMask::NONE,

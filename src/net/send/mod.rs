@@ -10,10 +10,8 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail};
-use crate::proto::cts::{
-    match_tag, ready_idx, slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS,
-};
-use crate::proto::rail_mask::RailMask;
+use crate::proto::cts::{slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::send_slots::{Head, SendBuffer, SendProgress, SendSlotError, SendSlots};
 use crate::proto::wr_id::{WrId, WrKind};
 
 mod busy;
@@ -36,72 +34,13 @@ use super::telemetry::ConnectionTelemetry;
 /// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
 pub(crate) const MAX_TRANSFER: u64 = 1 << 30;
 
-/// Where a CTS slot is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// Free for the next fifo sequence that maps here.
-    Idle,
-    /// CTS read; `isend`s are being matched to its entries.
-    Matching,
-    /// All entries matched; waiting for send-queue credits to post.
-    Posting,
-    /// Posted; waiting for the signalled completion of every active rail.
-    InFlight,
-}
-
-/// Sender-side state of one CTS slot.
-#[derive(Clone, Copy)]
-struct SendSlot {
-    phase: Phase,
-    seq: u64,
-    nreqs: u8,
-    taken: u8,
-    pending: RailMask,
-    entries: [CtsEntry; MAX_RECVS],
-    requests: [u16; MAX_RECVS],
-    addrs: [u64; MAX_RECVS],
-    lkeys: [[u32; 2]; MAX_RECVS],
-    /// Telemetry of the posted transfer: when, per-rail completion times, bytes, split, QPs.
-    post_ns: u64,
-    done_ns: [u64; 2],
+/// What the engine keeps of a posted slot for its telemetry (the slot's protocol state is in
+/// [`SendSlots`]).
+#[derive(Clone, Copy, Default)]
+struct PostedSlot {
     rail_bytes: [u64; 2],
     sup_bw: u32,
     qp_nums: [u32; 2],
-}
-
-impl SendSlot {
-    /// The rails the posted transfer used (those that have a completion time).
-    fn completed_rails(&self) -> RailMask {
-        Rail::ALL
-            .into_iter()
-            .filter(|rail| self.done_ns[rail.index()] != 0)
-            .fold(RailMask::NONE, RailMask::with)
-    }
-
-    const IDLE: SendSlot = SendSlot {
-        phase: Phase::Idle,
-        seq: 0,
-        nreqs: 0,
-        taken: 0,
-        pending: RailMask::NONE,
-        entries: [CtsEntry {
-            addr: 0,
-            size: 0,
-            rkeys: [0; 2],
-            nreqs: 0,
-            tag: 0,
-            idx: 0,
-            padding: [0; 24],
-        }; MAX_RECVS],
-        requests: [0; MAX_RECVS],
-        addrs: [0; MAX_RECVS],
-        lkeys: [[0; 2]; MAX_RECVS],
-        post_ns: 0,
-        done_ns: [0; 2],
-        rail_bytes: [0; 2],
-        sup_bw: 0,
-        qp_nums: [0; 2],
-    };
 }
 
 /// Mutable data-path state; touched only by the comm's progress thread.
@@ -121,9 +60,10 @@ pub(crate) struct SendData {
     pub(crate) peer: PeerWatch,
     /// Slots posted so far (drives 1-in-N event sampling).
     transfers: u64,
-    fifo_head: u64,
-    post_head: u64,
-    slots: Box<[SendSlot]>,
+    /// The CTS slots' protocol state (`proto::send_slots`).
+    slots: SendSlots,
+    /// Per slot: what its posting sent, for completion telemetry and slow-transfer events.
+    posted: Box<[PostedSlot]>,
     /// Per-rail busy time (probes: what the policy agent divides completed bytes by).
     busy: [BusyClock; 2],
     pool: RequestPool,
@@ -155,9 +95,8 @@ impl SendData {
             watch: HealthWatch::new(&health),
             peer: PeerWatch::none(),
             transfers: 0,
-            fifo_head: 0,
-            post_head: 0,
-            slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+            slots: SendSlots::new(),
+            posted: vec![PostedSlot::default(); FIFO_SLOTS].into_boxed_slice(),
             busy: [BusyClock::default(); 2],
             pool: RequestPool::new(),
             failure: None,
@@ -225,98 +164,78 @@ impl SendComm {
             )));
         }
         self.post_ready(data)?;
-        let seq = data.fifo_head;
-        let slot = slot_of(seq);
-        if !self.slot_matching(data, seq)? {
+        if !self.head_matching(data)? {
             // Not there yet: reap completions (they free slots whose previous use is still in
             // flight, and a fabric that executes work only when polled, like the loopback, makes
             // progress), then look once more.
             self.poll(data)?;
-            if !self.slot_matching(data, seq)? {
+            if !self.head_matching(data)? {
                 // A CTS that never comes: is the receiver still there?
                 self.check_peer(data, now_ns())?;
                 return Ok(None);
             }
         }
-        let state = &mut data.slots[slot];
-        let nreqs = state.nreqs as usize;
-        let Some(entry) = match_tag(&state.entries[..nreqs], state.taken, tag as u32) else {
+        let Some(matched) = data.slots.match_send(tag as u32, size) else {
             // NCCL retries until the receive with this tag is posted, if the receiver is there.
             self.check_peer(data, now_ns())?;
             return Ok(None);
         };
-        let clamped = size.min(state.entries[entry].size);
-        memory.check_covers("isend", addr, clamped)?;
+        memory.check_covers("isend", addr, matched.size)?;
         let owner = self as *const SendComm as *const ();
-        let Some(index) = data.pool.allocate(Owner::Send, owner, seq) else {
+        let Some(index) = data
+            .pool
+            .allocate(Owner::Send, owner, data.slots.fifo_head())
+        else {
             return Ok(None);
         };
         let request = data.pool.get_mut(index);
         request.count = 1;
-        request.sizes[0] = clamped;
+        request.sizes[0] = matched.size;
         request.profiler_handles[0] = profiler_handle;
         request.posted_ns = now_ns();
-        let state = &mut data.slots[slot];
-        state.taken |= 1 << entry;
-        state.requests[entry] = index;
-        state.addrs[entry] = addr;
-        state.lkeys[entry] = [memory.lkey(Rail::ScaleOut), memory.lkey(Rail::ScaleUp)];
-        if state.taken.count_ones() as usize == nreqs {
-            state.phase = Phase::Posting;
-            data.fifo_head += 1;
+        let buffer = SendBuffer {
+            request: index,
+            addr,
+            lkeys: [memory.lkey(Rail::ScaleOut), memory.lkey(Rail::ScaleUp)],
+            size: matched.size,
+        };
+        let filled = data
+            .slots
+            .take(matched, buffer)
+            .map_err(|e| self.slot_error(e))?;
+        if filled {
             self.post_ready(data)?;
         }
         Ok(Some(data.pool.pointer(index)))
     }
 
-    /// Whether `seq`'s slot is matching sends: loads its CTS when the slot is free and the
-    /// receiver has written it; false while the slot's previous use is still in flight.
-    fn slot_matching(&self, data: &mut SendData, seq: u64) -> Result<bool> {
-        let state = &data.slots[slot_of(seq)];
-        match state.phase {
-            Phase::Idle => self.load_cts(data, seq),
-            Phase::Matching => Ok(state.seq == seq),
-            Phase::Posting | Phase::InFlight => Ok(false),
+    /// Whether the fifo head's slot is matching sends: loads its CTS when the slot is free and
+    /// the receiver has written it; false while the slot's previous use is still in flight.
+    fn head_matching(&self, data: &mut SendData) -> Result<bool> {
+        match data.slots.head() {
+            Head::Matching => Ok(true),
+            Head::Busy => Ok(false),
+            Head::NeedsCts { seq } => {
+                let base = slot_of(seq) * MAX_RECVS;
+                let fifo = data.fifo.region();
+                let rails = self.info.layout.rails();
+                data.slots
+                    .load_cts(|r| fifo.read(base + r), rails)
+                    .map_err(|e| self.slot_error(e))
+            }
         }
     }
 
-    /// Reads the CTS for `seq` if the receiver wrote it (`idx == seq + 1` on every entry).
-    fn load_cts(&self, data: &mut SendData, seq: u64) -> Result<bool> {
-        let slot = slot_of(seq);
-        let base = slot * MAX_RECVS;
-        let ready = ready_idx(seq);
-        if data.fifo.region().read(base).idx != ready {
-            return Ok(false);
+    /// A step the slot state machine refused, with the peer named: the receiver's fault when it
+    /// wrote a bad CTS, else a broken invariant of this engine.
+    fn slot_error(&self, error: SendSlotError) -> Error {
+        let text = format!("{}: {error}", self.info.describe_peer());
+        match error {
+            SendSlotError::Cts(_) => Error::remote(text),
+            SendSlotError::NotInFlight { .. } | SendSlotError::Invariant(_) => {
+                Error::internal(text)
+            }
         }
-        // Read again: the first read took `nreqs` before `idx` (ascending words), so it may be
-        // the slot's previous use; a read after seeing the new `idx` sees the fields the
-        // receiver's write put below it (src/fabric/landing.rs).
-        let first = data.fifo.region().read(base);
-        let nreqs = (first.nreqs as usize).clamp(1, MAX_RECVS);
-        // The n entries arrive in one RDMA write but may become visible piecemeal: wait (by
-        // returning "try later") until every entry carries this sequence's idx, as net_ib does.
-        if (1..nreqs).any(|r| data.fifo.region().read(base + r).idx != ready) {
-            return Ok(false);
-        }
-        // Every entry's idx was read with acquire, so these reads see the fields below it.
-        let state = &mut data.slots[slot];
-        for r in 0..nreqs {
-            let entry = data.fifo.region().read(base + r);
-            entry
-                .validate(slot, r, self.info.layout.rails())
-                .map_err(|e| {
-                    Error::remote(format!(
-                        "{}: posted incorrect receive info: {e}",
-                        self.info.describe_peer()
-                    ))
-                })?;
-            state.entries[r] = entry;
-        }
-        state.phase = Phase::Matching;
-        state.seq = seq;
-        state.nreqs = nreqs as u8;
-        state.taken = 0;
-        Ok(true)
     }
 
     /// `test` on a send request.
@@ -380,59 +299,55 @@ impl SendComm {
         if let Some(credits) = data.qps.credits.get_mut(wr.qp_index as usize) {
             credits.retire(wr.post_index);
         }
-        let state = &mut data.slots[wr.slot as usize];
-        if state.phase != Phase::InFlight || !state.pending.contains(rail) {
-            return Err(Error::internal(format!(
-                "{}: completion for slot {} on {rail} that has no transfer in flight",
-                self.info.describe_peer(),
-                wr.slot
-            )));
-        }
+        let slot = usize::from(wr.slot);
         let now = now_ns();
+        let progress = data
+            .slots
+            .complete(slot, rail, now)
+            .map_err(|e| self.slot_error(e))?;
+        let state = *data.slots.slot(slot);
         let probe = data.telemetry.telemetry().rail(rail);
         probe.inc(RAIL_SEND_COMPLETIONS);
-        probe.record_latency_ns(now.saturating_sub(state.post_ns));
-        state.done_ns[rail.index()] = now;
+        probe.record_latency_ns(now.saturating_sub(state.post_ns()));
         let clock = &mut data.busy[rail.index()];
         let busy_ns = clock.completed(now);
         data.telemetry.add_rail_done(
             rail,
-            state.rail_bytes[rail.index()],
+            data.posted[slot].rail_bytes[rail.index()],
             busy_ns,
             clock.in_flight(),
         );
-        state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
         if self.info.profiler.is_some() {
-            for index in &state.requests[..state.nreqs as usize] {
-                let request = data.pool.get_mut(*index);
+            for buffer in state.buffers() {
+                let request = data.pool.get_mut(buffer.request);
                 profiler::stop(
                     self.info.profiler,
                     std::mem::take(&mut request.profiler_events[rail.index()]),
                 );
             }
         }
-        if state.pending.is_empty() {
-            state.phase = Phase::Idle;
-            let (requests, nreqs) = (state.requests, state.nreqs as usize);
-            for index in &requests[..nreqs] {
-                data.pool.get_mut(*index).done = true;
+        if progress == SendProgress::SlotDone {
+            for buffer in state.buffers() {
+                data.pool.get_mut(buffer.request).done = true;
             }
-            self.record_event(data, wr.slot as usize);
+            self.record_event(data, slot);
         }
         Ok(())
     }
 
     /// Records the slot's transfer as a slow (or sampled) event when the policy wants it.
     fn record_event(&self, data: &SendData, slot: usize) {
-        let state = &data.slots[slot];
-        let last_done = state.done_ns[0].max(state.done_ns[1]);
+        let state = data.slots.slot(slot);
+        let posted = &data.posted[slot];
+        let [sout_done, sup_done] = state.done_ns();
+        let last_done = sout_done.max(sup_done);
         let telemetry = data.telemetry.telemetry();
         let Some(kind) =
-            telemetry.event_kind(last_done.saturating_sub(state.post_ns), data.transfers)
+            telemetry.event_kind(last_done.saturating_sub(state.post_ns()), data.transfers)
         else {
             return;
         };
-        let mask = state.completed_rails();
+        let mask = state.rails();
         let epoch = |ns: u64, rail: Rail| {
             if mask.contains(rail) {
                 telemetry.epoch_ns(ns)
@@ -440,7 +355,7 @@ impl SendComm {
                 0
             }
         };
-        let size = state.rail_bytes[0] + state.rail_bytes[1];
+        let size = posted.rail_bytes[0] + posted.rail_bytes[1];
         telemetry.record(&mpib_probes::SlowTransfer {
             kind,
             direction: mpib_probes::Direction::Send,
@@ -448,17 +363,17 @@ impl SendComm {
             conn_index: data.telemetry.index(),
             size,
             post_ns: [
-                epoch(state.post_ns, Rail::ScaleOut),
-                epoch(state.post_ns, Rail::ScaleUp),
+                epoch(state.post_ns(), Rail::ScaleOut),
+                epoch(state.post_ns(), Rail::ScaleUp),
             ],
             done_ns: [
-                epoch(state.done_ns[0], Rail::ScaleOut),
-                epoch(state.done_ns[1], Rail::ScaleUp),
+                epoch(sout_done, Rail::ScaleOut),
+                epoch(sup_done, Rail::ScaleUp),
             ],
-            rail_bytes: state.rail_bytes,
-            sup_bw: state.sup_bw,
+            rail_bytes: posted.rail_bytes,
+            sup_bw: posted.sup_bw,
             slot: slot as u32,
-            qp_num: state.qp_nums,
+            qp_num: posted.qp_nums,
             peer: self.info.peer,
         });
     }

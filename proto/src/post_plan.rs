@@ -1,0 +1,107 @@
+//! What one matched slot posts (docs/PROTOCOL.md §4–§6): the split of each buffer, the slot's
+//! rail mask, how it signals (exact size in the IMM, or the completion record), the record's
+//! contents, and the work-request chain of every active rail.
+//!
+//! Pure and allocation-free: the engine chooses each buffer's SUP share (policy and BDP
+//! threshold, `crate::policy`), checks send-queue credits against [`PostPlan::lengths`], writes
+//! [`PostPlan::record`] to its record shadow and posts the chains, setting the last WR's wr_id.
+
+use crate::chain::{self, MatchedBuffer, RecordTarget, Signal, EMPTY_WR, MAX_CHAIN};
+use crate::cts::{CompletionRecord, MAX_RECVS};
+use crate::imm::Imm;
+use crate::rail::Rail;
+use crate::rail_mask::RailMask;
+use crate::send_slots::SendSlot;
+use crate::split::{slot_mask, RailSplit};
+use crate::work::WorkRequest;
+
+/// The posting of one slot.
+#[derive(Clone, Copy, Debug)]
+pub struct PostPlan {
+    /// The rails that carry the slot (each posts one signalling IMM).
+    pub mask: RailMask,
+    /// How the receiver learns the sizes.
+    pub signal: Signal,
+    /// The record the leader writes (general path), to be stored at the record target first.
+    pub record: Option<CompletionRecord>,
+    /// Bytes per rail, by rail index.
+    pub rail_bytes: [u64; 2],
+    /// The chain per rail, by rail index; `lengths` says how much of each is used.
+    pub chains: [[WorkRequest; MAX_CHAIN]; 2],
+    /// Work requests per rail (0 for an inactive rail).
+    pub lengths: [usize; 2],
+}
+
+impl PostPlan {
+    /// The chain `rail` posts (empty for an inactive rail).
+    pub fn chain(&self, rail: Rail) -> &[WorkRequest] {
+        &self.chains[rail.index()][..self.lengths[rail.index()]]
+    }
+
+    /// The chain `rail` posts, to set its last wr_id.
+    pub fn chain_mut(&mut self, rail: Rail) -> &mut [WorkRequest] {
+        &mut self.chains[rail.index()][..self.lengths[rail.index()]]
+    }
+}
+
+/// Plans the posting of `slot` (index `slot_index`, fully matched): `shares[r]` is buffer `r`'s
+/// SUP share in parts per 1024, `record` where the leader writes the record on the general path.
+pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarget) -> PostPlan {
+    let nreqs = slot.buffers().len().min(MAX_RECVS);
+    let mut buffers = [EMPTY_BUFFER; MAX_RECVS];
+    let mut splits = [RailSplit::default(); MAX_RECVS];
+    for r in 0..nreqs {
+        let local = slot.buffers()[r];
+        let share = shares.get(r).copied().unwrap_or(0);
+        splits[r] = RailSplit::new(share, local.size);
+        buffers[r] = MatchedBuffer {
+            entry: slot.entries()[r],
+            addr: local.addr,
+            lkeys: local.lkeys,
+            split: splits[r],
+        };
+    }
+    let (buffers, splits) = (&buffers[..nreqs], &splits[..nreqs]);
+    let mask = slot_mask(splits);
+    let signal = match (nreqs, Imm::exact_size_q(splits[0].size)) {
+        (1, Some(size_q)) => Signal::ExactSize(size_q),
+        _ => Signal::Record(record),
+    };
+    let mut rail_bytes = [0u64; 2];
+    for rail in Rail::ALL {
+        rail_bytes[rail.index()] = splits.iter().map(|s| s.length(rail)).sum();
+    }
+    let record = matches!(signal, Signal::Record(_)).then(|| {
+        let mut record = CompletionRecord {
+            rail_bytes,
+            ..CompletionRecord::default()
+        };
+        for (size, split) in record.sizes.iter_mut().zip(splits) {
+            // A transfer is at most 1 GiB (`maxP2pBytes`), so a size fits the record's u32.
+            *size = u32::try_from(split.size).unwrap_or(u32::MAX);
+        }
+        record
+    });
+    let mut chains = [[EMPTY_WR; MAX_CHAIN]; 2];
+    let mut lengths = [0usize; 2];
+    for rail in mask.rails() {
+        let chain = &mut chains[rail.index()];
+        lengths[rail.index()] = chain::build(slot_index, mask, buffers, signal, rail, chain);
+    }
+    PostPlan {
+        mask,
+        signal,
+        record,
+        rail_bytes,
+        chains,
+        lengths,
+    }
+}
+
+/// An unused buffer entry, for stack arrays.
+const EMPTY_BUFFER: MatchedBuffer = MatchedBuffer {
+    entry: crate::cts::CtsEntry::EMPTY,
+    addr: 0,
+    lkeys: [0; 2],
+    split: RailSplit { size: 0, sup: 0 },
+};

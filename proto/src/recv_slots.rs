@@ -1,0 +1,271 @@
+//! The receiver's CTS slots as a state machine (docs/PROTOCOL.md §5 and §8): when a receive may
+//! be posted, the CTS entries it advertises, which request an IMM belongs to, when a receive is
+//! complete (mask learning), and how many generic receives each rail's SRQ must hold.
+//!
+//! Pure: the engine posts the CTS write and the SRQ receives itself, from what this returns.
+//!
+//! * A receive is posted only while fewer slots are outstanding than the smallest SRQ
+//!   high-water mark: each outstanding slot may bring one IMM per rail, and an IMM that finds
+//!   its SRQ empty stalls the sender (RNR). Before its CTS goes out, every SRQ is refilled to
+//!   hold a receive per outstanding slot ([`RecvSlots::refill_needed`]).
+//! * An IMM consumes one SRQ receive of its rail, names its slot, and teaches or checks the
+//!   slot's rail mask; the slot completes when every rail of the mask has delivered.
+
+use std::fmt;
+
+use crate::completion::{MaskError, MaskLearning};
+use crate::cts::{ready_idx, slot_of, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::imm::Imm;
+use crate::rail::Rail;
+use crate::rail_mask::RailMask;
+use crate::srq::SrqCredits;
+
+/// One buffer of a (grouped) receive, as the CTS advertises it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvBuffer {
+    /// Receiver address of the buffer.
+    pub addr: u64,
+    /// Capacity in bytes.
+    pub size: u64,
+    /// Remote keys per rail.
+    pub rkeys: [u32; 2],
+    /// NCCL tag.
+    pub tag: u32,
+}
+
+/// Why a receive cannot be posted now (the engine polls and NCCL calls again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvBlocked {
+    /// As many slots are outstanding as an SRQ holds receives for.
+    SrqFull,
+    /// The head's slot still waits for the IMMs of the receive 256 earlier.
+    SlotBusy,
+}
+
+/// A receive completed by an IMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// The slot it used (its record, on the general path, is at this index).
+    pub slot: usize,
+    /// The engine's request index.
+    pub request: u16,
+    /// How many buffers it had.
+    pub count: u8,
+    /// The exact size from an IMM's `size_q` (fast path), else `None`: read the record.
+    pub imm_size: Option<u64>,
+}
+
+/// What an IMM did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImmOutcome {
+    /// Other rails of the slot have yet to deliver.
+    Pending,
+    /// The slot's receive is complete and the slot is free.
+    Complete(Completed),
+}
+
+/// An IMM the state machine refuses: the peer broke the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvSlotError {
+    /// An IMM arrived on a rail whose SRQ had no receive posted (as the core counts them).
+    SrqUnderflow(Rail),
+    /// An IMM named a slot with no receive posted.
+    NoReceive(usize),
+    /// An IMM's mask contradicts what the slot learned, or repeats a rail.
+    Mask(usize, MaskError),
+    /// The engine broke a rule of the sequence (a bug, named by the rule).
+    Invariant(&'static str),
+}
+
+impl fmt::Display for RecvSlotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecvSlotError::SrqUnderflow(rail) => {
+                write!(f, "{rail} SRQ delivered more IMMs than receives posted")
+            }
+            RecvSlotError::NoReceive(slot) => {
+                write!(f, "IMM for slot {slot}, which has no receive posted")
+            }
+            RecvSlotError::Mask(slot, e) => write!(f, "slot {slot}: {e}"),
+            RecvSlotError::Invariant(rule) => write!(f, "receive slot invariant broken: {rule}"),
+        }
+    }
+}
+
+impl std::error::Error for RecvSlotError {}
+
+#[derive(Clone, Copy, Debug)]
+struct RecvSlot {
+    request: Option<u16>,
+    count: u8,
+    learning: MaskLearning,
+    imm_size: Option<u64>,
+}
+
+impl RecvSlot {
+    const FREE: RecvSlot = RecvSlot {
+        request: None,
+        count: 0,
+        learning: MaskLearning::new(),
+        imm_size: None,
+    };
+}
+
+/// The 256 receive slots of one connection and the SRQ accounting of its rails.
+#[derive(Debug)]
+pub struct RecvSlots {
+    fifo_head: u64,
+    outstanding: u32,
+    /// Credits of the rails that have an SRQ (`None`: no SRQ on that rail).
+    srq: [Option<SrqCredits>; 2],
+    slots: Box<[RecvSlot]>,
+}
+
+impl RecvSlots {
+    /// Every slot free; `srq[rail]` the (empty) credits of each rail that has an SRQ.
+    pub fn new(srq: [Option<SrqCredits>; 2]) -> RecvSlots {
+        RecvSlots {
+            fifo_head: 0,
+            outstanding: 0,
+            srq,
+            slots: vec![RecvSlot::FREE; FIFO_SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// Slots whose CTS is out and whose IMMs may still arrive.
+    pub const fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// The next fifo sequence a receive is posted for.
+    pub const fn fifo_head(&self) -> u64 {
+        self.fifo_head
+    }
+
+    /// The SRQ credits of `rail`, if it has an SRQ.
+    pub fn srq(&self, rail: Rail) -> Option<&SrqCredits> {
+        self.srq[rail.index()].as_ref()
+    }
+
+    /// Slots that may be outstanding at once: the smallest high-water mark of the rails that
+    /// have an SRQ (with `refill_needed`, every outstanding slot then has a receive on each).
+    pub fn capacity(&self) -> u32 {
+        self.srq
+            .iter()
+            .flatten()
+            .map(SrqCredits::high_water)
+            .min()
+            .unwrap_or(u32::MAX)
+    }
+
+    /// Whether a receive may be posted now, and if not why.
+    pub fn can_post(&self) -> Result<(), RecvBlocked> {
+        if self.outstanding >= self.capacity() {
+            return Err(RecvBlocked::SrqFull);
+        }
+        if self.slots[slot_of(self.fifo_head)].request.is_some() {
+            return Err(RecvBlocked::SlotBusy);
+        }
+        Ok(())
+    }
+
+    /// Receives `rail`'s SRQ needs so that each of `in_flight` slots has one there (refills to
+    /// the high-water mark under the low-water mark or under `in_flight`); 0 without an SRQ.
+    /// The engine posts them and reports with [`RecvSlots::on_posted`].
+    pub fn refill_needed(&mut self, rail: Rail, in_flight: u32) -> u32 {
+        self.srq[rail.index()]
+            .as_mut()
+            .map_or(0, |credits| credits.refill_needed_for(in_flight))
+    }
+
+    /// `n` receives were posted on `rail`'s SRQ.
+    pub fn on_posted(&mut self, rail: Rail, n: u32) {
+        if let Some(credits) = self.srq[rail.index()].as_mut() {
+            credits.on_posted(n);
+        }
+    }
+
+    /// The CTS entries of a receive of `buffers` at the fifo head (written to the sender's FIFO
+    /// at the head's slot, `buffers.len()` entries in one write).
+    pub fn cts_entries(&self, buffers: &[RecvBuffer]) -> [CtsEntry; MAX_RECVS] {
+        let mut entries = [CtsEntry::EMPTY; MAX_RECVS];
+        for (entry, buffer) in entries.iter_mut().zip(buffers) {
+            *entry = CtsEntry {
+                addr: buffer.addr,
+                size: buffer.size,
+                rkeys: buffer.rkeys,
+                nreqs: buffers.len() as u32,
+                tag: buffer.tag,
+                idx: ready_idx(self.fifo_head),
+                padding: [0; 24],
+            };
+        }
+        entries
+    }
+
+    /// The head's CTS went out for `request`, a receive of `count` buffers: the slot waits for
+    /// its IMMs. Returns the slot.
+    pub fn posted(&mut self, request: u16, count: u8) -> Result<usize, RecvSlotError> {
+        if self.can_post().is_err() {
+            return Err(RecvSlotError::Invariant(
+                "a CTS goes out only when can_post allows",
+            ));
+        }
+        if count == 0 || usize::from(count) > MAX_RECVS {
+            return Err(RecvSlotError::Invariant("a receive has 1..=8 buffers"));
+        }
+        let slot = slot_of(self.fifo_head);
+        self.slots[slot] = RecvSlot {
+            request: Some(request),
+            count,
+            ..RecvSlot::FREE
+        };
+        self.outstanding += 1;
+        self.fifo_head += 1;
+        Ok(slot)
+    }
+
+    /// One IMM arrived on `rail`; `allowed` is the set of rails this connection has. On error
+    /// the slot is unchanged (the engine fails the connection).
+    pub fn on_imm(
+        &mut self,
+        rail: Rail,
+        imm: Imm,
+        allowed: RailMask,
+    ) -> Result<ImmOutcome, RecvSlotError> {
+        // A rail without an SRQ has no receive an IMM could consume.
+        self.srq[rail.index()]
+            .as_mut()
+            .ok_or(RecvSlotError::SrqUnderflow(rail))?
+            .on_consumed()
+            .map_err(|_| RecvSlotError::SrqUnderflow(rail))?;
+        let slot = usize::from(imm.slot);
+        let state = &mut self.slots[slot];
+        let Some(request) = state.request else {
+            return Err(RecvSlotError::NoReceive(slot));
+        };
+        let complete = state
+            .learning
+            .arrive(rail, imm.mask, allowed)
+            .map_err(|e| RecvSlotError::Mask(slot, e))?;
+        if let Some(bytes) = imm.size_bytes() {
+            state.imm_size = Some(bytes);
+        }
+        if !complete {
+            return Ok(ImmOutcome::Pending);
+        }
+        let completed = Completed {
+            slot,
+            request,
+            count: state.count,
+            imm_size: state.imm_size,
+        };
+        *state = RecvSlot::FREE;
+        self.outstanding -= 1;
+        Ok(ImmOutcome::Complete(completed))
+    }
+}
+
+#[cfg(test)]
+#[path = "recv_slots_tests.rs"]
+mod tests;

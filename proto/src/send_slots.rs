@@ -1,0 +1,372 @@
+//! The sender's CTS slots as a state machine (docs/PROTOCOL.md §5–§7): which fifo sequence the
+//! next `isend` matches, when a slot's CTS may be read, which slot posts next, and when a
+//! posted slot's requests are done.
+//!
+//! Pure: the engine reads the FIFO through a closure, passes the time in, and does the posting
+//! itself from what [`SendSlots::next_to_post`] hands it ([`crate::post_plan`] builds the work
+//! requests). Each slot goes `Idle → Matching → Posting → InFlight → Idle`:
+//!
+//! * `Idle → Matching` when every entry of the slot's CTS carries the sequence's `idx`
+//!   ([`SendSlots::load_cts`]);
+//! * `Matching → Posting` when an `isend` has taken every entry ([`SendSlots::take`]); the fifo
+//!   head moves on, so sends match the next sequence while this one waits for credits;
+//! * `Posting → InFlight` when its chains are posted, strictly in fifo order
+//!   ([`SendSlots::posted`]);
+//! * `InFlight → Idle` when every rail it used has completed ([`SendSlots::complete`]).
+
+use std::fmt;
+
+use crate::cts::{match_tag, ready_idx, slot_of, CtsEntry, CtsError, FIFO_SLOTS, MAX_RECVS};
+use crate::rail::Rail;
+use crate::rail_mask::RailMask;
+
+/// Where a CTS slot is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Free for the next fifo sequence that maps here.
+    Idle,
+    /// CTS read; `isend`s are being matched to its entries.
+    Matching,
+    /// All entries matched; waiting for send-queue credits to post.
+    Posting,
+    /// Posted; waiting for the signalled completion of every active rail.
+    InFlight,
+}
+
+/// The sender's local side of one matched entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendBuffer {
+    /// The engine's request index for the `isend` that took the entry.
+    pub request: u16,
+    /// Local address of the data.
+    pub addr: u64,
+    /// Local keys per rail.
+    pub lkeys: [u32; 2],
+    /// Bytes to send: the `isend`'s size clamped to the receive's capacity.
+    pub size: u64,
+}
+
+/// Sender-side state of one CTS slot.
+#[derive(Clone, Copy, Debug)]
+pub struct SendSlot {
+    phase: Phase,
+    seq: u64,
+    nreqs: u8,
+    taken: u8,
+    pending: RailMask,
+    used: RailMask,
+    entries: [CtsEntry; MAX_RECVS],
+    buffers: [SendBuffer; MAX_RECVS],
+    post_ns: u64,
+    done_ns: [u64; 2],
+}
+
+impl SendSlot {
+    const IDLE: SendSlot = SendSlot {
+        phase: Phase::Idle,
+        seq: 0,
+        nreqs: 0,
+        taken: 0,
+        pending: RailMask::NONE,
+        used: RailMask::NONE,
+        entries: [CtsEntry::EMPTY; MAX_RECVS],
+        buffers: [SendBuffer {
+            request: 0,
+            addr: 0,
+            lkeys: [0; 2],
+            size: 0,
+        }; MAX_RECVS],
+        post_ns: 0,
+        done_ns: [0; 2],
+    };
+
+    /// Where the slot is.
+    pub const fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The fifo sequence the slot serves (meaningful once a CTS was loaded).
+    pub const fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The receiver's entries of the loaded CTS.
+    pub fn entries(&self) -> &[CtsEntry] {
+        &self.entries[..self.nreqs as usize]
+    }
+
+    /// The matched local buffers, one per entry (complete from `Posting` on).
+    pub fn buffers(&self) -> &[SendBuffer] {
+        &self.buffers[..self.nreqs as usize]
+    }
+
+    /// The rails the posted transfer used.
+    pub const fn rails(&self) -> RailMask {
+        self.used
+    }
+
+    /// The rails still to complete.
+    pub const fn pending(&self) -> RailMask {
+        self.pending
+    }
+
+    /// When the slot was posted (the engine's clock).
+    pub const fn post_ns(&self) -> u64 {
+        self.post_ns
+    }
+
+    /// When each rail completed (0: not (yet) completed or not used).
+    pub const fn done_ns(&self) -> [u64; 2] {
+        self.done_ns
+    }
+}
+
+/// What [`SendSlots::head`] finds at the fifo head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// The head's slot is free: its CTS may be loaded for this sequence.
+    NeedsCts {
+        /// The fifo sequence.
+        seq: u64,
+    },
+    /// The head's CTS is loaded and sends are matched to it.
+    Matching,
+    /// The head's slot still holds the transfer of a sequence 256 earlier.
+    Busy,
+}
+
+/// An `isend` matched to an entry of the head's CTS, not yet taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// The slot (`seq % 256`).
+    pub slot: usize,
+    /// The entry within the slot.
+    pub entry: usize,
+    /// The bytes that will be sent: the send's size clamped to the receive's capacity.
+    pub size: u64,
+}
+
+/// What a completion did to its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendProgress {
+    /// Other rails of the slot are still in flight.
+    RailDone,
+    /// The last rail completed: the slot's requests are done and the slot is free.
+    SlotDone,
+}
+
+/// A step the state machine refuses: the peer or the engine broke the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendSlotError {
+    /// The receiver's CTS entry is malformed.
+    Cts(CtsError),
+    /// A completion for a slot and rail that has nothing in flight there.
+    NotInFlight {
+        /// The slot named by the completion's wr_id.
+        slot: usize,
+        /// The rail that completed.
+        rail: Rail,
+    },
+    /// The engine broke a rule of the sequence (a bug, named by the rule).
+    Invariant(&'static str),
+}
+
+impl fmt::Display for SendSlotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendSlotError::Cts(e) => write!(f, "{e}"),
+            SendSlotError::NotInFlight { slot, rail } => write!(
+                f,
+                "completion for slot {slot} on {rail} that has no transfer in flight"
+            ),
+            SendSlotError::Invariant(rule) => write!(f, "send slot invariant broken: {rule}"),
+        }
+    }
+}
+
+impl std::error::Error for SendSlotError {}
+
+/// The 256 send slots of one connection, the fifo head (next sequence to match) and the post
+/// head (next sequence to post).
+#[derive(Debug)]
+pub struct SendSlots {
+    fifo_head: u64,
+    post_head: u64,
+    slots: Box<[SendSlot]>,
+}
+
+impl Default for SendSlots {
+    fn default() -> Self {
+        SendSlots::new()
+    }
+}
+
+impl SendSlots {
+    /// Every slot idle, both heads at sequence 0 (allocates once, at connect).
+    pub fn new() -> SendSlots {
+        SendSlots {
+            fifo_head: 0,
+            post_head: 0,
+            slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// The slot with this index (`0..256`).
+    pub fn slot(&self, slot: usize) -> &SendSlot {
+        &self.slots[slot % FIFO_SLOTS]
+    }
+
+    /// The next fifo sequence a send matches.
+    pub const fn fifo_head(&self) -> u64 {
+        self.fifo_head
+    }
+
+    /// What the fifo head's slot is doing.
+    pub fn head(&self) -> Head {
+        let state = &self.slots[slot_of(self.fifo_head)];
+        match state.phase {
+            Phase::Idle => Head::NeedsCts {
+                seq: self.fifo_head,
+            },
+            Phase::Matching if state.seq == self.fifo_head => Head::Matching,
+            Phase::Matching | Phase::Posting | Phase::InFlight => Head::Busy,
+        }
+    }
+
+    /// Loads the head's CTS if the receiver has written it: `read(r)` returns entry `r` of the
+    /// head's slot as the sender's FIFO holds it now. `Ok(false)` when not (all) there yet.
+    ///
+    /// The entries arrive in one RDMA write but may become visible piecemeal, and each entry's
+    /// words in ascending order (`idx` last): the first entry is read again after its `idx` was
+    /// seen (the first read took `nreqs` before `idx`, so possibly from the slot's previous use),
+    /// then every entry must carry the sequence's `idx` before any is used, as net_ib does.
+    pub fn load_cts(
+        &mut self,
+        mut read: impl FnMut(usize) -> CtsEntry,
+        rails: RailMask,
+    ) -> Result<bool, SendSlotError> {
+        let seq = self.fifo_head;
+        let slot = slot_of(seq);
+        if self.slots[slot].phase != Phase::Idle {
+            return Err(SendSlotError::Invariant(
+                "a CTS is loaded only into an idle slot",
+            ));
+        }
+        let ready = ready_idx(seq);
+        if read(0).idx != ready {
+            return Ok(false);
+        }
+        let nreqs = (read(0).nreqs as usize).clamp(1, MAX_RECVS);
+        if (1..nreqs).any(|r| read(r).idx != ready) {
+            return Ok(false);
+        }
+        let mut entries = [CtsEntry::EMPTY; MAX_RECVS];
+        for (r, entry) in entries.iter_mut().enumerate().take(nreqs) {
+            *entry = read(r);
+            entry.validate(slot, r, rails).map_err(SendSlotError::Cts)?;
+        }
+        let state = &mut self.slots[slot];
+        *state = SendSlot {
+            phase: Phase::Matching,
+            seq,
+            nreqs: nreqs as u8,
+            entries,
+            ..SendSlot::IDLE
+        };
+        Ok(true)
+    }
+
+    /// The head's first untaken entry with this tag (NCCL matches tags in order), if the head is
+    /// matching and has one.
+    pub fn match_send(&self, tag: u32, size: u64) -> Option<Match> {
+        if self.head() != Head::Matching {
+            return None;
+        }
+        let slot = slot_of(self.fifo_head);
+        let state = &self.slots[slot];
+        let entry = match_tag(state.entries(), state.taken, tag)?;
+        Some(Match {
+            slot,
+            entry,
+            size: size.min(state.entries[entry].size),
+        })
+    }
+
+    /// The send behind `matched` took its entry (`buffer.size` is `matched.size`). `Ok(true)`
+    /// when that was the slot's last entry: the slot waits to be posted and the fifo head moves
+    /// to the next sequence.
+    pub fn take(&mut self, matched: Match, buffer: SendBuffer) -> Result<bool, SendSlotError> {
+        if self.head() != Head::Matching || slot_of(self.fifo_head) != matched.slot {
+            return Err(SendSlotError::Invariant(
+                "a send takes an entry of the head's CTS",
+            ));
+        }
+        let state = &mut self.slots[matched.slot];
+        let bit = 1u8 << matched.entry;
+        if matched.entry >= state.nreqs as usize || state.taken & bit != 0 {
+            return Err(SendSlotError::Invariant("an entry is taken once"));
+        }
+        state.taken |= bit;
+        state.buffers[matched.entry] = buffer;
+        if state.taken.count_ones() < u32::from(state.nreqs) {
+            return Ok(false);
+        }
+        state.phase = Phase::Posting;
+        self.fifo_head += 1;
+        Ok(true)
+    }
+
+    /// The slot to post next, in fifo order, if it is fully matched.
+    pub fn next_to_post(&self) -> Option<usize> {
+        if self.post_head >= self.fifo_head {
+            return None;
+        }
+        let slot = slot_of(self.post_head);
+        (self.slots[slot].phase == Phase::Posting).then_some(slot)
+    }
+
+    /// The slot from [`SendSlots::next_to_post`] was posted at `now` on the rails of `mask`.
+    pub fn posted(&mut self, slot: usize, mask: RailMask, now: u64) -> Result<(), SendSlotError> {
+        if self.next_to_post() != Some(slot) {
+            return Err(SendSlotError::Invariant("slots are posted in fifo order"));
+        }
+        if mask.is_empty() {
+            return Err(SendSlotError::Invariant("a posted slot uses a rail"));
+        }
+        let state = &mut self.slots[slot];
+        state.phase = Phase::InFlight;
+        state.pending = mask;
+        state.used = mask;
+        state.post_ns = now;
+        state.done_ns = [0; 2];
+        self.post_head += 1;
+        Ok(())
+    }
+
+    /// The signalled work request of `slot` on `rail` completed at `now`.
+    pub fn complete(
+        &mut self,
+        slot: usize,
+        rail: Rail,
+        now: u64,
+    ) -> Result<SendProgress, SendSlotError> {
+        let state = self
+            .slots
+            .get_mut(slot)
+            .ok_or(SendSlotError::NotInFlight { slot, rail })?;
+        if state.phase != Phase::InFlight || !state.pending.contains(rail) {
+            return Err(SendSlotError::NotInFlight { slot, rail });
+        }
+        state.done_ns[rail.index()] = now;
+        state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
+        if !state.pending.is_empty() {
+            return Ok(SendProgress::RailDone);
+        }
+        state.phase = Phase::Idle;
+        Ok(SendProgress::SlotDone)
+    }
+}
+
+#[cfg(test)]
+#[path = "send_slots_tests.rs"]
+mod tests;
