@@ -1,0 +1,449 @@
+//! A sender core and a receiver core wired back to back, with no fabric: the engine's steps
+//! (`src/net/send`, `src/net/recv.rs`) reduced to what the protocol needs, driven by a script
+//! of events.
+//!
+//! The wire between them models RC semantics as docs/PROTOCOL.md §2 relies on them: each rail
+//! is one queue pair, in order on itself and unordered against the other; a write lands its
+//! bytes before its IMM completes; an IMM needs a posted SRQ receive on its rail and waits
+//! (RNR) until there is one; the receiver's CTS write lands in the sender's FIFO one entry at a
+//! time. A cut rail drops what it carries and completes nothing, on either side.
+
+use std::collections::VecDeque;
+
+use mpib_proto::chain::RecordTarget;
+use mpib_proto::cts::{
+    slot_of, CompletionRecord, CtsEntry, COMPLETION_RECORD_SIZE, FIFO_SLOTS, MAX_RECVS,
+};
+use mpib_proto::imm::Imm;
+use mpib_proto::post_plan;
+use mpib_proto::rail::Rail;
+use mpib_proto::rail_mask::RailMask;
+use mpib_proto::recv_slots::{ImmOutcome, RecvBuffer, RecvSlots};
+use mpib_proto::send_slots::{Head, SendBuffer, SendProgress, SendSlots};
+use mpib_proto::srq::SrqCredits;
+use mpib_proto::work::{SendOpcode, WorkRequest};
+
+/// Sender data buffers start here; receiver buffers at [`RECV_BASE`].
+const SEND_BASE: u64 = 0x1000_0000;
+const RECV_BASE: u64 = 0x2000_0000;
+/// The sender's record shadow and the receiver's records.
+const SHADOW_BASE: u64 = 0x3000_0000;
+const RECORDS_BASE: u64 = 0x4000_0000;
+const RKEYS: [u32; 2] = [11, 12];
+const LKEYS: [u32; 2] = [21, 22];
+
+/// One buffer of a grouped transfer: the receive's capacity and the send's size.
+#[derive(Clone, Copy, Debug)]
+pub struct Buffer {
+    pub capacity: u64,
+    pub send: u64,
+}
+
+/// One grouped transfer (1..=8 buffers, tags 0..n) and the SUP share its sends get.
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub buffers: Vec<Buffer>,
+    pub share: u32,
+}
+
+/// An event of the script.
+#[derive(Clone, Copy, Debug)]
+pub enum Event {
+    /// The receiver polls its CQ, refills, and posts the next receive if it may.
+    Receiver,
+    /// The sender posts what is matched, matches one send, and polls its CQ.
+    Sender,
+    /// The head of a rail's queue is executed.
+    Deliver(Rail),
+    /// The next CTS entry lands in the sender's FIFO.
+    Cts,
+    /// From now on this rail drops everything.
+    Cut(Rail),
+}
+
+/// The outcome of a receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub sizes: Vec<u64>,
+}
+
+/// The pair's state; the fields the properties read are public.
+pub struct Pair {
+    groups: Vec<Group>,
+    layout: Vec<Vec<(u64, u64)>>,
+    send_memory: Vec<u8>,
+    recv_memory: Vec<u8>,
+    shadow: Vec<u8>,
+    records: Vec<u8>,
+    sender: SendSlots,
+    fifo: Vec<CtsEntry>,
+    /// Sends not yet matched: (group, buffer).
+    sends: VecDeque<(usize, usize)>,
+    /// Per request index, its group; per group, its first request index.
+    owners: Vec<usize>,
+    first_request: Vec<usize>,
+    requests_done: Vec<bool>,
+    receiver: RecvSlots,
+    next_receive: usize,
+    srq_posted: [u32; 2],
+    rails: [VecDeque<WorkRequest>; 2],
+    cut: [bool; 2],
+    cts: VecDeque<(usize, CtsEntry)>,
+    send_cq: VecDeque<(Rail, usize)>,
+    recv_cq: VecDeque<(Rail, u32)>,
+    now: u64,
+    received_count: usize,
+    done_count: usize,
+    /// Per group, the receive's result once complete (a second completion is an error).
+    pub received: Vec<Option<Received>>,
+    /// Per group, whether every send of it was reported done.
+    pub sent: Vec<bool>,
+    /// The first protocol error either side reported.
+    pub error: Option<String>,
+}
+
+impl Pair {
+    /// A pair set up for `groups`, with SRQs of `srq_high` receives (low-water half of it);
+    /// `send_order` permutes each group's sends (NCCL issues them in any order).
+    pub fn new(groups: Vec<Group>, srq_high: u32, send_order: &[usize]) -> Pair {
+        let mut layout = Vec::new();
+        let mut end = 0u64;
+        for group in &groups {
+            let mut offsets = Vec::new();
+            for buffer in &group.buffers {
+                offsets.push((end, buffer.capacity.max(buffer.send)));
+                end += buffer.capacity.max(buffer.send) + 128;
+            }
+            layout.push(offsets);
+        }
+        let send_memory = (0..end).map(|i| (i % 251 + 1) as u8).collect();
+        // Each group's sends in a rotated, possibly reversed, tag order.
+        let mut sends = VecDeque::new();
+        let mut owners = Vec::new();
+        let mut first_request = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            let n = group.buffers.len();
+            let turn = send_order.get(g).copied().unwrap_or(0);
+            let mut order: Vec<usize> = (0..n).map(|k| (k + turn) % n).collect();
+            if turn % 2 == 1 {
+                order.reverse();
+            }
+            sends.extend(order.into_iter().map(|r| (g, r)));
+            first_request.push(owners.len());
+            owners.extend(std::iter::repeat(g).take(n));
+        }
+        let credits = SrqCredits::new(srq_high / 2, srq_high);
+        Pair {
+            received: vec![None; groups.len()],
+            sent: vec![false; groups.len()],
+            requests_done: vec![false; sends.len()],
+            groups,
+            layout,
+            send_memory,
+            recv_memory: vec![0; end as usize],
+            shadow: vec![0; FIFO_SLOTS * COMPLETION_RECORD_SIZE],
+            records: vec![0; FIFO_SLOTS * COMPLETION_RECORD_SIZE],
+            sender: SendSlots::new(),
+            fifo: vec![CtsEntry::EMPTY; FIFO_SLOTS * MAX_RECVS],
+            sends,
+            owners,
+            first_request,
+            receiver: RecvSlots::new([Some(credits); 2]),
+            next_receive: 0,
+            srq_posted: [0; 2],
+            rails: [VecDeque::new(), VecDeque::new()],
+            cut: [false; 2],
+            cts: VecDeque::new(),
+            send_cq: VecDeque::new(),
+            recv_cq: VecDeque::new(),
+            now: 1,
+            received_count: 0,
+            done_count: 0,
+            error: None,
+        }
+    }
+
+    /// Runs one event; a protocol error stops the pair (recorded in `error`).
+    pub fn step(&mut self, event: Event) {
+        if self.error.is_some() {
+            return;
+        }
+        self.now += 1;
+        let result = match event {
+            Event::Receiver => self.receiver_step(),
+            Event::Sender => self.sender_step(),
+            Event::Deliver(rail) => {
+                self.deliver(rail);
+                Ok(())
+            }
+            Event::Cts => {
+                if let Some((index, entry)) = self.cts.pop_front() {
+                    self.fifo[index] = entry;
+                }
+                Ok(())
+            }
+            Event::Cut(rail) => {
+                self.cut[rail.index()] = true;
+                self.rails[rail.index()].clear();
+                Ok(())
+            }
+        };
+        if let Err(error) = result {
+            self.error = Some(error);
+        }
+    }
+
+    /// Runs every kind of event in turn until nothing changes (or `limit` rounds).
+    pub fn drain(&mut self, limit: usize) {
+        for _ in 0..limit {
+            let before = self.progress();
+            for event in [
+                Event::Receiver,
+                Event::Cts,
+                Event::Sender,
+                Event::Deliver(Rail::ScaleOut),
+                Event::Deliver(Rail::ScaleUp),
+            ] {
+                self.step(event);
+            }
+            if self.progress() == before && self.cts.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// What the pair has done so far, to see it stop.
+    fn progress(&self) -> (usize, usize, usize, usize, usize, usize) {
+        (
+            self.received_count,
+            self.sends.len(),
+            self.next_receive,
+            self.rails[0].len() + self.rails[1].len(),
+            self.send_cq.len() + self.recv_cq.len(),
+            self.done_count,
+        )
+    }
+
+    /// Receiver slots still outstanding.
+    pub fn outstanding(&self) -> u32 {
+        self.receiver.outstanding()
+    }
+
+    /// The bytes group `g`'s buffer `r` received, and those its send sent.
+    pub fn bytes(&self, g: usize, r: usize, length: u64) -> (&[u8], &[u8]) {
+        let (offset, _) = self.layout[g][r];
+        let range = offset as usize..(offset + length) as usize;
+        (&self.recv_memory[range.clone()], &self.send_memory[range])
+    }
+
+    fn receiver_step(&mut self) -> Result<(), String> {
+        while let Some((rail, wire)) = self.recv_cq.pop_front() {
+            let imm = Imm::from_wire(wire).map_err(|e| e.to_string())?;
+            let outcome = self
+                .receiver
+                .on_imm(rail, imm, RailMask::BOTH)
+                .map_err(|e| e.to_string())?;
+            if let ImmOutcome::Complete(done) = outcome {
+                self.finish_receive(done.slot, done.request, done.imm_size)?;
+            }
+        }
+        self.refill(self.receiver.outstanding());
+        if self.next_receive < self.groups.len() && self.receiver.can_post().is_ok() {
+            self.refill(self.receiver.outstanding() + 1);
+            self.post_receive()?;
+        }
+        Ok(())
+    }
+
+    fn refill(&mut self, in_flight: u32) {
+        for rail in Rail::ALL {
+            let n = self.receiver.refill_needed(rail, in_flight);
+            self.srq_posted[rail.index()] += n;
+            self.receiver.on_posted(rail, n);
+        }
+    }
+
+    fn post_receive(&mut self) -> Result<(), String> {
+        let g = self.next_receive;
+        let buffers: Vec<RecvBuffer> = (self.groups[g].buffers.iter().enumerate())
+            .map(|(r, buffer)| RecvBuffer {
+                addr: RECV_BASE + self.layout[g][r].0,
+                size: buffer.capacity,
+                rkeys: RKEYS,
+                tag: r as u32,
+            })
+            .collect();
+        let slot = slot_of(self.receiver.fifo_head());
+        let entries = self.receiver.cts_entries(&buffers);
+        for (r, entry) in entries.iter().enumerate().take(buffers.len()) {
+            self.cts.push_back((slot * MAX_RECVS + r, *entry));
+        }
+        let posted = self.receiver.posted(g as u16, buffers.len() as u8);
+        posted.map_err(|e| e.to_string())?;
+        self.next_receive += 1;
+        Ok(())
+    }
+
+    fn finish_receive(&mut self, slot: usize, g: u16, imm_size: Option<u64>) -> Result<(), String> {
+        let g = usize::from(g);
+        let group = &self.groups[g];
+        let sizes = match (group.buffers.len(), imm_size) {
+            (1, Some(bytes)) => vec![bytes.min(group.buffers[0].capacity)],
+            _ => {
+                let at = slot * COMPLETION_RECORD_SIZE;
+                let bytes = self.records[at..at + COMPLETION_RECORD_SIZE].try_into();
+                let record = CompletionRecord::from_le_bytes(bytes.map_err(|_| "record")?);
+                (group.buffers.iter().enumerate())
+                    .map(|(r, b)| u64::from(record.sizes[r]).min(b.capacity))
+                    .collect()
+            }
+        };
+        if self.received[g].replace(Received { sizes }).is_some() {
+            return Err(format!("group {g} completed twice"));
+        }
+        self.received_count += 1;
+        Ok(())
+    }
+
+    fn sender_step(&mut self) -> Result<(), String> {
+        self.post_ready()?;
+        if let Some(&(g, r)) = self.sends.front() {
+            if self.head_matching()? {
+                let buffer = self.groups[g].buffers[r];
+                if let Some(matched) = self.sender.match_send(r as u32, buffer.send) {
+                    let request = self.request_index(g, r);
+                    let local = SendBuffer {
+                        request,
+                        addr: SEND_BASE + self.layout[g][r].0,
+                        lkeys: LKEYS,
+                        size: matched.size,
+                    };
+                    self.sender
+                        .take(matched, local)
+                        .map_err(|e| e.to_string())?;
+                    self.sends.pop_front();
+                    self.post_ready()?;
+                }
+            }
+        }
+        while let Some((rail, slot)) = self.send_cq.pop_front() {
+            let progress = self.sender.complete(slot, rail, self.now);
+            if progress.map_err(|e| e.to_string())? == SendProgress::SlotDone {
+                let state = *self.sender.slot(slot);
+                for buffer in state.buffers() {
+                    let request = usize::from(buffer.request);
+                    if std::mem::replace(&mut self.requests_done[request], true) {
+                        return Err(format!("request {request} reported done twice"));
+                    }
+                    self.done_count += 1;
+                    let g = self.owners[request];
+                    let n = self.groups[g].buffers.len();
+                    let first = self.first_request[g];
+                    self.sent[g] = self.requests_done[first..first + n].iter().all(|d| *d);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn request_index(&self, g: usize, r: usize) -> u16 {
+        (self.first_request[g] + r) as u16
+    }
+
+    fn head_matching(&mut self) -> Result<bool, String> {
+        match self.sender.head() {
+            Head::Matching => Ok(true),
+            Head::Busy => Ok(false),
+            Head::NeedsCts { seq } => {
+                let base = slot_of(seq) * MAX_RECVS;
+                let fifo = &self.fifo;
+                let loaded = self.sender.load_cts(|r| fifo[base + r], RailMask::BOTH);
+                loaded.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn post_ready(&mut self) -> Result<(), String> {
+        while let Some(slot) = self.sender.next_to_post() {
+            let state = *self.sender.slot(slot);
+            let g = self.owners[usize::from(state.buffers()[0].request)];
+            let shares = vec![self.groups[g].share; state.buffers().len()];
+            let target = RecordTarget {
+                local_addr: SHADOW_BASE + CompletionRecord::offset(slot),
+                lkeys: LKEYS,
+                remote_addr: RECORDS_BASE + CompletionRecord::offset(slot),
+                rkeys: RKEYS,
+                length: COMPLETION_RECORD_SIZE as u32,
+            };
+            let mut plan = post_plan::plan(slot as u8, &state, &shares, target);
+            if let Some(record) = plan.record {
+                let at = slot * COMPLETION_RECORD_SIZE;
+                self.shadow[at..at + COMPLETION_RECORD_SIZE].copy_from_slice(&record.to_le_bytes());
+            }
+            for rail in plan.mask.rails() {
+                let chain = plan.chain_mut(rail);
+                let last = chain.len() - 1;
+                chain[last].wr_id = slot as u64;
+                if !self.cut[rail.index()] {
+                    self.rails[rail.index()].extend(chain.iter().copied());
+                }
+            }
+            self.sender
+                .posted(slot, plan.mask, self.now)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Executes the head of `rail`'s queue: its bytes land, then its IMM (if it has a receive)
+    /// and its send completion.
+    fn deliver(&mut self, rail: Rail) {
+        let i = rail.index();
+        let Some(wr) = self.rails[i].front().copied() else {
+            return;
+        };
+        let imm = match wr.opcode {
+            SendOpcode::WriteWithImm { imm } => Some(imm),
+            SendOpcode::Write | SendOpcode::Read => None,
+        };
+        if imm.is_some() && self.srq_posted[i] == 0 {
+            return; // RNR: retried when a receive is posted
+        }
+        self.rails[i].pop_front();
+        assert!(wr.rkey == RKEYS[i], "{rail} write with another rail's rkey");
+        if let Some(sge) = wr.sge {
+            assert!(
+                sge.lkey == LKEYS[i],
+                "{rail} write with another rail's lkey"
+            );
+            let bytes = self.local(sge.addr, sge.length as usize).to_vec();
+            self.remote(wr.remote_addr, bytes.len())
+                .copy_from_slice(&bytes);
+        }
+        if let Some(imm) = imm {
+            self.srq_posted[i] -= 1;
+            self.recv_cq.push_back((rail, imm));
+        }
+        if wr.signaled {
+            self.send_cq.push_back((rail, wr.wr_id as usize));
+        }
+    }
+
+    fn local(&self, addr: u64, length: usize) -> &[u8] {
+        let (memory, base) = if addr >= SHADOW_BASE {
+            (&self.shadow, SHADOW_BASE)
+        } else {
+            (&self.send_memory, SEND_BASE)
+        };
+        &memory[(addr - base) as usize..][..length]
+    }
+
+    fn remote(&mut self, addr: u64, length: usize) -> &mut [u8] {
+        let (memory, base) = if addr >= RECORDS_BASE {
+            (&mut self.records, RECORDS_BASE)
+        } else {
+            (&mut self.recv_memory, RECV_BASE)
+        };
+        &mut memory[(addr - base) as usize..][..length]
+    }
+}
