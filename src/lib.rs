@@ -16,6 +16,7 @@ pub mod log;
 pub mod error;
 pub mod fabric;
 pub mod ffi;
+mod native_thread;
 pub mod net;
 mod netif;
 pub mod params;

@@ -81,8 +81,8 @@ impl HintMapping {
 }
 
 /// Check every hint file this process maps: still the file at its path, and whole. Called
-/// about once a second from the heartbeat (`super::telemetry`), never from the data path; the
-/// connections reading a lost file notice it at their next send.
+/// about once a second by the housekeeping thread (`super::housekeeper`), never from the data
+/// path; the connections reading a lost file notice it at their next send.
 pub(crate) fn check_hint_files() {
     let mappings = MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner);
     let live: Vec<Arc<HintMapping>> = mappings.iter().filter_map(Weak::upgrade).collect();

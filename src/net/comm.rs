@@ -53,9 +53,10 @@ impl ConnectionInfo {
         format!("peer {} ({}, {mode})", self.peer, self.class.label())
     }
 
-    /// Fails on a fatal async event of a rail this comm uses (checked every 10 ms).
-    pub(crate) fn check_health(&self, watch: &mut HealthWatch, now_ns: u64) -> Result<(), Error> {
-        match watch.check(now_ns, &self.devices, &self.health, &self.qp_nums) {
+    /// Fails on a fatal async event of a rail this comm uses (read by the housekeeping thread
+    /// every 10 ms, published per device).
+    pub(crate) fn check_health(&self, watch: &mut HealthWatch) -> Result<(), Error> {
+        match watch.check(&self.health, &self.qp_nums) {
             None => Ok(()),
             Some((rail, event)) => Err(Error::system(format!(
                 "{}: the {rail} rail ({}) reported {event:?}; the connection cannot continue",

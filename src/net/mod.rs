@@ -20,6 +20,7 @@ mod connect;
 mod dma;
 mod flush;
 mod health;
+mod housekeeper;
 mod memory;
 mod oob;
 mod peer;

@@ -3,7 +3,8 @@
 //! An RC queue pair only learns that its peer died when it has something on the wire: a
 //! receiver waiting for data, or a sender waiting for a CTS, would wait forever on a killed
 //! peer. Each comm therefore keeps its handshake's TCP connection (as net_ib keeps its socket)
-//! and, while a request is pending, peeks at it at most every [`CHECK_INTERVAL_NS`]. The kernel
+//! and, while a request is pending and nothing has completed for [`CHECK_INTERVAL_NS`], peeks at
+//! it at most that often (a flowing connection makes no syscall for it). The kernel
 //! closes a dead process's sockets, so the peek sees end-of-file or a reset. A peer that closes
 //! its comm normally does the same, possibly a moment before our last completion is polled
 //! (its TCP FIN can overtake the RDMA ACK), so pending requests fail only once the connection
@@ -42,6 +43,14 @@ impl PeerWatch {
             stream: None,
             next_check_ns: u64::MAX,
             closed: None,
+        }
+    }
+
+    /// A request completed at `now_ns`: the peer is there, no peek before the next interval.
+    #[inline]
+    pub(crate) fn progressed(&mut self, now_ns: u64) {
+        if self.stream.is_some() {
+            self.next_check_ns = now_ns.saturating_add(CHECK_INTERVAL_NS);
         }
     }
 
@@ -146,6 +155,18 @@ mod tests {
         watch.check(CHECK_INTERVAL_NS - 1, peer).unwrap();
         assert!(watch.closed.is_none());
         watch.check(CHECK_INTERVAL_NS, peer).unwrap();
+        assert!(watch.closed.is_some());
+    }
+
+    #[test]
+    fn a_completion_puts_the_next_peek_an_interval_away() {
+        let (mut watch, theirs) = connected();
+        drop(theirs);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        watch.progressed(5);
+        watch.check(5 + CHECK_INTERVAL_NS - 1, peer).unwrap();
+        assert!(watch.closed.is_none(), "no peek while requests complete");
+        watch.check(5 + CHECK_INTERVAL_NS, peer).unwrap();
         assert!(watch.closed.is_some());
     }
 

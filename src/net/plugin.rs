@@ -2,9 +2,9 @@
 //! after the last `finalize`; per-communicator contexts snapshot the settings (v11+ calls `init`
 //! once per communicator).
 //!
-//! Nothing here survives `dlclose`: the only threads are the tcp fabric's (one per rail,
-//! `src/fabric/tcp/thread.rs`), joined when the rail's last handle is dropped — after `finalize`
-//! and the last comm's close — and neither `atexit` hooks nor thread-local destructors are
+//! Nothing here survives `dlclose`: the only threads are the housekeeper (`super::housekeeper`,
+//! one per process) and the tcp fabric's (one per rail, `src/fabric/tcp/thread.rs`), joined when
+//! the rails are dropped — after `finalize` and the last comm's close — and neither `atexit` hooks nor thread-local destructors are
 //! registered (either would pin the image), so NCCL 2.28+'s unload after the last communicator
 //! unmaps the library (tests/lifecycle.rs).
 
@@ -17,6 +17,7 @@ use crate::log;
 use crate::params::Settings;
 
 use super::health::DeviceHealth;
+use super::housekeeper::{Housekeeper, Watched};
 use super::resources::Devices;
 use super::send::MAX_TRANSFER;
 use super::telemetry::Telemetry;
@@ -60,6 +61,21 @@ pub(crate) struct Opened {
     pub health: [Arc<DeviceHealth>; 2],
     /// The fabric's default address for the control connection (`Fabric::control_address`).
     pub control_address: Option<std::net::Ipv4Addr>,
+    /// Reads the devices' async events and checks the shared files, off the data path; stopped
+    /// at the last `finalize`, even if a comm NCCL never closed still holds the rails.
+    housekeeper: Mutex<Option<Housekeeper>>,
+}
+
+impl Opened {
+    /// Stops and joins the housekeeping thread (no-op when stopped already).
+    fn stop_housekeeper(&self) {
+        let housekeeper = self
+            .housekeeper
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(housekeeper);
+    }
 }
 
 /// A per-communicator context (v11+), or the process-wide one for older ABIs.
@@ -134,6 +150,9 @@ pub(super) fn finalize(ctx: Arc<Context>) -> Result<()> {
         // file goes now (clean shutdown), its mapping when the last comm closes.
         if let Some(opened) = global.opened.take() {
             opened.telemetry.remove();
+            // Now, not when the last reference goes: a connect NCCL abandoned half way keeps
+            // one, and no thread may outlive the last finalize (a later dlclose unmaps its code).
+            opened.stop_housekeeper();
         }
         info!(
             log::INIT,
@@ -236,17 +255,25 @@ fn open(settings: &Settings) -> Result<Opened> {
         sup.info().speed_mbps
     );
     let control_address = fabric.control_address(sout.as_ref());
+    let health: [Arc<DeviceHealth>; 2] = Default::default();
+    let telemetry = Arc::new(Telemetry::open(
+        settings,
+        &[Arc::clone(&sout), Arc::clone(&sup)],
+    ));
+    let housekeeper = Housekeeper::start(Watched {
+        devices: [Arc::clone(&sout), Arc::clone(&sup)],
+        health: health.clone(),
+        telemetry: Arc::clone(&telemetry),
+    })?;
     Ok(Opened {
+        housekeeper: Mutex::new(Some(housekeeper)),
         control_address,
         _fabric: fabric,
         devices: [Arc::clone(&sout), Arc::clone(&sup)],
         name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
         pci_path: pci_path.and_then(|p| CString::new(p).ok()),
         force_flush: settings.force_flush,
-        health: Default::default(),
-        telemetry: Arc::new(Telemetry::open(
-            settings,
-            &[Arc::clone(&sout), Arc::clone(&sup)],
-        )),
+        health,
+        telemetry,
     })
 }

@@ -365,7 +365,7 @@ impl RecvComm {
         self.poll(data)?;
         data.refill()?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch, now) {
+        if let Err(error) = self.info.check_health(&mut data.watch) {
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -381,6 +381,7 @@ impl RecvComm {
         }
         let outcome = (request.sizes, request.count as usize);
         data.pool.release(index);
+        data.peer.progressed(now);
         Ok(Some(outcome))
     }
 

@@ -7,7 +7,7 @@
 
 use mpib_probes::declared::{CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mpib_probes::{
@@ -34,14 +34,9 @@ pub(crate) struct Telemetry {
     sample_one_in: u32,
     /// Unix-epoch ns minus monotonic ns, so event times need no clock syscall.
     epoch_offset_ns: u64,
-    /// Monotonic ns of the next check that the file is still there and whole.
-    next_check_ns: AtomicU64,
     /// Whether the loss of the file was logged.
     lost: AtomicBool,
 }
-
-/// Time between two checks of the probes file (one `stat`), from the heartbeat.
-const CHECK_INTERVAL_NS: u64 = 1_000_000_000;
 
 impl Telemetry {
     /// Creates the probes file for the opened rails (or a disabled one).
@@ -53,7 +48,6 @@ impl Telemetry {
             slow_threshold_ns,
             sample_one_in: 0,
             epoch_offset_ns,
-            next_check_ns: AtomicU64::new(0),
             lost: AtomicBool::new(false),
         };
         if !settings.probes {
@@ -98,7 +92,6 @@ impl Telemetry {
                     slow_threshold_ns,
                     sample_one_in: settings.probes_sample,
                     epoch_offset_ns,
-                    next_check_ns: AtomicU64::new(0),
                     lost: AtomicBool::new(false),
                 }
             }
@@ -131,24 +124,17 @@ impl Telemetry {
         monotonic_ns + self.epoch_offset_ns
     }
 
-    /// Refreshes the writer heartbeat; about once a second, also checks that the probes file
-    /// and the hint files this process reads are still there and whole.
+    /// Refreshes the writer heartbeat (one store).
     #[inline]
     pub(crate) fn heartbeat(&self, monotonic_ns: u64) {
         self.file.heartbeat(self.epoch_ns(monotonic_ns));
-        if monotonic_ns >= self.next_check_ns.load(Ordering::Relaxed) {
-            self.check_file(monotonic_ns);
-        }
     }
 
     /// One WARN when another process shrank, removed or replaced the probes file: the plugin
     /// goes on writing into memory nobody reads (a shrunk file's pages became private zero
-    /// pages, see `mpib_probes::guard`), and moving data.
-    #[cold]
-    fn check_file(&self, monotonic_ns: u64) {
-        self.next_check_ns
-            .store(monotonic_ns + CHECK_INTERVAL_NS, Ordering::Relaxed);
-        super::agent::check_hint_files();
+    /// pages, see `mpib_probes::guard`), and moving data. One `stat`: called about once a
+    /// second by the housekeeping thread (`super::housekeeper`), never from the data path.
+    pub(crate) fn check_file(&self) {
         if self.lost.load(Ordering::Relaxed) {
             return;
         }

@@ -8,7 +8,6 @@ use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::native::NativeThread;
 use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
 use crate::fabric::pages::check_depth;
@@ -17,6 +16,7 @@ use crate::fabric::{
     FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
     RemoteQp, SharedReceiveQueue, WorkRequest,
 };
+use crate::native_thread::NativeThread;
 
 /// Largest CQ, SRQ and send queue (the ConnectX limits the other fabrics use too).
 const MAX_CQE: u32 = (1 << 22) - 1;

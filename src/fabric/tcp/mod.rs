@@ -21,7 +21,6 @@
 
 mod device;
 mod memory;
-mod native;
 mod shared;
 mod socket;
 #[cfg(test)]
@@ -94,11 +93,13 @@ impl Fabric for TcpFabric {
         let shared =
             Arc::new(Shared::new(name.clone(), address, port).map_err(|e| error("eventfd", e))?);
         let thread_shared = Arc::clone(&shared);
-        let thread =
-            native::NativeThread::spawn(&format!("mpib-tcp-{}", rail.label()), move || {
+        let thread = crate::native_thread::NativeThread::spawn(
+            &format!("mpib-tcp-{}", rail.label()),
+            move || {
                 thread::run(thread_shared, listener);
-            })
-            .map_err(|e| error("pthread_create", e))?;
+            },
+        )
+        .map_err(|e| error("pthread_create", e))?;
         let info = device_info(&name, address, port);
         Ok(Arc::new(TcpDevice {
             core: Arc::new(Core::new(shared, thread)),

@@ -247,7 +247,7 @@ impl SendComm {
         self.post_ready(data)?;
         self.poll(data)?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch, now) {
+        if let Err(error) = self.info.check_health(&mut data.watch) {
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -259,6 +259,7 @@ impl SendComm {
         }
         let size = request.sizes[0];
         data.pool.release(index);
+        data.peer.progressed(now);
         Ok(Some(size))
     }
 

@@ -1,4 +1,5 @@
-//! The rail thread, started with `pthread_create` rather than `std::thread`.
+//! The plugin's threads (the tcp fabric's rail threads, the housekeeper), started with
+//! `pthread_create` rather than `std::thread`.
 //!
 //! Why: `std::thread::spawn` runs the spawn hooks in the *calling* thread (Rust 1.85 on), which
 //! initialises a thread-local with a destructor there. glibc counts a thread-local destructor
@@ -17,13 +18,13 @@ type Body = Box<dyn FnOnce() + Send + 'static>;
 
 /// A running native thread; [`join`](NativeThread::join) waits for it.
 #[derive(Debug)]
-pub(super) struct NativeThread {
+pub(crate) struct NativeThread {
     handle: libc::pthread_t,
 }
 
 impl NativeThread {
     /// Starts `body` on a new thread named `name` (at most 15 bytes are kept, as Linux allows).
-    pub(super) fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> io::Result<Self> {
+    pub(crate) fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> io::Result<Self> {
         let body: Box<Body> = Box::new(Box::new(body));
         let argument = Box::into_raw(body).cast::<c_void>();
         let mut handle: libc::pthread_t = 0;
@@ -45,7 +46,7 @@ impl NativeThread {
     }
 
     /// Waits for the thread to end (its body returned or panicked).
-    pub(super) fn join(self) {
+    pub(crate) fn join(self) {
         // SAFETY: `handle` is a joinable thread this value owns, joined once (by value).
         unsafe { libc::pthread_join(self.handle, std::ptr::null_mut()) };
     }

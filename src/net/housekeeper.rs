@@ -1,0 +1,106 @@
+//! The plugin's housekeeping thread: the upkeep that needs syscalls, kept off NCCL's data path.
+//!
+//! Every [`TICK`] it reads the rail devices' async event queues (a `read()` each on verbs) and
+//! publishes the fatal events ([`DeviceHealth`]); about once a second it checks that the probes
+//! file and the hint files this process maps are still the files at their paths and whole (a
+//! `stat` each, and the hint mappings' list under its lock). What it finds reaches the data path
+//! through atomics only, so `isend`, `irecv` and `test` do no syscall, take no lock and allocate
+//! nothing however many connections there are (tests/hot_path.rs). net_ib reads async events on
+//! a thread per device for the same reason.
+//!
+//! One thread per process, started with the rails and joined at the last `finalize` (or when the
+//! rails are dropped first): comms NCCL leaves open past it get no more event reads, and a
+//! `dlclose` after it finds no thread running in the image. It is a native thread that registers
+//! nothing in its caller (`crate::native_thread`), so the image really unmaps
+//! (tests/lifecycle.rs).
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fabric::{Rail, RailDevice};
+use crate::native_thread::NativeThread;
+
+use super::health::DeviceHealth;
+use super::telemetry::Telemetry;
+
+/// How often the device event queues are read.
+pub(crate) const TICK: Duration = Duration::from_millis(10);
+/// How often the shared files are checked, in ticks (about a second).
+const FILE_CHECK_TICKS: u32 = 100;
+
+/// What the thread watches.
+pub(crate) struct Watched {
+    pub devices: [Arc<dyn RailDevice>; 2],
+    pub health: [Arc<DeviceHealth>; 2],
+    pub telemetry: Arc<Telemetry>,
+}
+
+/// The stop request, with the condition variable that cuts the thread's sleep short.
+#[derive(Default)]
+struct Stop {
+    requested: Mutex<bool>,
+    wake: Condvar,
+}
+
+/// The running thread; dropping it stops and joins it.
+pub(crate) struct Housekeeper {
+    stop: Arc<Stop>,
+    thread: Option<NativeThread>,
+}
+
+impl Housekeeper {
+    /// Starts the thread; an error names why the system refused it.
+    pub(crate) fn start(watched: Watched) -> Result<Housekeeper> {
+        let stop = Arc::new(Stop::default());
+        let signal = Arc::clone(&stop);
+        let thread = NativeThread::spawn("mpib-housekeep", move || run(&watched, &signal))
+            .map_err(|e| Error::system(format!("cannot start the housekeeping thread: {e}")))?;
+        Ok(Housekeeper {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Housekeeper {
+    fn drop(&mut self) {
+        *self
+            .stop
+            .requested
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = true;
+        self.stop.wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            thread.join();
+        }
+    }
+}
+
+/// The thread's loop: sleep a tick (or until asked to stop), then the upkeep that is due.
+fn run(watched: &Watched, stop: &Stop) {
+    let mut ticks = 0u32;
+    let mut requested = stop
+        .requested
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let (guard, _) = stop
+            .wake
+            .wait_timeout(requested, TICK)
+            .unwrap_or_else(PoisonError::into_inner);
+        requested = guard;
+        if *requested {
+            return;
+        }
+        for rail in Rail::ALL {
+            let device = watched.devices[rail.index()].as_ref();
+            watched.health[rail.index()].poll(device, rail);
+        }
+        ticks += 1;
+        if ticks % FILE_CHECK_TICKS == 0 {
+            watched.telemetry.check_file();
+            super::agent::check_hint_files();
+        }
+    }
+}
