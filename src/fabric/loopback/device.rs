@@ -2,6 +2,7 @@
 //! CQs, SRQs and QPs.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::qp::{LoopbackQp, QpState};
 use super::queues::{CqState, LoopbackCq, LoopbackSrq, SrqState};
@@ -94,9 +95,14 @@ impl DeviceState {
     pub(crate) fn push_event(&mut self, event: AsyncEvent) {
         if self.events.len() < MAX_EVENTS {
             self.events.push_back(event);
+            EVENTS_QUEUED.fetch_add(1, Ordering::Release);
         }
     }
 }
+
+/// Events queued on every device, so that a reader with none to take skips the world's lock
+/// (the housekeeping thread reads every 10 ms; it must not contend with the data path for it).
+static EVENTS_QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// An opened loopback device: a handle onto [`DeviceState`] in the world, tagged with the rail
 /// it was opened as (the fault knobs act per rail).
@@ -299,7 +305,14 @@ impl RailDevice for LoopbackDevice {
     }
 
     fn next_async_event(&self) -> Option<AsyncEvent> {
-        world().devices[self.index].events.pop_front()
+        if EVENTS_QUEUED.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let event = world().devices[self.index].events.pop_front();
+        if event.is_some() {
+            EVENTS_QUEUED.fetch_sub(1, Ordering::Release);
+        }
+        event
     }
 
     fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>> {

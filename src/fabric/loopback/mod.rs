@@ -102,11 +102,13 @@ pub(crate) struct World {
     pub(crate) next_key: u32,
     /// Next CQ/SRQ identifier.
     pub(crate) next_id: u64,
-    /// Live QPs in creation order (progress walks them in this order).
+    /// Live QPs in creation order (progress walks them in this order), so sorted by number.
     pub(crate) qps: Vec<QpState>,
-    /// Live completion queues.
+    /// WRs queued on every QP, not yet executed (progress skips the walk at 0).
+    pub(crate) inflight_wrs: usize,
+    /// Live completion queues, in creation order (so sorted by identifier).
     pub(crate) cqs: Vec<CqState>,
-    /// Live shared receive queues.
+    /// Live shared receive queues, in creation order (so sorted by identifier).
     pub(crate) srqs: Vec<SrqState>,
 }
 
@@ -133,6 +135,7 @@ impl World {
             next_key: FIRST_KEY,
             next_id: 1,
             qps: Vec::new(),
+            inflight_wrs: 0,
             cqs: Vec::new(),
             srqs: Vec::new(),
         }
@@ -140,17 +143,18 @@ impl World {
 
     /// Position of the live QP numbered `qpn`.
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<usize> {
-        self.qps.iter().position(|q| q.qpn == qpn)
+        // Numbers and identifiers only grow and removal keeps the order: a binary search.
+        self.qps.binary_search_by_key(&qpn, |q| q.qpn).ok()
     }
 
     /// Position of the live CQ with identifier `id`.
     pub(crate) fn cq_index(&self, id: u64) -> Option<usize> {
-        self.cqs.iter().position(|c| c.id == id)
+        self.cqs.binary_search_by_key(&id, |c| c.id).ok()
     }
 
     /// Position of the live SRQ with identifier `id`.
     pub(crate) fn srq_index(&self, id: u64) -> Option<usize> {
-        self.srqs.iter().position(|s| s.id == id)
+        self.srqs.binary_search_by_key(&id, |s| s.id).ok()
     }
 
     /// Nanoseconds since the rate model took effect, or `None` when no rates are modelled (then

@@ -256,6 +256,7 @@ impl QueuePair for LoopbackQp {
 unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
     let rail = world.qps[index].rail.index();
     world.posted[rail] = world.posted[rail].saturating_add(1);
+    world.inflight_wrs += 1;
     let inject_fail = world.faults.fail[rail] == Some(world.posted[rail]);
     if world.faults.port_down[rail] == Some(world.posted[rail]) {
         let device = world.qps[index].device;
@@ -302,7 +303,8 @@ impl Drop for LoopbackQp {
     fn drop(&mut self) {
         let mut world = world();
         if let Some(index) = world.qp_index(self.qpn) {
-            world.qps.remove(index);
+            let removed = world.qps.remove(index);
+            world.inflight_wrs -= removed.inflight.len();
         }
     }
 }
