@@ -70,6 +70,7 @@ pub enum Signal {
 
 /// Fills `chain` with the WRs of `rail` for a slot and returns how many there are. The last WR is
 /// the signalled RDMA_WRITE_WITH_IMM; its `wr_id` is left 0 for the caller to set.
+#[inline]
 pub fn build(
     slot: u8,
     mask: RailMask,

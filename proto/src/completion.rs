@@ -85,6 +85,7 @@ impl std::error::Error for MaskError {}
 
 impl MaskLearning {
     /// Nothing learned, nothing seen.
+    #[inline]
     pub const fn new() -> Self {
         MaskLearning {
             expected: RailMask::NONE,
@@ -94,6 +95,7 @@ impl MaskLearning {
 
     /// One IMM arrived on `rail` carrying `mask`; `allowed` is the set of rails that exist on
     /// this connection. `Ok(true)` when the receive is now complete. On error nothing changes.
+    #[inline]
     pub fn arrive(
         &mut self,
         rail: Rail,
@@ -121,16 +123,19 @@ impl MaskLearning {
     }
 
     /// Mask learned from the first IMM (empty before it).
+    #[inline]
     pub const fn expected(&self) -> RailMask {
         self.expected
     }
 
     /// Rails whose IMM has arrived.
+    #[inline]
     pub const fn seen(&self) -> RailMask {
         self.seen
     }
 
     /// Whether a mask was learned and every rail in it has delivered.
+    #[inline]
     pub const fn is_complete(&self) -> bool {
         !self.expected.is_empty() && self.seen.0 == self.expected.0
     }

@@ -25,6 +25,7 @@ pub struct SendQueueCredits {
 
 impl SendQueueCredits {
     /// Empty queue of `capacity` WRs (the QP's `max_send_wr`), at most 2^31.
+    #[inline]
     pub const fn new(capacity: u32) -> Self {
         debug_assert!(capacity <= MAX_SEND_QUEUE_CAPACITY);
         let capacity = if capacity > MAX_SEND_QUEUE_CAPACITY {
@@ -40,21 +41,25 @@ impl SendQueueCredits {
     }
 
     /// Queue capacity in WRs.
+    #[inline]
     pub const fn capacity(&self) -> u32 {
         self.capacity
     }
 
     /// WRs that may still be posted.
+    #[inline]
     pub const fn available(&self) -> u32 {
         self.capacity - self.outstanding()
     }
 
     /// WRs posted and not yet retired.
+    #[inline]
     pub const fn outstanding(&self) -> u32 {
         self.posted.wrapping_sub(self.retired)
     }
 
     /// The post counter: post index of the most recently reserved WR.
+    #[inline]
     pub const fn posted_index(&self) -> u32 {
         self.posted
     }
@@ -62,6 +67,7 @@ impl SendQueueCredits {
     /// Reserve `n` WRs. Returns the post index of the LAST of them (the counter after
     /// reserving), to be carried in the `wr_id` of the chain's signaled WR; `None`, with
     /// nothing changed, if fewer than `n` are available.
+    #[inline]
     pub fn reserve(&mut self, n: u32) -> Option<u32> {
         if n > self.available() {
             return None;
@@ -73,6 +79,7 @@ impl SendQueueCredits {
     /// A signaled WR whose post index is `post_index` completed: it and every earlier WR are
     /// retired. Stale indices (at or before the last retired one) and indices never reserved
     /// are ignored, using wrapping distances.
+    #[inline]
     pub fn retire(&mut self, post_index: u32) {
         let distance = post_index.wrapping_sub(self.retired);
         if distance != 0 && distance <= self.outstanding() {

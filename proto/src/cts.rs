@@ -74,16 +74,19 @@ const _: () = {
 };
 
 /// FIFO slot of the request at `fifo_head`.
+#[inline]
 pub const fn slot_of(fifo_head: u64) -> usize {
     (fifo_head % FIFO_SLOTS as u64) as usize
 }
 
 /// The `idx` value that marks the slot of `fifo_head` as filled (docs/PROTOCOL.md §3).
+#[inline]
 pub const fn ready_idx(fifo_head: u64) -> u64 {
     fifo_head.wrapping_add(1)
 }
 
 /// Byte offset of entry `entry` of slot `slot` within the FIFO `[256][8]`.
+#[inline]
 pub const fn fifo_offset(slot: usize, entry: usize) -> u64 {
     ((slot * MAX_RECVS + entry) * CTS_ENTRY_SIZE) as u64
 }
@@ -145,6 +148,7 @@ impl std::error::Error for CtsError {}
 impl CtsEntry {
     /// Validate a received entry (NCCL's "posted incorrect receive info" checks): `nreqs` in
     /// `1..=8`; unless `size == 0`, `addr != 0` and an rkey for every rail in `rails`.
+    #[inline]
     pub fn validate(&self, slot: usize, entry: usize, rails: RailMask) -> Result<(), CtsError> {
         if self.nreqs == 0 || self.nreqs as usize > MAX_RECVS {
             return Err(CtsError::BadCount {
@@ -165,11 +169,13 @@ impl CtsEntry {
     }
 
     /// Whether this entry is the one posted for `fifo_head` (its ready flag is set).
+    #[inline]
     pub const fn is_ready(&self, fifo_head: u64) -> bool {
         self.idx == ready_idx(fifo_head)
     }
 
     /// The entry's 64 bytes, little-endian, in `#[repr(C)]` layout.
+    #[inline]
     pub fn to_le_bytes(&self) -> [u8; CTS_ENTRY_SIZE] {
         let mut bytes = [0u8; CTS_ENTRY_SIZE];
         bytes[0..8].copy_from_slice(&self.addr.to_le_bytes());
@@ -184,6 +190,7 @@ impl CtsEntry {
     }
 
     /// The entry held in 64 little-endian bytes.
+    #[inline]
     pub fn from_le_bytes(bytes: &[u8; CTS_ENTRY_SIZE]) -> CtsEntry {
         let u32_at = |at: usize| {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
@@ -205,6 +212,7 @@ impl CtsEntry {
 
 /// Tag matching within a multi-receive (NCCL): the first entry whose tag equals `tag` and whose
 /// bit in `taken` is clear. Only the first `MAX_RECVS` entries are considered.
+#[inline]
 pub fn match_tag(entries: &[CtsEntry], taken: u8, tag: u32) -> Option<usize> {
     entries
         .iter()
@@ -234,11 +242,13 @@ const _: () = {
 
 impl CompletionRecord {
     /// Byte offset of slot `slot`'s record within the records array `[256]`.
+    #[inline]
     pub const fn offset(slot: usize) -> u64 {
         (slot * COMPLETION_RECORD_SIZE) as u64
     }
 
     /// The record's 48 bytes, little-endian.
+    #[inline]
     pub fn to_le_bytes(&self) -> [u8; COMPLETION_RECORD_SIZE] {
         let mut bytes = [0u8; COMPLETION_RECORD_SIZE];
         for (chunk, size) in bytes[..32].chunks_exact_mut(4).zip(self.sizes) {
@@ -251,6 +261,7 @@ impl CompletionRecord {
     }
 
     /// The record held in 48 little-endian bytes.
+    #[inline]
     pub fn from_le_bytes(bytes: &[u8; COMPLETION_RECORD_SIZE]) -> CompletionRecord {
         let mut record = CompletionRecord::default();
         for (size, chunk) in record.sizes.iter_mut().zip(bytes[..32].chunks_exact(4)) {

@@ -39,6 +39,7 @@ pub const DST_IP_OFFSET: usize = 12;
 
 /// Byte offset of entry `slot` in the file. Entries are 16-byte aligned (the file is mapped
 /// page aligned), so each `u32` field is naturally aligned for atomic access.
+#[inline]
 pub const fn entry_offset(slot: usize) -> usize {
     HINT_HEADER_LEN + slot * HINT_ENTRY_LEN
 }
@@ -55,6 +56,7 @@ pub trait HintCell {
 
 /// Seqlock read with at most `max_tries` attempts: returns `sup_bw` read while `seq` was even and
 /// unchanged, or `None` when every attempt raced a write (or `max_tries` is 0).
+#[inline]
 pub fn read_hint(cell: &impl HintCell, max_tries: u32) -> Option<u32> {
     for _ in 0..max_tries {
         let before = cell.load_seq();
@@ -72,6 +74,7 @@ pub fn read_hint(cell: &impl HintCell, max_tries: u32) -> Option<u32> {
 }
 
 /// Check a mapped file's header; the error names what was wrong and what was expected.
+#[inline]
 pub fn check_header(magic: u32, max_entries: u32) -> Result<(), String> {
     if magic != HINT_MAGIC {
         return Err(format!(
@@ -90,6 +93,7 @@ pub fn check_header(magic: u32, max_entries: u32) -> Result<(), String> {
 
 /// Header fields `(magic, max_entries)` from the first bytes of the file, in host order (the
 /// agent and the plugin share the host, and the C layout uses native `uint32_t`).
+#[inline]
 pub fn header_fields(header: &[u8; HINT_HEADER_LEN]) -> (u32, u32) {
     let word = |at: usize| {
         u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
@@ -98,6 +102,7 @@ pub fn header_fields(header: &[u8; HINT_HEADER_LEN]) -> (u32, u32) {
 }
 
 /// The header the agent writes (used by tests and the loopback demo agent).
+#[inline]
 pub fn encode_header() -> [u8; HINT_HEADER_LEN] {
     let mut header = [0u8; HINT_HEADER_LEN];
     header[MAGIC_OFFSET..MAGIC_OFFSET + 4].copy_from_slice(&HINT_MAGIC.to_ne_bytes());

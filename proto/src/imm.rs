@@ -71,6 +71,7 @@ impl std::error::Error for ImmError {}
 impl Imm {
     /// Host-order value `slot | mask << 8 | size_q << 10`; excess bits of `mask` and `size_q`
     /// are dropped so that fields never bleed into each other.
+    #[inline]
     pub const fn encode(self) -> u32 {
         ((self.slot as u32) << SLOT_SHIFT)
             | (((self.mask.0 as u32) & MASK_FIELD) << MASK_SHIFT)
@@ -78,11 +79,13 @@ impl Imm {
     }
 
     /// The value to put in a work request's `imm_data` (network byte order, as verbs expects).
+    #[inline]
     pub const fn to_wire(self) -> u32 {
         self.encode().to_be()
     }
 
     /// Decode a host-order value; a zero mask is an error.
+    #[inline]
     pub fn decode(raw: u32) -> Result<Imm, ImmError> {
         let mask = RailMask(((raw >> MASK_SHIFT) & MASK_FIELD) as u8);
         if mask.is_empty() {
@@ -96,6 +99,7 @@ impl Imm {
     }
 
     /// Decode the `imm_data` of a receive completion (network byte order).
+    #[inline]
     pub fn from_wire(wire: u32) -> Result<Imm, ImmError> {
         Imm::decode(u32::from_be(wire))
     }
@@ -103,6 +107,7 @@ impl Imm {
     /// The `size_q` that carries `size` exactly, or `None` when it cannot (not a multiple of
     /// 128, or too large). Exactness matters: the receiver reports this size to NCCL, so a
     /// rounded value would be a wrong answer, not an approximation.
+    #[inline]
     pub const fn exact_size_q(size: u64) -> Option<u32> {
         if size % SIZE_GRANULARITY != 0 {
             return None;
@@ -116,6 +121,7 @@ impl Imm {
     }
 
     /// `exact_size_q(size)`, or the sentinel when the size must go through the record.
+    #[inline]
     pub const fn size_q_or_sentinel(size: u64) -> u32 {
         match Imm::exact_size_q(size) {
             Some(size_q) => size_q,
@@ -124,6 +130,7 @@ impl Imm {
     }
 
     /// Bytes carried; `None` for the sentinel (read the completion record).
+    #[inline]
     pub const fn size_bytes(self) -> Option<u64> {
         if self.size_q == SIZE_Q_SENTINEL {
             None

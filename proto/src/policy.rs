@@ -16,6 +16,7 @@ use super::island::PathClass;
 /// Vanilla: `IntraIsland => u32::MAX`, `InterIsland => 0`, and `hint` is never called.
 /// Advanced: whatever `hint()` returns (the caller returns 0 when no hint is available, which
 /// degrades safely to all SOUT: docs/AGENT.md, 'What it does').
+#[inline]
 pub fn sup_bandwidth(mode: Mode, class: PathClass, hint: impl FnOnce() -> u32) -> u32 {
     match mode {
         Mode::Vanilla => match class {
@@ -30,6 +31,7 @@ pub fn sup_bandwidth(mode: Mode, class: PathClass, hint: impl FnOnce() -> u32) -
 /// advanced mode, an inter-island transfer of at most `bdp_bytes` bytes stays on SOUT whatever
 /// the hint says (`bdp_bytes == 0` disables it). Why: a message that fits in the path's
 /// bandwidth-delay product gains nothing from a second rail and pays the relay's extra latency.
+#[inline]
 pub fn within_bdp(mode: Mode, class: PathClass, size: u64, bdp_bytes: u64) -> bool {
     bdp_bytes > 0 && mode == Mode::Advanced && class == PathClass::InterIsland && size <= bdp_bytes
 }

@@ -34,11 +34,13 @@ pub struct PostPlan {
 
 impl PostPlan {
     /// The chain `rail` posts (empty for an inactive rail).
+    #[inline]
     pub fn chain(&self, rail: Rail) -> &[WorkRequest] {
         &self.chains[rail.index()][..self.lengths[rail.index()]]
     }
 
     /// The chain `rail` posts, to set its last wr_id.
+    #[inline]
     pub fn chain_mut(&mut self, rail: Rail) -> &mut [WorkRequest] {
         &mut self.chains[rail.index()][..self.lengths[rail.index()]]
     }
@@ -46,6 +48,7 @@ impl PostPlan {
 
 /// Plans the posting of `slot` (index `slot_index`, fully matched): `shares[r]` is buffer `r`'s
 /// SUP share in parts per 1024, `record` where the leader writes the record on the general path.
+#[inline]
 pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarget) -> PostPlan {
     let nreqs = slot.buffers().len().min(MAX_RECVS);
     let mut buffers = [EMPTY_BUFFER; MAX_RECVS];
@@ -71,7 +74,16 @@ pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarge
     for rail in Rail::ALL {
         rail_bytes[rail.index()] = splits.iter().map(|s| s.length(rail)).sum();
     }
-    let record = matches!(signal, Signal::Record(_)).then(|| {
+    // Built in the value returned, so that the chains are written once, in the caller's frame.
+    let mut posting = PostPlan {
+        mask,
+        signal,
+        record: None,
+        rail_bytes,
+        chains: [[EMPTY_WR; MAX_CHAIN]; 2],
+        lengths: [0; 2],
+    };
+    if matches!(signal, Signal::Record(_)) {
         let mut record = CompletionRecord {
             rail_bytes,
             ..CompletionRecord::default()
@@ -80,22 +92,14 @@ pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarge
             // A transfer is at most 1 GiB (`maxP2pBytes`), so a size fits the record's u32.
             *size = u32::try_from(split.size).unwrap_or(u32::MAX);
         }
-        record
-    });
-    let mut chains = [[EMPTY_WR; MAX_CHAIN]; 2];
-    let mut lengths = [0usize; 2];
+        posting.record = Some(record);
+    }
     for rail in mask.rails() {
-        let chain = &mut chains[rail.index()];
-        lengths[rail.index()] = chain::build(slot_index, mask, buffers, signal, rail, chain);
+        let chain = &mut posting.chains[rail.index()];
+        posting.lengths[rail.index()] =
+            chain::build(slot_index, mask, buffers, signal, rail, chain);
     }
-    PostPlan {
-        mask,
-        signal,
-        record,
-        rail_bytes,
-        chains,
-        lengths,
-    }
+    posting
 }
 
 /// An unused buffer entry, for stack arrays.

@@ -28,6 +28,7 @@ pub struct QpLayout {
 
 impl QpLayout {
     /// Layout for the configured counts; vanilla + inter-island suppresses every SUP QP.
+    #[inline]
     pub fn new(sout_qps: u8, sup_qps: u8, mode: Mode, class: PathClass) -> QpLayout {
         let suppressed = mode == Mode::Vanilla && class == PathClass::InterIsland;
         QpLayout {
@@ -37,6 +38,7 @@ impl QpLayout {
     }
 
     /// Number of QPs on `rail`.
+    #[inline]
     pub const fn count(self, rail: Rail) -> usize {
         match rail {
             Rail::ScaleOut => self.scale_out as usize,
@@ -45,11 +47,13 @@ impl QpLayout {
     }
 
     /// Number of QPs on both rails (length of the QP array).
+    #[inline]
     pub const fn total(self) -> usize {
         self.scale_out as usize + self.scale_up as usize
     }
 
     /// Index in the QP array of `rail`'s first QP.
+    #[inline]
     pub const fn first(self, rail: Rail) -> usize {
         match rail {
             Rail::ScaleOut => 0,
@@ -58,6 +62,7 @@ impl QpLayout {
     }
 
     /// Rails that have at least one QP.
+    #[inline]
     pub const fn rails(self) -> RailMask {
         let mut mask = RailMask::NONE;
         if self.scale_out != 0 {
@@ -70,6 +75,7 @@ impl QpLayout {
     }
 
     /// Rail of the QP at `qp_index`, `None` past the end of the array.
+    #[inline]
     pub fn rail_of(self, qp_index: usize) -> Option<Rail> {
         if qp_index < self.count(Rail::ScaleOut) {
             Some(Rail::ScaleOut)
@@ -83,6 +89,7 @@ impl QpLayout {
     /// The QP of `rail` that carries the request at `fifo_head`: SOUT `fifo_head % n`, SUP
     /// `n + fifo_head % m`; `None` if the rail has no QPs. Sender and receiver both index by the
     /// same `fifo_head`, so a request's writes and its CTS bookkeeping agree on the QP.
+    #[inline]
     pub fn qp_for_request(self, fifo_head: u64, rail: Rail) -> Option<usize> {
         let count = self.count(rail) as u64;
         if count == 0 {
@@ -95,6 +102,7 @@ impl QpLayout {
     /// (strict path isolation keeps even control traffic on SUP); everything else uses QP 0
     /// (SOUT), which is always routable. If vanilla intra-island somehow has no SUP QP, QP 0 is
     /// returned rather than an index past the array.
+    #[inline]
     pub fn cts_qp(self, mode: Mode, class: PathClass) -> usize {
         if mode == Mode::Vanilla && class == PathClass::IntraIsland && self.scale_up != 0 {
             self.first(Rail::ScaleUp)

@@ -17,11 +17,13 @@ impl Rail {
     pub const ALL: [Rail; 2] = [Rail::ScaleOut, Rail::ScaleUp];
 
     /// Index of the rail (0 = SOUT, 1 = SUP); also its bit position in an active mask.
+    #[inline]
     pub const fn index(self) -> usize {
         self as usize
     }
 
     /// The rail with the given index.
+    #[inline]
     pub const fn from_index(index: usize) -> Option<Rail> {
         match index {
             0 => Some(Rail::ScaleOut),
@@ -31,6 +33,7 @@ impl Rail {
     }
 
     /// Short lower-case label used in logs and metrics (`sout`, `sup`).
+    #[inline]
     pub const fn label(self) -> &'static str {
         match self {
             Rail::ScaleOut => "sout",

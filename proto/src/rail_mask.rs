@@ -29,36 +29,43 @@ impl RailMask {
     pub const BOTH: RailMask = RailMask(3);
 
     /// The mask naming exactly `rail`.
+    #[inline]
     pub const fn of(rail: Rail) -> RailMask {
         RailMask(1 << rail.index())
     }
 
     /// Whether `rail` is in the set.
+    #[inline]
     pub const fn contains(self, rail: Rail) -> bool {
         self.0 & RailMask::of(rail).0 != 0
     }
 
     /// The set with `rail` added.
+    #[inline]
     pub const fn with(self, rail: Rail) -> RailMask {
         RailMask(self.0 | RailMask::of(rail).0)
     }
 
     /// The set of rails in either mask.
+    #[inline]
     pub const fn union(self, other: RailMask) -> RailMask {
         RailMask(self.0 | other.0)
     }
 
     /// Whether no bit is set.
+    #[inline]
     pub const fn is_empty(self) -> bool {
         self.0 == 0
     }
 
     /// Whether every bit of `self` is also set in `other` (stray bits make this false).
+    #[inline]
     pub const fn is_subset_of(self, other: RailMask) -> bool {
         self.0 & !other.0 == 0
     }
 
     /// The rails in the set, in index order (SOUT before SUP). Allocation free.
+    #[inline]
     pub fn rails(self) -> impl Iterator<Item = Rail> {
         Rail::ALL
             .into_iter()
@@ -66,11 +73,13 @@ impl RailMask {
     }
 
     /// The raw bits.
+    #[inline]
     pub const fn bits(self) -> u8 {
         self.0
     }
 
     /// Number of rails in the set (stray bits beyond the two rails are not counted).
+    #[inline]
     pub const fn count(self) -> u32 {
         (self.0 & RailMask::BOTH.0).count_ones()
     }
@@ -80,6 +89,7 @@ impl RailMask {
     /// The leader is the one rail that writes the completion record, so a slot's sizes are
     /// written once. It is a pure function of the mask so that sender and receiver never need to
     /// agree on it explicitly.
+    #[inline]
     pub const fn leader(self) -> Option<Rail> {
         if self.contains(Rail::ScaleOut) {
             Some(Rail::ScaleOut)

@@ -123,6 +123,7 @@ pub struct RecvSlots {
 
 impl RecvSlots {
     /// Every slot free; `srq[rail]` the (empty) credits of each rail that has an SRQ.
+    #[inline]
     pub fn new(srq: [Option<SrqCredits>; 2]) -> RecvSlots {
         RecvSlots {
             fifo_head: 0,
@@ -133,22 +134,26 @@ impl RecvSlots {
     }
 
     /// Slots whose CTS is out and whose IMMs may still arrive.
+    #[inline]
     pub const fn outstanding(&self) -> u32 {
         self.outstanding
     }
 
     /// The next fifo sequence a receive is posted for.
+    #[inline]
     pub const fn fifo_head(&self) -> u64 {
         self.fifo_head
     }
 
     /// The SRQ credits of `rail`, if it has an SRQ.
+    #[inline]
     pub fn srq(&self, rail: Rail) -> Option<&SrqCredits> {
         self.srq[rail.index()].as_ref()
     }
 
     /// Slots that may be outstanding at once: the smallest high-water mark of the rails that
     /// have an SRQ (with `refill_needed`, every outstanding slot then has a receive on each).
+    #[inline]
     pub fn capacity(&self) -> u32 {
         self.srq
             .iter()
@@ -159,6 +164,7 @@ impl RecvSlots {
     }
 
     /// Whether a receive may be posted now, and if not why.
+    #[inline]
     pub fn can_post(&self) -> Result<(), RecvBlocked> {
         if self.outstanding >= self.capacity() {
             return Err(RecvBlocked::SrqFull);
@@ -172,6 +178,7 @@ impl RecvSlots {
     /// Receives `rail`'s SRQ needs so that each of `in_flight` slots has one there (refills to
     /// the high-water mark under the low-water mark or under `in_flight`); 0 without an SRQ.
     /// The engine posts them and reports with [`RecvSlots::on_posted`].
+    #[inline]
     pub fn refill_needed(&mut self, rail: Rail, in_flight: u32) -> u32 {
         self.srq[rail.index()]
             .as_mut()
@@ -179,32 +186,31 @@ impl RecvSlots {
     }
 
     /// `n` receives were posted on `rail`'s SRQ.
+    #[inline]
     pub fn on_posted(&mut self, rail: Rail, n: u32) {
         if let Some(credits) = self.srq[rail.index()].as_mut() {
             credits.on_posted(n);
         }
     }
 
-    /// The CTS entries of a receive of `buffers` at the fifo head (written to the sender's FIFO
-    /// at the head's slot, `buffers.len()` entries in one write).
-    pub fn cts_entries(&self, buffers: &[RecvBuffer]) -> [CtsEntry; MAX_RECVS] {
-        let mut entries = [CtsEntry::EMPTY; MAX_RECVS];
-        for (entry, buffer) in entries.iter_mut().zip(buffers) {
-            *entry = CtsEntry {
-                addr: buffer.addr,
-                size: buffer.size,
-                rkeys: buffer.rkeys,
-                nreqs: buffers.len() as u32,
-                tag: buffer.tag,
-                idx: ready_idx(self.fifo_head),
-                padding: [0; 24],
-            };
+    /// The CTS entry of `buffer`, one of the `count` buffers of a receive at the fifo head
+    /// (the `count` entries go to the sender's FIFO at the head's slot in one write).
+    #[inline]
+    pub fn cts_entry(&self, count: usize, buffer: &RecvBuffer) -> CtsEntry {
+        CtsEntry {
+            addr: buffer.addr,
+            size: buffer.size,
+            rkeys: buffer.rkeys,
+            nreqs: count as u32,
+            tag: buffer.tag,
+            idx: ready_idx(self.fifo_head),
+            padding: [0; 24],
         }
-        entries
     }
 
     /// The head's CTS went out for `request`, a receive of `count` buffers: the slot waits for
     /// its IMMs. Returns the slot.
+    #[inline]
     pub fn posted(&mut self, request: u16, count: u8) -> Result<usize, RecvSlotError> {
         if self.can_post().is_err() {
             return Err(RecvSlotError::Invariant(
@@ -227,6 +233,7 @@ impl RecvSlots {
 
     /// One IMM arrived on `rail`; `allowed` is the set of rails this connection has. On error
     /// the slot is unchanged (the engine fails the connection).
+    #[inline]
     pub fn on_imm(
         &mut self,
         rail: Rail,

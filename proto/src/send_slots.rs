@@ -81,41 +81,49 @@ impl SendSlot {
     };
 
     /// Where the slot is.
+    #[inline]
     pub const fn phase(&self) -> Phase {
         self.phase
     }
 
     /// The fifo sequence the slot serves (meaningful once a CTS was loaded).
+    #[inline]
     pub const fn seq(&self) -> u64 {
         self.seq
     }
 
     /// The receiver's entries of the loaded CTS.
+    #[inline]
     pub fn entries(&self) -> &[CtsEntry] {
         &self.entries[..self.nreqs as usize]
     }
 
     /// The matched local buffers, one per entry (complete from `Posting` on).
+    #[inline]
     pub fn buffers(&self) -> &[SendBuffer] {
         &self.buffers[..self.nreqs as usize]
     }
 
     /// The rails the posted transfer used.
+    #[inline]
     pub const fn rails(&self) -> RailMask {
         self.used
     }
 
     /// The rails still to complete.
+    #[inline]
     pub const fn pending(&self) -> RailMask {
         self.pending
     }
 
     /// When the slot was posted (the engine's clock).
+    #[inline]
     pub const fn post_ns(&self) -> u64 {
         self.post_ns
     }
 
     /// When each rail completed (0: not (yet) completed or not used).
+    #[inline]
     pub const fn done_ns(&self) -> [u64; 2] {
         self.done_ns
     }
@@ -203,6 +211,7 @@ impl Default for SendSlots {
 
 impl SendSlots {
     /// Every slot idle, both heads at sequence 0 (allocates once, at connect).
+    #[inline]
     pub fn new() -> SendSlots {
         SendSlots {
             fifo_head: 0,
@@ -212,16 +221,19 @@ impl SendSlots {
     }
 
     /// The slot with this index (`0..256`).
+    #[inline]
     pub fn slot(&self, slot: usize) -> &SendSlot {
         &self.slots[slot % FIFO_SLOTS]
     }
 
     /// The next fifo sequence a send matches.
+    #[inline]
     pub const fn fifo_head(&self) -> u64 {
         self.fifo_head
     }
 
     /// What the fifo head's slot is doing.
+    #[inline]
     pub fn head(&self) -> Head {
         let state = &self.slots[slot_of(self.fifo_head)];
         match state.phase {
@@ -240,6 +252,7 @@ impl SendSlots {
     /// words in ascending order (`idx` last): the first entry is read again after its `idx` was
     /// seen (the first read took `nreqs` before `idx`, so possibly from the slot's previous use),
     /// then every entry must carry the sequence's `idx` before any is used, as net_ib does.
+    #[inline]
     pub fn load_cts(
         &mut self,
         mut read: impl FnMut(usize) -> CtsEntry,
@@ -260,24 +273,27 @@ impl SendSlots {
         if (1..nreqs).any(|r| read(r).idx != ready) {
             return Ok(false);
         }
-        let mut entries = [CtsEntry::EMPTY; MAX_RECVS];
-        for (r, entry) in entries.iter_mut().enumerate().take(nreqs) {
-            *entry = read(r);
-            entry.validate(slot, r, rails).map_err(SendSlotError::Cts)?;
-        }
+        // Read straight into the slot: until its phase changes it is idle and its entries
+        // mean nothing, so a refused entry leaves nothing behind.
         let state = &mut self.slots[slot];
-        *state = SendSlot {
-            phase: Phase::Matching,
-            seq,
-            nreqs: nreqs as u8,
-            entries,
-            ..SendSlot::IDLE
-        };
+        for r in 0..nreqs {
+            state.entries[r] = read(r);
+            state.entries[r]
+                .validate(slot, r, rails)
+                .map_err(SendSlotError::Cts)?;
+        }
+        state.phase = Phase::Matching;
+        state.seq = seq;
+        state.nreqs = nreqs as u8;
+        state.taken = 0;
+        state.pending = RailMask::NONE;
+        state.used = RailMask::NONE;
         Ok(true)
     }
 
     /// The head's first untaken entry with this tag (NCCL matches tags in order), if the head is
     /// matching and has one.
+    #[inline]
     pub fn match_send(&self, tag: u32, size: u64) -> Option<Match> {
         if self.head() != Head::Matching {
             return None;
@@ -295,6 +311,7 @@ impl SendSlots {
     /// The send behind `matched` took its entry (`buffer.size` is `matched.size`). `Ok(true)`
     /// when that was the slot's last entry: the slot waits to be posted and the fifo head moves
     /// to the next sequence.
+    #[inline]
     pub fn take(&mut self, matched: Match, buffer: SendBuffer) -> Result<bool, SendSlotError> {
         if self.head() != Head::Matching || slot_of(self.fifo_head) != matched.slot {
             return Err(SendSlotError::Invariant(
@@ -317,6 +334,7 @@ impl SendSlots {
     }
 
     /// The slot to post next, in fifo order, if it is fully matched.
+    #[inline]
     pub fn next_to_post(&self) -> Option<usize> {
         if self.post_head >= self.fifo_head {
             return None;
@@ -326,6 +344,7 @@ impl SendSlots {
     }
 
     /// The slot from [`SendSlots::next_to_post`] was posted at `now` on the rails of `mask`.
+    #[inline]
     pub fn posted(&mut self, slot: usize, mask: RailMask, now: u64) -> Result<(), SendSlotError> {
         if self.next_to_post() != Some(slot) {
             return Err(SendSlotError::Invariant("slots are posted in fifo order"));
@@ -344,6 +363,7 @@ impl SendSlots {
     }
 
     /// The signalled work request of `slot` on `rail` completed at `now`.
+    #[inline]
     pub fn complete(
         &mut self,
         slot: usize,

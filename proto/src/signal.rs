@@ -25,6 +25,7 @@ impl CtsSignalPolicy {
     /// Policy signalling every `interval` slots. `interval` must be a power of two in
     /// `1..=256` (checked by `params`; debug builds assert). Release builds sanitize a bad value
     /// to the largest power of two not above it, within `1..=256`, rather than divide by zero.
+    #[inline]
     pub fn new(interval: u16) -> CtsSignalPolicy {
         debug_assert!(
             CtsSignalPolicy::is_valid_interval(interval),
@@ -38,16 +39,19 @@ impl CtsSignalPolicy {
     }
 
     /// Whether `interval` is acceptable to [`CtsSignalPolicy::new`].
+    #[inline]
     pub const fn is_valid_interval(interval: u16) -> bool {
         interval.is_power_of_two() && interval <= MAX_CTS_SIGNAL_INTERVAL
     }
 
     /// Whether the CTS for `slot` is posted signaled: `slot % interval == 0`.
+    #[inline]
     pub const fn is_signaled(self, slot: u8) -> bool {
         slot as u16 % self.interval == 0
     }
 
     /// The interval in slots.
+    #[inline]
     pub const fn interval(self) -> u16 {
         self.interval
     }

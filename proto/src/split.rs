@@ -25,6 +25,7 @@ pub const SUP_BANDWIDTH_FULL: u32 = 1024;
 ///
 /// `0 => 0`; `>= 1024 => size`; otherwise `(size * sup_bw) >> 10` rounded down to 128 B.
 /// The product is formed in 128 bits so that sizes near `u64::MAX` cannot overflow.
+#[inline]
 pub const fn sup_bytes(sup_bw: u32, size: u64) -> u64 {
     if sup_bw == 0 {
         return 0;
@@ -47,6 +48,7 @@ pub struct RailSplit {
 
 impl RailSplit {
     /// Split `size` bytes with the parts-per-1024 share `sup_bw`.
+    #[inline]
     pub const fn new(sup_bw: u32, size: u64) -> RailSplit {
         RailSplit {
             size,
@@ -55,6 +57,7 @@ impl RailSplit {
     }
 
     /// Bytes carried by `rail`.
+    #[inline]
     pub const fn length(self, rail: Rail) -> u64 {
         match rail {
             Rail::ScaleUp => self.sup,
@@ -63,6 +66,7 @@ impl RailSplit {
     }
 
     /// Offset within the buffer (local and remote alike) where `rail`'s bytes start.
+    #[inline]
     pub const fn offset(self, rail: Rail) -> u64 {
         match rail {
             Rail::ScaleUp => 0,
@@ -71,6 +75,7 @@ impl RailSplit {
     }
 
     /// Rails that carry at least one byte (possibly empty for a 0-byte buffer).
+    #[inline]
     pub const fn rails_with_bytes(self) -> RailMask {
         let mut mask = RailMask::NONE;
         if self.length(Rail::ScaleOut) != 0 {
@@ -84,6 +89,7 @@ impl RailSplit {
 
     /// Rails to activate for this buffer alone: those with bytes; a 0-byte transfer forces
     /// SCALE_OUT because the receive still needs one IMM to complete.
+    #[inline]
     pub const fn mask(self) -> RailMask {
         let mask = self.rails_with_bytes();
         if mask.is_empty() {
@@ -100,6 +106,7 @@ impl RailSplit {
 ///
 /// A 0-byte member does not force SOUT when another member has bytes: the slot completes on
 /// the rails that did carry data, and its record still reports the 0 size.
+#[inline]
 pub fn slot_mask(splits: &[RailSplit]) -> RailMask {
     let mask = splits.iter().fold(RailMask::NONE, |mask, split| {
         mask.union(split.rails_with_bytes())

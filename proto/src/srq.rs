@@ -43,6 +43,7 @@ impl std::error::Error for SrqUnderflow {}
 
 impl SrqCredits {
     /// Empty SRQ with the given marks; `low <= high` (a larger `low` is treated as `high`).
+    #[inline]
     pub const fn new(low: u32, high: u32) -> Self {
         debug_assert!(low <= high);
         SrqCredits {
@@ -55,22 +56,26 @@ impl SrqCredits {
     }
 
     /// Receives currently posted and not consumed.
+    #[inline]
     pub const fn posted(&self) -> u32 {
         self.posted
     }
 
     /// Refill threshold.
+    #[inline]
     pub const fn low_water(&self) -> u32 {
         self.low
     }
 
     /// Depth after a refill.
+    #[inline]
     pub const fn high_water(&self) -> u32 {
         self.high
     }
 
     /// Receives to post now: `high - posted` when `posted < low` (counting a low-water hit),
     /// else 0.
+    #[inline]
     pub fn refill_needed(&mut self) -> u32 {
         if self.posted < self.low {
             self.low_water_hits += 1;
@@ -85,6 +90,7 @@ impl SrqCredits {
     /// low-water mark or under `in_flight`. The count of posted receives only drops when their
     /// completions are polled, so without the second condition a burst of receives posted with
     /// no `test` in between could bring more IMMs than the SRQ still holds (an RNR stall).
+    #[inline]
     pub fn refill_needed_for(&mut self, in_flight: u32) -> u32 {
         let floor = in_flight.min(self.high);
         if self.posted < self.low {
@@ -98,6 +104,7 @@ impl SrqCredits {
 
     /// `n` receives were posted successfully (possibly fewer than asked, when the post failed
     /// part way); counts a refill when `n > 0`. Posting beyond `high` is a caller bug.
+    #[inline]
     pub fn on_posted(&mut self, n: u32) {
         debug_assert!(
             self.posted.saturating_add(n) <= self.high,
@@ -112,17 +119,20 @@ impl SrqCredits {
     }
 
     /// One receive completion consumed one posted receive.
+    #[inline]
     pub fn on_consumed(&mut self) -> Result<(), SrqUnderflow> {
         self.posted = self.posted.checked_sub(1).ok_or(SrqUnderflow)?;
         Ok(())
     }
 
     /// Times a check found the SRQ below the low-water mark.
+    #[inline]
     pub const fn low_water_hits(&self) -> u64 {
         self.low_water_hits
     }
 
     /// Refill batches posted.
+    #[inline]
     pub const fn refills(&self) -> u64 {
         self.refills
     }

@@ -50,6 +50,7 @@ pub struct WorkRequest {
 
 impl WorkRequest {
     /// Number of payload bytes this WR moves.
+    #[inline]
     pub fn length(&self) -> u32 {
         self.sge.map_or(0, |s| s.length)
     }

@@ -31,6 +31,7 @@ pub enum WrKind {
 
 impl WrKind {
     /// The kind with wire code `code`.
+    #[inline]
     pub const fn from_code(code: u8) -> Option<WrKind> {
         match code {
             1 => Some(WrKind::Data),
@@ -85,6 +86,7 @@ const SLOT_SHIFT: u32 = 32;
 
 impl WrId {
     /// The 64-bit value to put in the work request.
+    #[inline]
     pub const fn pack(self) -> u64 {
         ((self.kind as u64) << KIND_SHIFT)
             | ((self.rail.index() as u64) << RAIL_SHIFT)
@@ -94,6 +96,7 @@ impl WrId {
     }
 
     /// Decode a completion's `wr_id`; unknown kind or rail bytes are an error.
+    #[inline]
     pub fn unpack(raw: u64) -> Result<WrId, WrIdError> {
         let kind = WrKind::from_code((raw >> KIND_SHIFT) as u8).ok_or(WrIdError { raw })?;
         let rail =
@@ -109,6 +112,7 @@ impl WrId {
 }
 
 /// `wr_id` of every generic SRQ receive on `rail` (kind Receive, other fields 0).
+#[inline]
 pub const fn receive_wr_id(rail: Rail) -> u64 {
     WrId {
         kind: WrKind::Receive,

@@ -55,8 +55,8 @@ impl ConnectionInfo {
 
     /// Fails on a fatal async event of a rail this comm uses (read by the housekeeping thread
     /// every 10 ms, published per device).
-    pub(crate) fn check_health(&self, watch: &mut HealthWatch) -> Result<(), Error> {
-        match watch.check(&self.health, &self.qp_nums) {
+    pub(crate) fn check_health(&self, watch: &mut HealthWatch, now_ns: u64) -> Result<(), Error> {
+        match watch.check(now_ns, &self.health, &self.qp_nums) {
             None => Ok(()),
             Some((rail, event)) => Err(Error::system(format!(
                 "{}: the {rail} rail ({}) reported {event:?}; the connection cannot continue",

@@ -80,6 +80,9 @@ impl DeviceHealth {
 
 /// A comm's view of its rails' health.
 pub(crate) struct HealthWatch {
+    /// When the generations are next looked at (`now_ns`'s clock): every
+    /// [`super::housekeeper::TICK`] at most, so a `test` between looks reads no shared line.
+    next_check_ns: u64,
     seen: [u64; 2],
 }
 
@@ -87,18 +90,24 @@ impl HealthWatch {
     /// Starts watching from the rails' current generations (older events are not this comm's).
     pub(crate) fn new(health: &[std::sync::Arc<DeviceHealth>; 2]) -> HealthWatch {
         HealthWatch {
+            next_check_ns: 0,
             seen: [health[0].generation(), health[1].generation()],
         }
     }
 
-    /// `Some((rail, event))` for the first fatal event published since the last check that
-    /// concerns this comm; two atomic loads when there is none.
+    /// `Some((rail, event))` for the first fatal event published since the last look that
+    /// concerns this comm; when a look is due, two atomic loads if there is none.
     #[inline]
     pub(crate) fn check(
         &mut self,
+        now_ns: u64,
         health: &[std::sync::Arc<DeviceHealth>; 2],
         qp_nums: &[Vec<u32>; 2],
     ) -> Option<(Rail, AsyncEvent)> {
+        if now_ns < self.next_check_ns {
+            return None;
+        }
+        self.next_check_ns = now_ns.saturating_add(super::housekeeper::TICK.as_nanos() as u64);
         for rail in Rail::ALL {
             let device_health = &health[rail.index()];
             let generation = device_health.generation();

@@ -226,18 +226,6 @@ impl RecvComm {
         if data.slots.can_post().is_err() || data.qps.credits[data.cts_qp].available() == 0 {
             return Ok(None);
         }
-        let mut advertised = [CtsBuffer::default(); MAX_RECVS];
-        for (entry, buffer) in advertised.iter_mut().zip(buffers) {
-            let memory = buffer
-                .memory
-                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
-            *entry = CtsBuffer {
-                addr: buffer.addr,
-                size: buffer.capacity as u64,
-                rkeys: [memory.rkey(Rail::ScaleOut), memory.rkey(Rail::ScaleUp)],
-                tag: buffer.tag as u32,
-            };
-        }
         let count = buffers.len();
         let owner = self as *const RecvComm as *const ();
         let Some(index) = data
@@ -254,9 +242,18 @@ impl RecvComm {
             request.profiler_handles[r] = buffer.profiler_handle as usize;
         }
         let slot = cts::slot_of(data.slots.fifo_head());
-        let entries = data.slots.cts_entries(&advertised[..count]);
-        for (r, entry) in entries.iter().enumerate().take(count) {
-            data.cts_shadow.region().write(slot * MAX_RECVS + r, *entry);
+        for (r, buffer) in buffers.iter().enumerate() {
+            let memory = buffer
+                .memory
+                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
+            let advertised = CtsBuffer {
+                addr: buffer.addr,
+                size: buffer.capacity as u64,
+                rkeys: [memory.rkey(Rail::ScaleOut), memory.rkey(Rail::ScaleUp)],
+                tag: buffer.tag as u32,
+            };
+            let entry = data.slots.cts_entry(count, &advertised);
+            data.cts_shadow.region().write(slot * MAX_RECVS + r, entry);
         }
         if let Err(error) = self.post_cts(data, slot, count) {
             data.pool.release(index);
@@ -365,7 +362,7 @@ impl RecvComm {
         self.poll(data)?;
         data.refill()?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch) {
+        if let Err(error) = self.info.check_health(&mut data.watch, now) {
             data.failure = Some(error.clone());
             return Err(error);
         }

@@ -274,9 +274,9 @@ impl Pair {
             })
             .collect();
         let slot = slot_of(self.receiver.fifo_head());
-        let entries = self.receiver.cts_entries(&buffers);
-        for (r, entry) in entries.iter().enumerate().take(buffers.len()) {
-            self.cts.push_back((slot * MAX_RECVS + r, *entry));
+        for (r, buffer) in buffers.iter().enumerate() {
+            let entry = self.receiver.cts_entry(buffers.len(), buffer);
+            self.cts.push_back((slot * MAX_RECVS + r, entry));
         }
         let posted = self.receiver.posted(g as u16, buffers.len() as u8);
         posted.map_err(|e| e.to_string())?;

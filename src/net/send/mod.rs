@@ -247,7 +247,7 @@ impl SendComm {
         self.post_ready(data)?;
         self.poll(data)?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch) {
+        if let Err(error) = self.info.check_health(&mut data.watch, now) {
             data.failure = Some(error.clone());
             return Err(error);
         }
@@ -306,7 +306,7 @@ impl SendComm {
             .slots
             .complete(slot, rail, now)
             .map_err(|e| self.slot_error(e))?;
-        let state = *data.slots.slot(slot);
+        let state = data.slots.slot(slot);
         let probe = data.telemetry.telemetry().rail(rail);
         probe.inc(RAIL_SEND_COMPLETIONS);
         probe.record_latency_ns(now.saturating_sub(state.post_ns()));

@@ -28,9 +28,12 @@ impl SendComm {
     /// Plans (`proto::post_plan`) and posts the WR chains of one slot; `Ok(false)` when
     /// credits are short.
     fn post_slot(&self, data: &mut SendData, slot: usize) -> Result<bool> {
-        let state = *data.slots.slot(slot);
-        let buffers = state.buffers();
+        let slot_index = u8::try_from(slot)
+            .map_err(|_| Error::internal(format!("slot {slot} does not fit an IMM")))?;
+        let record = self.record_target(data, slot);
         let info = &self.info;
+        let state = data.slots.slot(slot);
+        let (seq, buffers) = (state.seq(), state.buffers());
         // The BDP threshold keeps small inter-island transfers on SOUT; when it covers every
         // request of the slot the hint is not even read.
         let small = |r: usize| within_bdp(info.mode, info.class, buffers[r].size, info.bdp_bytes);
@@ -44,10 +47,7 @@ impl SendComm {
         for (r, share) in shares.iter_mut().enumerate().take(buffers.len()) {
             *share = if small(r) { 0 } else { sup_bw };
         }
-        let slot_index = u8::try_from(slot)
-            .map_err(|_| Error::internal(format!("slot {slot} does not fit an IMM")))?;
-        let record = self.record_target(data, slot);
-        let mut plan = post_plan::plan(slot_index, &state, &shares[..buffers.len()], record);
+        let mut plan = post_plan::plan(slot_index, state, &shares[..buffers.len()], record);
         if !plan.mask.is_subset_of(info.layout.rails()) {
             return Err(Error::internal(format!(
                 "{}: split chose rails {:#x} but this connection has QPs on {:#x}",
@@ -58,12 +58,10 @@ impl SendComm {
         }
         let mut qp_indices = [0usize; 2];
         for rail in plan.mask.rails() {
-            qp_indices[rail.index()] =
-                info.layout
-                    .qp_for_request(state.seq(), rail)
-                    .ok_or_else(|| {
-                        Error::internal(format!("no {rail} QP for fifo sequence {}", state.seq()))
-                    })?;
+            qp_indices[rail.index()] = info
+                .layout
+                .qp_for_request(seq, rail)
+                .ok_or_else(|| Error::internal(format!("no {rail} QP for fifo sequence {seq}")))?;
         }
         let short = |rail: Rail| {
             let needed = plan.lengths[rail.index()] as u32;
