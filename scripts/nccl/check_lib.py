@@ -663,7 +663,7 @@ _HOSTID = re.compile(r"^NCCL_HOSTID set by environment to (.+)$")
 # nccl/src/init.cc: "comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL %d"
 _COMM = re.compile(
     r"^comm (\S+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+) MNNVL (\d+)")
-# The plugin's own open line (src/net/plugin.rs): "MPIB: opened SOUT+SUP on the FABRIC fabric ..."
+# The plugin's own open line (src/net/setup/plugin.rs): "MPIB: opened SOUT+SUP on the FABRIC fabric ..."
 _MPIB_OPENED = re.compile(r"^MPIB: opened (\S+) on the (\S+) fabric")
 # Lines that mean NCCL did not (or could not) use the plugin.
 _FAILURES = [

@@ -388,7 +388,7 @@ class NcclLogs(unittest.TestCase):
                 p + "NET/Plugin: Loaded net plugin MPIB (v11)",
                 p + f"Successfully loaded external network plugin {PLUGIN}",
                 f"\n[2026-01-05 10:00:00] gpu-node:{4300 + rank}:{4310 + rank} [0] "
-                "src/net/plugin.rs:212 NCCL WARN MPIB: MPIB_HCA_SUP=\"127.0.0.9\": no such address",
+                "src/net/setup/plugin.rs:212 NCCL WARN MPIB: MPIB_HCA_SUP=\"127.0.0.9\": no such address",
                 p + "Failed to initialize NET plugin MPIB",
                 p + "NET/IB : No device found.",
                 p + "Initialized NET plugin IB",

@@ -1,11 +1,11 @@
 //! How a fabric that executes RDMA writes in software lands bytes in memory the engine may be
 //! polling at the same moment.
 //!
-//! The engine polls two kinds of memory that a peer writes (src/net/dma.rs): the sender's CTS
+//! The engine polls two kinds of memory that a peer writes (src/net/data/dma.rs): the sender's CTS
 //! FIFO, where a receiver writes up to `MAX_RECVS` 64-byte entries in one write and each entry's
 //! `idx` word sits after its fields, and the receiver's 48-byte completion records. Like NCCL's
 //! net_ib, the engine trusts that a NIC makes a write visible in ascending address order, so once
-//! it sees an entry's new `idx` the fields below it are new too (src/net/send/mod.rs
+//! it sees an entry's new `idx` the fields below it are new too (src/net/data/send/mod.rs
 //! `load_cts`). `memcpy`/`memmove` promise no order (glibc's copies of several vectors may
 //! store the first one last), and a plain store racing the engine's load is a data race. So
 //! every write that can reach polled memory is stored here as release-ordered atomic words in

@@ -5,39 +5,28 @@
 //! Threading (NCCL's contract, `docs/NCCL_NET_ABI.md` section 2): `init`/`devices`/`properties`
 //! on the application thread; `listen`/`connect`/`accept`/memory registration/`close_*` on the
 //! proxy service thread; `isend`/`irecv`/`test`/`iflush` on the proxy progress thread. Global state
-//! lives in [`plugin`] behind a mutex that the data path never takes.
+//! lives in [`setup::plugin`] behind a mutex that the data path never takes.
 
 use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use setup::comm::{RECV_MAGIC, SEND_MAGIC};
 
-mod accept;
+/// The advanced mode's agent: registering a connection, reading its hint entry.
 mod agent;
-mod comm;
-mod connect;
-mod dma;
-mod flush;
-mod health;
-mod housekeeper;
-mod memory;
-mod oob;
-mod peer;
-mod plugin;
-mod probes_access;
-mod profiler;
-mod recv;
-mod registration;
-mod request;
-mod resolve;
-mod resources;
-mod send;
-mod telemetry;
+/// The data path: sends, receives, flushes, requests, registered memory, NIC-shared regions.
+mod data;
+/// Watching a running plugin: probes, the profiler, device events, the peer, the housekeeper.
+mod observe;
+/// Bringing connections up: the plugin's rails, listen/connect/accept, the peer's addresses,
+/// queue pairs and completion queues.
+mod setup;
 
-pub use agent::read_hint_file;
+pub use agent::hints::read_hint_file;
 
-pub use plugin::{Context, InitParams, ProfilerCallback};
+pub use setup::plugin::{Context, InitParams, ProfilerCallback};
 
 /// Size of NCCL's opaque listen handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_SIZE: usize = 128;
@@ -91,11 +80,11 @@ pub struct Properties {
     pub plane_id: i16,
 }
 
-pub use accept::ListenComm;
-pub use memory::MemoryHandle;
-pub use recv::RecvComm;
-pub use request::Request;
-pub use send::SendComm;
+pub use data::memory::MemoryHandle;
+pub use data::recv::RecvComm;
+pub use data::request::Request;
+pub use data::send::SendComm;
+pub use setup::accept::ListenComm;
 
 /// Either kind of data comm (NCCL's `regMr` takes both through one `void*`).
 #[derive(Clone, Copy)]
@@ -117,10 +106,15 @@ impl CommRef<'_> {
         // the pointer is one of them, so the first word is readable.
         let magic = unsafe { comm.cast::<u32>().as_ptr().read() };
         match magic {
-            // SAFETY: the magic identifies the concrete type; lifetime per the caller's promise.
-            comm::SEND_MAGIC => Ok(CommRef::Send(unsafe { comm.cast::<SendComm>().as_ref() })),
-            // SAFETY: as above.
-            comm::RECV_MAGIC => Ok(CommRef::Recv(unsafe { comm.cast::<RecvComm>().as_ref() })),
+            SEND_MAGIC => {
+                // SAFETY: the magic identifies the concrete type; lifetime per the caller's
+                // promise.
+                Ok(CommRef::Send(unsafe { comm.cast::<SendComm>().as_ref() }))
+            }
+            RECV_MAGIC => {
+                // SAFETY: as above.
+                Ok(CommRef::Recv(unsafe { comm.cast::<RecvComm>().as_ref() }))
+            }
             other => Err(Error::invalid_argument(format!(
                 "comm {:p} is not an MPIB send or receive comm (first word {other:#x})",
                 comm.as_ptr()
@@ -128,7 +122,7 @@ impl CommRef<'_> {
         }
     }
 
-    fn devices(&self) -> &resources::Devices {
+    fn devices(&self) -> &setup::resources::Devices {
         match self {
             CommRef::Send(comm) => &comm.info.devices,
             CommRef::Recv(comm) => &comm.info.devices,
@@ -175,22 +169,22 @@ pub struct TestOutcome {
 
 /// `init`: idempotent and refcounted; each call returns a context to pass to `finalize`.
 pub fn init(params: InitParams) -> Result<Arc<Context>> {
-    plugin::init(params)
+    setup::plugin::init(params)
 }
 
 /// `finalize`: releases one `init`; the last one closes the devices.
 pub fn finalize(ctx: Arc<Context>) -> Result<()> {
-    plugin::finalize(ctx)
+    setup::plugin::finalize(ctx)
 }
 
 /// `devices`: always 1 (the fused device).
 pub fn device_count() -> Result<i32> {
-    plugin::device_count()
+    setup::plugin::device_count()
 }
 
 /// `getProperties`.
 pub fn properties(dev: i32) -> Result<Properties> {
-    plugin::properties(dev)
+    setup::plugin::properties(dev)
 }
 
 /// `makeVDevice`: MPIB fuses its rails itself, so NCCL-side fusion is refused.
@@ -207,8 +201,8 @@ pub fn listen(
     dev: i32,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<Box<ListenComm>> {
-    plugin::check_device(dev)?;
-    accept::listen(ctx, handle)
+    setup::plugin::check_device(dev)?;
+    setup::accept::listen(ctx, handle)
 }
 
 /// `connect`: non-blocking; `Ok(None)` means call again with the same handle.
@@ -218,8 +212,8 @@ pub fn connect(
     handle: &mut [u8; HANDLE_SIZE],
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
-    plugin::check_device(dev)?;
-    connect::connect(ctx, handle, traffic_class)
+    setup::plugin::check_device(dev)?;
+    setup::connect::connect(ctx, handle, traffic_class)
 }
 
 /// `accept`: non-blocking; `Ok(None)` means call again.
@@ -239,7 +233,7 @@ pub fn register_memory(
     size: usize,
     ptr_type: i32,
 ) -> Result<Box<MemoryHandle>> {
-    memory::register(comm.devices(), addr, size, ptr_type)
+    data::memory::register(comm.devices(), addr, size, ptr_type)
 }
 
 /// `regMrDmaBuf`: `fd` is duplicated if kept (NCCL closes it on return).
@@ -251,13 +245,13 @@ pub fn register_dmabuf(
     offset: u64,
     fd: i32,
 ) -> Result<Box<MemoryHandle>> {
-    memory::register_dmabuf(comm.devices(), addr, size, ptr_type, offset, fd)
+    data::memory::register_dmabuf(comm.devices(), addr, size, ptr_type, offset, fd)
 }
 
 /// `deregMr`.
 pub fn deregister_memory(comm: CommRef<'_>, memory: Box<MemoryHandle>) -> Result<()> {
     let _ = comm;
-    memory::deregister(memory)
+    data::memory::deregister(memory)
 }
 
 /// `isend`: `Ok(None)` means "try again later".
@@ -305,7 +299,7 @@ pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
         count: 0,
     };
     match header.owner_kind {
-        request::Owner::Send => {
+        data::request::Owner::Send => {
             // SAFETY: `owner` is the comm that allocated the request (set in isend), still open.
             let comm = unsafe { &*(owner as *const SendComm) };
             if let Some(size) = comm.test(index)? {
@@ -317,7 +311,7 @@ pub unsafe fn test(request: NonNull<Request>) -> Result<TestOutcome> {
                 outcome.sizes[0] = size as i32;
             }
         }
-        request::Owner::Recv => {
+        data::request::Owner::Recv => {
             // SAFETY: as above, set in irecv.
             let comm = unsafe { &*(owner as *const RecvComm) };
             if let Some((sizes, count)) = comm.test(index)? {
@@ -358,11 +352,3 @@ pub fn close_listen(mut comm: Box<ListenComm>) -> Result<()> {
 
 #[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod tests_agent;
-#[cfg(test)]
-mod tests_peer;
-#[cfg(test)]
-mod tests_threads;
-#[cfg(test)]
-mod tests_trust;

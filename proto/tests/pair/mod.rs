@@ -1,5 +1,5 @@
 //! A sender core and a receiver core wired back to back, with no fabric: the engine's steps
-//! (`src/net/send`, `src/net/recv.rs`) reduced to what the protocol needs, driven by a script
+//! (`src/net/data/send`, `src/net/data/recv.rs`) reduced to what the protocol needs, driven by a script
 //! of events.
 //!
 //! The wire between them models RC semantics as docs/PROTOCOL.md §2 relies on them: each rail

@@ -206,7 +206,7 @@ impl Worker {
             }
             // SAFETY: the registry (read-locked) has a live registration covering the range;
             // registered memory is only read by the engine through atomic loads or after a
-            // completion (src/net/dma.rs).
+            // completion (src/net/data/dma.rs).
             unsafe { store_ordered(addr, &self.staging[..length]) };
         }
         Ok(Placement::Done)

@@ -19,7 +19,7 @@ use crate::log;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::RailEndpoint;
 
-use super::resources::Devices;
+use crate::net::setup::resources::Devices;
 
 /// The rails of one connection still being resolved.
 pub(crate) struct Resolutions {

@@ -10,9 +10,9 @@ use crate::proto::post_plan::{self, PostPlan};
 use crate::proto::wr_id::{WrId, WrKind};
 use mpib_probes::declared::{RAIL_TX_BYTES, RAIL_WORK_REQUESTS};
 
-use super::super::profiler;
-use super::super::request::now_ns;
 use super::{PostedSlot, SendComm, SendData};
+use crate::net::data::request::now_ns;
+use crate::net::observe::profiler;
 
 impl SendComm {
     /// Posts matched slots in fifo order while send-queue credits allow.

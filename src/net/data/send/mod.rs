@@ -19,17 +19,17 @@ mod post;
 
 use busy::BusyClock;
 
-use super::agent::HintReader;
-use super::comm::{ConnectionInfo, SEND_MAGIC};
-use super::health::{DeviceHealth, HealthWatch};
-use super::memory::MemoryHandle;
-use super::peer::PeerWatch;
-use super::profiler;
-use super::request::{now_ns, Owner, Request, RequestPool};
-use super::resources::{
+use crate::net::agent::hints::HintReader;
+use crate::net::data::memory::MemoryHandle;
+use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
+use crate::net::observe::health::{DeviceHealth, HealthWatch};
+use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::profiler;
+use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::comm::{ConnectionInfo, SEND_MAGIC};
+use crate::net::setup::resources::{
     drain_completions, QueuePairs, RailCompletions, RailQueues, RegisteredRegion,
 };
-use super::telemetry::ConnectionTelemetry;
 
 /// Largest single transfer (`maxP2pBytes`); completion records carry sizes as u32.
 pub(crate) const MAX_TRANSFER: u64 = 1 << 30;

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 
 use crate::fabric::Rail;
 
-use super::ProfilerCallback;
+use crate::net::ProfilerCallback;
 
 /// `NCCL_PROFILER_NET_TYPE_IB | 1`: net_ib's descriptor, version 1 (`profiler_net_ib v1`).
 pub(crate) const PLUGIN_ID: i64 = (1 << 16) | 1;

@@ -6,8 +6,8 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use mpib_driver::other_user::other_user_or_skip;
 
-use super::registration::{connect_trusted, Unreachable};
-use super::tests::{close, connect_pair, env_lock, transfer};
+use crate::net::agent::registration::{connect_trusted, Unreachable};
+use crate::net::tests::{close, connect_pair, env_lock, transfer};
 use crate::params::Settings;
 
 /// `listen()` on `socket` with `uid` as the effective uid of this thread only, so the kernel

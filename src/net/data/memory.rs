@@ -5,8 +5,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Rail};
 
-use super::resources::{Devices, Registration};
-use super::{PTR_CUDA, PTR_DMABUF, PTR_HOST};
+use crate::net::setup::resources::{Devices, Registration};
+use crate::net::{PTR_CUDA, PTR_DMABUF, PTR_HOST};
 
 const MEMORY_MAGIC: u32 = 0x4D45_4D52; // "MEMR"
 

@@ -25,19 +25,21 @@ use crate::proto::wire::{
     CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
 };
 
-use super::comm::ConnectionInfo;
-use super::flush::Flusher;
-use super::oob::{listen_on, local_address, ListenHandle, Transfer};
-use super::peer::PeerWatch;
-use super::recv::{RecvComm, RecvData};
-use super::registration::{address_of_wire, ipv4_of, AgentRegistration, PendingRegistration};
-use super::resolve::Resolutions;
-use super::resources::{
+use crate::net::agent::registration::{
+    address_of_wire, ipv4_of, AgentRegistration, PendingRegistration,
+};
+use crate::net::data::flush::Flusher;
+use crate::net::data::recv::{RecvComm, RecvData};
+use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::oob::{listen_on, local_address, ListenHandle, Transfer};
+use crate::net::setup::resolve::Resolutions;
+use crate::net::setup::resources::{
     connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
     QueueSizing, RailQueues, RegisteredRegion,
 };
-use super::telemetry::ConnectionTelemetry;
-use super::{Context, HANDLE_SIZE};
+use crate::net::{Context, HANDLE_SIZE};
 
 /// Receiver queue sizes: CTS writes only on the send side; SRQ receives plus periodic CTS
 /// completions on each rail's CQ. The SRQ is as deep as its high-water mark

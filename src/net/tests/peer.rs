@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::peer::GRACE_NS;
-use super::tests::{connect_pair, env_lock, host_memory, recv_buffer, Pair};
 use super::*;
+use crate::net::observe::peer::GRACE_NS;
+use crate::net::tests::{connect_pair, env_lock, host_memory, recv_buffer, Pair};
 
 /// Calls `step` until it fails; the error and how long that took.
 fn until_error(mut step: impl FnMut() -> Result<()>) -> (crate::error::Error, Duration) {
@@ -127,10 +127,10 @@ fn a_peer_that_stays_is_waited_for_without_error() {
             break request;
         }
     };
-    assert_eq!(super::tests::wait(sent).sizes[0], 64);
-    assert_eq!(super::tests::wait(received).sizes[0], 64);
+    assert_eq!(crate::net::tests::wait(sent).sizes[0], 64);
+    assert_eq!(crate::net::tests::wait(received).sizes[0], 64);
     assert_eq!(sink, source);
     deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     deregister_memory(CommRef::Send(&pair.send), smh).unwrap();
-    super::tests::close(pair);
+    crate::net::tests::close(pair);
 }

@@ -1,6 +1,6 @@
 //! Advanced mode's hint SHM (docs/AGENT.md, 'Writing your own agent'): the agent's per-flow SUP
 //! share, read with the seqlock on every transfer. The registration that hands out the slot is
-//! in [`super::registration`].
+//! in [`crate::net::agent::registration`].
 //!
 //! Only advanced mode (`MPIB_MODE=1`) maps it; vanilla never does. Without it (or without a slot)
 //! every transfer goes 100 % SOUT (docs/AGENT.md, 'What it does'), logged once at WARN.
@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use memmap2::Mmap;
 use mpib_probes::guard::{GuardedRange, Lost};
 
-use super::telemetry::Telemetry;
 use crate::log;
+use crate::net::observe::telemetry::Telemetry;
 use crate::params::Settings;
 use crate::proto::hint::{
     check_header, entry_offset, read_hint, HintCell, HINT_FILE_LEN, HINT_MAX_ENTRIES, SEQ_OFFSET,
@@ -81,7 +81,7 @@ impl HintMapping {
 }
 
 /// Check every hint file this process maps: still the file at its path, and whole. Called
-/// about once a second by the housekeeping thread (`super::housekeeper`), never from the data
+/// about once a second by the housekeeping thread (`crate::net::observe::housekeeper`), never from the data
 /// path; the connections reading a lost file notice it at their next send.
 pub(crate) fn check_hint_files() {
     let mappings = MAPPINGS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -115,7 +115,7 @@ impl HintReader {
 
     /// Maps the hint file read-only for `slot`; on any problem, WARN and read 0.
     pub(crate) fn open(settings: &Settings, slot: u32, telemetry: Arc<Telemetry>) -> HintReader {
-        if !super::registration::hint_file_trusted(settings) {
+        if !crate::net::agent::registration::hint_file_trusted(settings) {
             return HintReader::none();
         }
         match HintMapping::shared(&settings.hint_path) {

@@ -1,6 +1,6 @@
 //! Asynchronous device events (port down, device fatal, QP/CQ errors), published per device.
 //!
-//! The housekeeping thread (`super::housekeeper`) reads each device's event queue every tick (a
+//! The housekeeping thread (`crate::net::observe::housekeeper`) reads each device's event queue every tick (a
 //! syscall on verbs; net_ib reads them on a thread per HCA) and publishes the fatal events here,
 //! so that every comm on that rail sees a fatal event. The data path loads one atomic generation
 //! per rail; the event log behind a mutex is read only when that generation moves.
@@ -81,7 +81,7 @@ impl DeviceHealth {
 /// A comm's view of its rails' health.
 pub(crate) struct HealthWatch {
     /// When the generations are next looked at (`now_ns`'s clock): every
-    /// [`super::housekeeper::TICK`] at most, so a `test` between looks reads no shared line.
+    /// [`crate::net::observe::housekeeper::TICK`] at most, so a `test` between looks reads no shared line.
     next_check_ns: u64,
     seen: [u64; 2],
 }
@@ -107,7 +107,8 @@ impl HealthWatch {
         if now_ns < self.next_check_ns {
             return None;
         }
-        self.next_check_ns = now_ns.saturating_add(super::housekeeper::TICK.as_nanos() as u64);
+        self.next_check_ns =
+            now_ns.saturating_add(crate::net::observe::housekeeper::TICK.as_nanos() as u64);
         for rail in Rail::ALL {
             let device_health = &health[rail.index()];
             let generation = device_health.generation();

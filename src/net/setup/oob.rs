@@ -13,7 +13,7 @@ use socket2::{Domain, Socket, Type};
 use crate::error::{Error, Result};
 use crate::params::Settings;
 
-use super::HANDLE_SIZE;
+use crate::net::HANDLE_SIZE;
 
 /// Marks a handle written by `listen` ("MPIBLSN1").
 const HANDLE_MAGIC: u64 = 0x4D50_4942_4C53_4E31;

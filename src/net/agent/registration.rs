@@ -28,7 +28,7 @@ use crate::proto::agent_wire::{
 use crate::proto::hint::HINT_MAX_ENTRIES;
 use crate::trust::{check_shared_path, is_missing, Trusted};
 
-use super::telemetry::Telemetry;
+use crate::net::observe::telemetry::Telemetry;
 
 /// How long a connection waits, across calls, for the agent's answer (it is local: an answer
 /// takes microseconds; this only bounds a stuck agent).
@@ -250,7 +250,7 @@ impl Drop for AgentRegistration {
 }
 
 /// Why a connection gets no agent.
-pub(super) enum Unreachable {
+pub(crate) enum Unreachable {
     /// Nothing (or nothing usable) answers at the socket.
     Unavailable(std::io::Error),
     /// A shared path or the agent's user is not trusted (docs/SECURITY.md, 'The plugin').
@@ -260,7 +260,7 @@ pub(super) enum Unreachable {
 /// Connects to the agent once its socket, the hint file and the agent's user are trusted: whoever
 /// can replace them could answer registrations and steer the split. Only a missing path is left
 /// to fail as before (nothing to trust; the connect or the mapping reports it).
-pub(super) fn connect_trusted(settings: &Settings) -> Result<Socket, Unreachable> {
+pub(crate) fn connect_trusted(settings: &Settings) -> Result<Socket, Unreachable> {
     let trusted = Trusted::new(&settings.trusted_uids);
     for (path, what) in [
         (&settings.agent_socket, "MPIB_AGENT_SOCKET"),

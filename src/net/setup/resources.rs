@@ -17,7 +17,7 @@ use crate::proto::credits::SendQueueCredits;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::RailEndpoint;
 
-use super::dma::DmaRegion;
+use crate::net::data::dma::DmaRegion;
 
 /// The two opened rails, SOUT first.
 pub(crate) type Devices = [Arc<dyn RailDevice>; 2];

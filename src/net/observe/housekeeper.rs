@@ -21,8 +21,8 @@ use crate::error::{Error, Result};
 use crate::fabric::{Rail, RailDevice};
 use crate::native_thread::NativeThread;
 
-use super::health::DeviceHealth;
-use super::telemetry::Telemetry;
+use crate::net::observe::health::DeviceHealth;
+use crate::net::observe::telemetry::Telemetry;
 
 /// How often the device event queues are read.
 pub(crate) const TICK: Duration = Duration::from_millis(10);
@@ -100,7 +100,7 @@ fn run(watched: &Watched, stop: &Stop) {
         ticks += 1;
         if ticks % FILE_CHECK_TICKS == 0 {
             watched.telemetry.check_file();
-            super::agent::check_hint_files();
+            crate::net::agent::hints::check_hint_files();
         }
     }
 }

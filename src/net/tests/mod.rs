@@ -600,3 +600,8 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
     deregister_memory(CommRef::Recv(&pair.recv), rmh).unwrap();
     close(pair);
 }
+
+mod agent;
+mod peer;
+mod threads;
+mod trust;

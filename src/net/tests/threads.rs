@@ -5,8 +5,8 @@ use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES, WRITER_LANE_OVERFLOWS}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::tests::{env_lock, probes_snapshot, transfer, Pair, ENV_NAMES};
 use super::*;
+use crate::net::tests::{env_lock, probes_snapshot, transfer, Pair, ENV_NAMES};
 
 const THREADS: usize = 8;
 const TRANSFERS: usize = 100;

@@ -14,8 +14,8 @@ use crate::proto::qp_layout::QpLayout;
 use crate::proto::rail_mask::RailMask;
 use crate::proto::wr_id::{WrId, WrKind};
 
-use super::memory::MemoryHandle;
-use super::resources::{qp_settings, Devices, RailQueues, RegisteredRegion};
+use crate::net::data::memory::MemoryHandle;
+use crate::net::setup::resources::{qp_settings, Devices, RailQueues, RegisteredRegion};
 
 /// Outstanding flush reads per rail.
 const FLUSH_QUEUE: u32 = 256;

@@ -10,9 +10,9 @@ use crate::params::Mode;
 use crate::proto::island::PathClass;
 use crate::proto::qp_layout::QpLayout;
 
-use super::health::{DeviceHealth, HealthWatch};
-use super::registration::AgentRegistration;
-use super::resources::Devices;
+use crate::net::agent::registration::AgentRegistration;
+use crate::net::observe::health::{DeviceHealth, HealthWatch};
+use crate::net::setup::resources::Devices;
 
 /// First word of a `SendComm`.
 pub(crate) const SEND_MAGIC: u32 = 0x4D50_5353; // "MPSS"
@@ -36,7 +36,7 @@ pub(crate) struct ConnectionInfo {
     /// Agent registration (advanced mode), deregistered on drop.
     pub agent: Option<AgentRegistration>,
     /// NCCL's profiler callback (v10+), if the communicator gave one.
-    pub profiler: Option<super::ProfilerCallback>,
+    pub profiler: Option<crate::net::ProfilerCallback>,
     /// Published async events of the two rail devices.
     pub health: [Arc<DeviceHealth>; 2],
     /// This connection's QP numbers per rail (to match QP-level async events).

@@ -2,7 +2,7 @@
 //! after the last `finalize`; per-communicator contexts snapshot the settings (v11+ calls `init`
 //! once per communicator).
 //!
-//! Nothing here survives `dlclose`: the only threads are the housekeeper (`super::housekeeper`,
+//! Nothing here survives `dlclose`: the only threads are the housekeeper (`crate::net::observe::housekeeper`,
 //! one per process) and the tcp fabric's (one per rail, `src/fabric/tcp/thread.rs`), joined when
 //! the rails are dropped — after `finalize` and the last comm's close — and neither `atexit` hooks nor thread-local destructors are
 //! registered (either would pin the image), so NCCL 2.28+'s unload after the last communicator
@@ -16,12 +16,12 @@ use crate::fabric::{Fabric, Rail, RailDevice};
 use crate::log;
 use crate::params::Settings;
 
-use super::health::DeviceHealth;
-use super::housekeeper::{Housekeeper, Watched};
-use super::resources::Devices;
-use super::send::MAX_TRANSFER;
-use super::telemetry::Telemetry;
-use super::{Properties, MAX_RECVS};
+use crate::net::data::send::MAX_TRANSFER;
+use crate::net::observe::health::DeviceHealth;
+use crate::net::observe::housekeeper::{Housekeeper, Watched};
+use crate::net::observe::telemetry::Telemetry;
+use crate::net::setup::resources::Devices;
+use crate::net::{Properties, MAX_RECVS};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
 /// int64_t pluginId, void* extData)`.
@@ -117,7 +117,7 @@ fn global() -> MutexGuard<'static, Global> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(super) fn init(params: InitParams) -> Result<Arc<Context>> {
+pub(crate) fn init(params: InitParams) -> Result<Arc<Context>> {
     log::set_logger(params.logger);
     let settings = Settings::from_env()?;
     let mut global = global();
@@ -139,7 +139,7 @@ pub(super) fn init(params: InitParams) -> Result<Arc<Context>> {
     }))
 }
 
-pub(super) fn finalize(ctx: Arc<Context>) -> Result<()> {
+pub(crate) fn finalize(ctx: Arc<Context>) -> Result<()> {
     let mut global = global();
     if global.references == 0 {
         return Err(Error::invalid_usage("finalize without a matching init"));
@@ -170,11 +170,11 @@ fn opened() -> Result<Arc<Opened>> {
         .ok_or_else(|| Error::invalid_usage("the plugin is not initialised: call init first"))
 }
 
-pub(super) fn device_count() -> Result<i32> {
+pub(crate) fn device_count() -> Result<i32> {
     opened().map(|_| 1)
 }
 
-pub(super) fn properties(dev: i32) -> Result<Properties> {
+pub(crate) fn properties(dev: i32) -> Result<Properties> {
     check_device(dev)?;
     let opened = opened()?;
     let [sout, sup] = &opened.devices;
@@ -187,7 +187,7 @@ pub(super) fn properties(dev: i32) -> Result<Properties> {
             .as_ref()
             .map_or(std::ptr::null(), |p| p.as_ptr()),
         guid: sout.guid,
-        ptr_support: super::memory::pointer_support(&opened.devices),
+        ptr_support: crate::net::data::memory::pointer_support(&opened.devices),
         reg_is_global: 0,
         force_flush: i32::from(opened.force_flush),
         speed: speed.min(i32::MAX as u64) as i32,

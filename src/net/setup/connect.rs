@@ -24,19 +24,23 @@ use crate::proto::wire::{
     READY_LEN,
 };
 
-use super::agent::HintReader;
-use super::comm::ConnectionInfo;
-use super::oob::{connect_finished, local_address, start_connect, ListenHandle, Transfer};
-use super::peer::PeerWatch;
-use super::registration::{address_of_wire, ipv4_of, AgentRegistration, PendingRegistration};
-use super::resolve::Resolutions;
-use super::resources::{
+use crate::net::agent::hints::HintReader;
+use crate::net::agent::registration::{
+    address_of_wire, ipv4_of, AgentRegistration, PendingRegistration,
+};
+use crate::net::data::send::{SendComm, SendData};
+use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::oob::{
+    connect_finished, local_address, start_connect, ListenHandle, Transfer,
+};
+use crate::net::setup::resolve::Resolutions;
+use crate::net::setup::resources::{
     connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
     QueueSizing, RailQueues, RegisteredRegion,
 };
-use super::send::{SendComm, SendData};
-use super::telemetry::ConnectionTelemetry;
-use super::{Context, HANDLE_SIZE};
+use crate::net::{Context, HANDLE_SIZE};
 
 /// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
 const SENDER_SIZING: QueueSizing = QueueSizing {

@@ -22,10 +22,10 @@ use crate::params::{Mode, Settings};
 use crate::proto::island::PathClass;
 use crate::trust::Trusted;
 
-use super::comm::ConnectionInfo;
-use super::probes_access;
-use super::request::now_ns;
-use super::resources::Devices;
+use crate::net::data::request::now_ns;
+use crate::net::observe::probes_access;
+use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::resources::Devices;
 
 /// The process's probes file and the policy for slow-transfer events.
 pub(crate) struct Telemetry {
@@ -133,7 +133,7 @@ impl Telemetry {
     /// One WARN when another process shrank, removed or replaced the probes file: the plugin
     /// goes on writing into memory nobody reads (a shrunk file's pages became private zero
     /// pages, see `mpib_probes::guard`), and moving data. One `stat`: called about once a
-    /// second by the housekeeping thread (`super::housekeeper`), never from the data path.
+    /// second by the housekeeping thread (`crate::net::observe::housekeeper`), never from the data path.
     pub(crate) fn check_file(&self) {
         if self.lost.load(Ordering::Relaxed) {
             return;

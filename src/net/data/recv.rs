@@ -27,17 +27,17 @@ use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::SrqCredits;
 use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
 
-use super::comm::{ConnectionInfo, RECV_MAGIC};
-use super::flush::Flusher;
-use super::health::{DeviceHealth, HealthWatch};
-use super::peer::PeerWatch;
-use super::profiler;
-use super::request::{now_ns, Owner, Request, RequestPool};
-use super::resources::{
+use crate::net::data::flush::Flusher;
+use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
+use crate::net::observe::health::{DeviceHealth, HealthWatch};
+use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::profiler;
+use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::comm::{ConnectionInfo, RECV_MAGIC};
+use crate::net::setup::resources::{
     drain_completions, QueuePairs, RailCompletions, RailQueues, RegisteredRegion,
 };
-use super::telemetry::ConnectionTelemetry;
-use super::RecvBuffer;
+use crate::net::RecvBuffer;
 
 /// Mutable data-path state; touched only by the comm's progress thread.
 pub(crate) struct RecvData {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::registration::AGENT_DEADLINE;
-use super::tests::{connect_pair, env_lock, Pair};
+use crate::net::agent::registration::AGENT_DEADLINE;
+use crate::net::tests::{connect_pair, env_lock, Pair};
 
 /// Far above a non-blocking call on a loaded 2-core machine, far below a blocking wait.
 const PROMPT: Duration = Duration::from_millis(50);
@@ -119,7 +119,7 @@ fn connects_promptly_without_a_slot(socket: &Path, case: &str) {
         "{case}"
     );
     let closing = Instant::now();
-    super::tests::close(pair);
+    crate::net::tests::close(pair);
     assert!(
         closing.elapsed() < PROMPT * 2,
         "{case}: close took {:?}",
