@@ -215,6 +215,18 @@ pub struct QpSettings {
     pub service_level: u8,
 }
 
+impl QpSettings {
+    /// How long RC keeps retrying an unacknowledged packet before the QP fails: 4.096 us x
+    /// 2^timeout per try, `retry_count + 1` tries (ms, at least 1). Anything that must notice a
+    /// dead path no later than the QPs do (the tcp fabric's sockets, the control connection)
+    /// uses it.
+    pub fn retry_budget_ms(&self) -> u32 {
+        let per_try_us = 4.096 * f64::from(1u32 << self.timeout.min(31));
+        let tries = f64::from(self.retry_count.min(7)) + 1.0;
+        (per_try_us * tries / 1000.0).clamp(1.0, f64::from(u32::MAX)) as u32
+    }
+}
+
 impl Default for QpSettings {
     fn default() -> Self {
         QpSettings {

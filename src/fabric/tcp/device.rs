@@ -360,11 +360,9 @@ pub(super) struct TcpQp {
     qpn: u32,
 }
 
-/// RC's transport timeout: 4.096 us x 2^timeout per try, `retry_count + 1` tries.
+/// RC's transport timeout ([`QpSettings::retry_budget_ms`]).
 pub(super) fn user_timeout_ms(settings: &QpSettings) -> u32 {
-    let per_try_us = 4.096 * f64::from(1u32 << settings.timeout.min(31));
-    let tries = f64::from(settings.retry_count.min(7)) + 1.0;
-    (per_try_us * tries / 1000.0).clamp(1.0, f64::from(u32::MAX)) as u32
+    settings.retry_budget_ms()
 }
 
 impl QueuePair for TcpQp {

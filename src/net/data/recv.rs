@@ -314,7 +314,7 @@ impl RecvComm {
         // rewritten until this slot comes round again 256 receives later, after its completion.
         unsafe { data.qps.qps[data.cts_qp].post_send(std::slice::from_ref(&wr)) }.map_err(|e| {
             let error = Error::from(e).context(self.info.describe_peer());
-            data.failure = Some(error.clone());
+            data.fail(&error);
             error
         })
     }
@@ -363,7 +363,7 @@ impl RecvComm {
         data.refill()?;
         let now = now_ns();
         if let Err(error) = self.info.check_health(&mut data.watch, now) {
-            data.failure = Some(error.clone());
+            data.fail(&error);
             return Err(error);
         }
         data.telemetry.telemetry().heartbeat(now);
@@ -371,7 +371,7 @@ impl RecvComm {
         if !request.done {
             // Data that never comes: is the sender still there?
             if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
-                data.failure = Some(error.clone());
+                data.fail(&error);
                 return Err(error);
             }
             return Ok(None);
@@ -396,7 +396,7 @@ impl RecvComm {
                 .telemetry()
                 .rail(rail)
                 .inc(RAIL_ERROR_COMPLETIONS);
-            data.failure = Some(error.clone());
+            data.fail(&error);
             return Err(error);
         }
         match completion.opcode {
@@ -509,8 +509,18 @@ impl RecvComm {
             self.info.describe_peer(),
             data.protocol_errors
         ));
-        data.failure = Some(error.clone());
+        data.fail(&error);
         Err(error)
+    }
+}
+
+impl RecvData {
+    /// Fails the comm with `error` (sticky: every later call returns it) and tells the peer why,
+    /// so that its pending requests fail with this text rather than at a timeout.
+    #[cold]
+    fn fail(&mut self, error: &Error) {
+        self.peer.notify_failure(error);
+        self.failure = Some(error.clone());
     }
 }
 

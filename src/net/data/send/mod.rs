@@ -248,7 +248,7 @@ impl SendComm {
         self.poll(data)?;
         let now = now_ns();
         if let Err(error) = self.info.check_health(&mut data.watch, now) {
-            data.failure = Some(error.clone());
+            data.fail(&error);
             return Err(error);
         }
         data.telemetry.telemetry().heartbeat(now);
@@ -267,7 +267,7 @@ impl SendComm {
     #[inline]
     fn check_peer(&self, data: &mut SendData, now: u64) -> Result<()> {
         if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
-            data.failure = Some(error.clone());
+            data.fail(&error);
             return Err(error);
         }
         Ok(())
@@ -287,7 +287,7 @@ impl SendComm {
                 .telemetry()
                 .rail(rail)
                 .inc(RAIL_ERROR_COMPLETIONS);
-            data.failure = Some(error.clone());
+            data.fail(&error);
             return Err(error);
         }
         let wr = WrId::unpack(completion.wr_id)
@@ -377,6 +377,16 @@ impl SendComm {
             qp_num: posted.qp_nums,
             peer: self.info.peer,
         });
+    }
+}
+
+impl SendData {
+    /// Fails the comm with `error` (sticky: every later call returns it) and tells the peer why,
+    /// so that its pending requests fail with this text rather than at a timeout.
+    #[cold]
+    fn fail(&mut self, error: &Error) {
+        self.peer.notify_failure(error);
+        self.failure = Some(error.clone());
     }
 }
 

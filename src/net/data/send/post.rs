@@ -132,7 +132,7 @@ impl SendComm {
         let posted = unsafe { data.qps.qps[qp].post_send(chain) };
         posted.map_err(|e| {
             let error = Error::from(e).context(self.info.describe_peer());
-            data.failure = Some(error.clone());
+            data.fail(&error);
             error
         })
     }
