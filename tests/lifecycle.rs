@@ -73,6 +73,54 @@ fn a_hundred_rounds_over_tcp_leak_no_thread_or_socket() {
     rounds_in_a_child("lifecycle-tcp", &tcp);
 }
 
+/// ABI v8 has no `finalize`: a host that uses the plugin and unloads it must still find no
+/// thread of the plugin running once `dlclose` returns (the housekeeper is stopped from the
+/// image's fini array), or the thread's next wake-up would run unmapped code.
+#[test]
+fn a_v8_host_unloading_without_finalize_leaves_no_thread_behind() {
+    let outcome = child::run_test(
+        "child_legacy_unload",
+        &[("MPIB_FABRIC", "loopback")],
+        CHILD_LIMIT,
+    )
+    .unwrap();
+    outcome.assert_success("child_legacy_unload");
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_v8_host_unloading_without_finalize_leaves_no_thread_behind"]
+fn child_legacy_unload() {
+    if !child::is_child("child_legacy_unload") {
+        return;
+    }
+    let before = resources().threads;
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let image = std::fs::canonicalize(plugin.path()).unwrap();
+    let net = plugin.net(Version::V8).unwrap();
+    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
+    exchange_sizes(&mut pair, &[0, 4097], "v8", 1).unwrap_or_else(|e| panic!("{e}"));
+    pair.close().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        resources().threads > before,
+        "the housekeeper runs while the plugin is loaded"
+    );
+    drop(net);
+    drop(plugin); // dlclose, with no finalize before it
+                  // Longer than the housekeeper's tick: a thread left running would wake into unmapped code.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        resources().threads,
+        before,
+        "a plugin thread outlived dlclose"
+    );
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let image = image.to_string_lossy();
+    assert!(
+        !maps.lines().any(|line| line.ends_with(image.as_ref())),
+        "{image} is still mapped after dlclose"
+    );
+}
+
 #[test]
 #[ignore = "runs in a child process started by a_hundred_load_use_unload_rounds_leak_nothing"]
 fn child_rounds() {

@@ -9,7 +9,7 @@
 //! unmaps the library (tests/lifecycle.rs).
 
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, Rail, RailDevice};
@@ -109,6 +109,28 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     opened: None,
     references: 0,
 });
+
+/// Runs when the image is unloaded (`dlclose`) or the process exits, from the ELF fini array
+/// (which, unlike an `atexit` hook or a thread-local destructor, does not pin the image): stops
+/// the housekeeping thread of a plugin that was never finalized, as with ABI v7 ... v10, which
+/// have no `finalize`, so that no thread runs in code about to be unmapped. Never blocks on a
+/// lock another thread holds, never unwinds.
+extern "C" fn stop_threads_at_unload() {
+    let _ = std::panic::catch_unwind(|| {
+        let global = match GLOBAL.try_lock() {
+            Ok(global) => global,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if let Some(opened) = &global.opened {
+            opened.stop_housekeeper();
+        }
+    });
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static STOP_THREADS_AT_UNLOAD: extern "C" fn() = stop_threads_at_unload;
 
 fn global() -> MutexGuard<'static, Global> {
     // A panic while holding the lock cannot leave `Global` inconsistent (two plain fields).
