@@ -135,6 +135,11 @@ rails_of() {
 }
 ncase=0
 newcase() { # newcase NAME: sets d (its logs) and tmp (short, for the agent's socket path)
+  # Rarely the namespaces are gone before a case (not found yet): say so at the case it hits,
+  # with what /run/netns holds, instead of a bare "Cannot open network namespace".
+  if [ ! -e "/run/netns/$NA" ] || [ ! -e "/run/netns/$NB" ]; then
+    echo "bed: the namespaces vanished before \"$1\" (/run/netns holds: $(ls /run/netns 2> /dev/null | tr '\n' ' '))"
+  fi
   ncase=$((ncase + 1))
   d=$W/$(echo "$1" | tr -c 'a-zA-Z0-9=_.-' '_' | sed 's/_*$//') tmp=$T/c$ncase
   mkdir -p "$d" "$tmp"
