@@ -8,8 +8,10 @@
 //!
 //! * **The peer said why.** A comm that fails writes a [`NOTICE_MAGIC`] frame with its error
 //!   onto the control connection ([`PeerWatch::notify_failure`], best effort, never blocking):
-//!   the peer's pending requests fail at once with that text, so a cut rail that only the other
-//!   side could see (its CTS write, say) is still named on both sides.
+//!   the peer's requests still pending [`GRACE_NS`] later fail with that text, so a cut rail that
+//!   only the other side could see (its CTS write, say) is still named on both sides. The grace
+//!   lets this side's own QPs report first when they have work on the wire (their error names
+//!   our device and counts in our probes).
 //! * **The peer's end closed.** The kernel closes a dead process's sockets, so the peek sees
 //!   end-of-file or a reset. A peer that closes its comm normally does the same, possibly a
 //!   moment before our last completion is polled (its TCP FIN can overtake the RDMA ACK), so
@@ -40,8 +42,8 @@ pub(crate) struct PeerWatch {
     stream: Option<TcpStream>,
     next_check_ns: u64,
     closed: Option<(u64, String)>,
-    /// What the peer reported about its own failure.
-    reported: Option<String>,
+    /// What the peer reported about its own failure, and when it was read.
+    reported: Option<(u64, String)>,
     /// " (it rides the sout rail (mlx5_0))" when the connection rides a rail's address, else "".
     path: String,
     notified: bool,
@@ -111,8 +113,8 @@ impl PeerWatch {
     }
 
     /// Called while a request is pending: peeks when due; the error (its text starts with
-    /// `peer`, called only then) once the peer reported a failure, or once its end has been
-    /// closed for [`GRACE_NS`].
+    /// `peer`, called only then) once the peer's failure report, or the close of its end, is
+    /// [`GRACE_NS`] old.
     #[inline]
     pub(crate) fn check(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<()> {
         if now_ns < self.next_check_ns {
@@ -124,9 +126,12 @@ impl PeerWatch {
     fn check_now(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<()> {
         self.next_check_ns = now_ns.saturating_add(CHECK_INTERVAL_NS);
         if self.closed.is_none() && self.reported.is_none() {
-            self.closed = self.peek().map(|why| (now_ns, why));
+            self.closed = self.peek(now_ns).map(|why| (now_ns, why));
         }
-        if let Some(text) = &self.reported {
+        if let Some((since, text)) = &self.reported {
+            if now_ns.saturating_sub(*since) < GRACE_NS {
+                return Ok(());
+            }
             return Err(Error::remote(format!(
                 "{}: the peer's comm failed and said why: {text}",
                 peer()
@@ -149,13 +154,13 @@ impl PeerWatch {
 
     /// How the peer's end was closed, if it was; a complete failure notice is taken into
     /// `reported` (then `None`: the close, if any, is seen at the next look).
-    fn peek(&mut self) -> Option<String> {
+    fn peek(&mut self, now_ns: u64) -> Option<String> {
         let stream = self.stream.as_mut()?;
         let mut buffer = [0u8; NOTICE_HEADER + NOTICE_TEXT_MAX];
         match stream.peek(&mut buffer) {
             Ok(0) => Some("was closed".to_string()),
             Ok(n) => {
-                self.reported = take_notice(stream, &buffer[..n]);
+                self.reported = take_notice(stream, &buffer[..n]).map(|text| (now_ns, text));
                 None
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
@@ -280,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_the_peer_reports_fails_pending_requests_at_once_with_its_text() {
+    fn a_failure_the_peer_reports_fails_pending_requests_after_the_grace_with_its_text() {
         let (mut watch, theirs) = connected();
         let mut reporter = PeerWatch::new(theirs, 1000, String::new());
         reporter.notify_failure(&Error::remote(
@@ -288,7 +293,9 @@ mod tests {
         ));
         reporter.notify_failure(&Error::remote("a second failure is not sent"));
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let error = watch.check(1, peer).unwrap_err();
+        watch.check(1, peer).unwrap();
+        watch.check(1 + GRACE_NS - CHECK_INTERVAL_NS, peer).unwrap();
+        let error = watch.check(1 + GRACE_NS, peer).unwrap_err();
         assert!(
             error.message.contains("failed and said why")
                 && error
@@ -296,9 +303,6 @@ mod tests {
                     .contains("the sup rail (mlx5_1) QP 0x12: retry exceeded"),
             "{error}"
         );
-        assert!(
-            watch.check(2 * CHECK_INTERVAL_NS, peer).is_err(),
-            "it stays failed"
-        );
+        assert!(watch.check(2 * GRACE_NS, peer).is_err(), "it stays failed");
     }
 }
