@@ -38,7 +38,11 @@ fn check_properties(version: Version, p: &Props) {
     assert!(p.max_comms >= 1, "{version} maxComms {}", p.max_comms);
     if version.has_vdevice() {
         assert_eq!(p.force_flush, Some(0), "{version} forceFlush");
-        assert_eq!(p.vprops, Some((2, vec![0, 1])), "{version} vProps");
+        assert_eq!(
+            p.vprops,
+            Some((1, vec![0])),
+            "{version} vProps: the device itself"
+        );
         let max = p.max_p2p_bytes.expect("v9+ has maxP2pBytes");
         assert!(
             max > 0 && max <= NCCL_MAX_NET_SIZE_BYTES,

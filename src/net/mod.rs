@@ -60,13 +60,13 @@ pub struct Properties {
     pub port: i32,
     /// Latency in microseconds (0 = NCCL default).
     pub latency: f32,
-    /// Maximum comms (channels) through the device.
+    /// Comms the device can hold (the scarcer NIC's QPs over what one comm takes).
     pub max_comms: i32,
     /// Grouped receive limit.
     pub max_recvs: i32,
-    /// Number of physical devices behind the fused one (always 2).
+    /// `vProps.ndevs`: 1, the device itself (NCCL reads more only for `makeVDevice` devices).
     pub vdev_count: i32,
-    /// Physical device indices behind the fused one.
+    /// `vProps.devs`: the first `vdev_count` entries are used.
     pub vdev_devices: [i32; 2],
     /// Largest `isend`/`irecv` NCCL may issue.
     pub max_p2p_bytes: usize,

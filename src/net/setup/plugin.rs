@@ -61,6 +61,8 @@ pub(crate) struct Opened {
     pub health: [Arc<DeviceHealth>; 2],
     /// The fabric's default address for the control connection (`Fabric::control_address`).
     pub control_address: Option<std::net::Ipv4Addr>,
+    /// QPs one comm holds on each rail's NIC at most (`maxComms`), from the opening settings.
+    qps_per_comm: [u32; 2],
     /// Reads the devices' async events and checks the shared files, off the data path; stopped
     /// at the last `finalize`, even if a comm NCCL never closed still holds the rails.
     housekeeper: Mutex<Option<Housekeeper>>,
@@ -215,16 +217,26 @@ pub(crate) fn properties(dev: i32) -> Result<Properties> {
         speed: speed.min(i32::MAX as u64) as i32,
         port: i32::from(sout.port),
         latency: 0.0,
-        max_comms: sout.max_qp.min(sup.max_qp).min(i32::MAX as u32) as i32,
+        max_comms: max_comms([sout.max_qp, sup.max_qp], opened.qps_per_comm),
         max_recvs: MAX_RECVS as i32,
-        vdev_count: 2,
-        vdev_devices: [0, 1],
+        // The device itself, as NCCL's own plugins report a device they expose: NCCL reads a
+        // plugin's vProps only for devices made by makeVDevice (docs/NCCL_NET_ABI.md §1.7).
+        vdev_count: 1,
+        vdev_devices: [dev, 0],
         max_p2p_bytes: MAX_TRANSFER as usize,
         max_coll_bytes: MAX_TRANSFER as usize,
         max_multi_request_size: 1,
         rail_id: -1,
         plane_id: -1,
     })
+}
+
+/// Comms the device can hold: each takes `qps_per_comm[rail]` QPs of each rail's NIC (its QP
+/// layout at most, plus the flush QP), so the scarcer NIC decides (NCCL does not keep within
+/// it: a `connect` past it fails with the verbs error naming the NIC).
+fn max_comms(max_qp: [u32; 2], qps_per_comm: [u32; 2]) -> i32 {
+    let comms = |rail: usize| max_qp[rail] / qps_per_comm[rail].max(1);
+    comms(0).min(comms(1)).clamp(1, i32::MAX as u32) as i32
 }
 
 /// MPIB exposes exactly one device: the fused pair.
@@ -287,7 +299,12 @@ fn open(settings: &Settings) -> Result<Opened> {
         health: health.clone(),
         telemetry: Arc::clone(&telemetry),
     })?;
+    let flush = u32::from(settings.force_flush);
     Ok(Opened {
+        qps_per_comm: [
+            u32::from(settings.sout_qps) + flush,
+            u32::from(settings.sup_qps) + flush,
+        ],
         housekeeper: Mutex::new(Some(housekeeper)),
         control_address,
         _fabric: fabric,
@@ -298,4 +315,18 @@ fn open(settings: &Settings) -> Result<Opened> {
         health,
         telemetry,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_comms;
+
+    #[test]
+    fn max_comms_is_what_the_scarcer_nic_holds() {
+        // 2 SOUT + 4 SUP QPs per comm: a SUP NIC of 1,000 QPs holds 250 comms.
+        assert_eq!(max_comms([1000, 1000], [2, 4]), 250);
+        assert_eq!(max_comms([100, 1_000_000], [3, 5]), 33);
+        assert_eq!(max_comms([1, 1], [2, 4]), 1, "never 0");
+        assert_eq!(max_comms([u32::MAX, u32::MAX], [1, 1]), i32::MAX);
+    }
 }
