@@ -62,12 +62,10 @@ pub(crate) struct DeviceState {
 
 impl DeviceState {
     /// A device with no registrations and no events.
-    pub(crate) const fn new() -> DeviceState {
-        DeviceState {
-            mrs: Vec::new(),
-            events: VecDeque::new(),
-        }
-    }
+    pub(crate) const EMPTY: DeviceState = DeviceState {
+        mrs: Vec::new(),
+        events: VecDeque::new(),
+    };
 
     /// Whether a local SGE lies inside a region registered with its lkey (any access: the
     /// local NIC may always read its own registered memory).

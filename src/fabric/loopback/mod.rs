@@ -5,8 +5,10 @@
 //! completions) must be reproducible on demand. This backend therefore models exactly the parts of
 //! RC semantics the engine relies on, and nothing it must not rely on:
 //!
-//! * Two devices, `loop0` and `loop1` (port 1 only), each with its own memory-region table; keys
-//!   are unique in the process, so a key used on the wrong rail fails like it would on hardware.
+//! * Sixteen devices, `loop0` … `loop15` (port 1 only), as many NICs as a large node has, each
+//!   with its own memory-region table, GID and GUID; keys are unique in the process, so a key
+//!   used on the wrong device fails like it would on hardware. The rate model and the fault
+//!   knobs act per rail (the rail a device was opened as), not per device.
 //! * RDMA_WRITE / RDMA_WRITE_WITH_IMM executed in order within a QP, with no promise across QPs
 //!   or rails; one SRQ receive consumed per IMM; bounded CQs that break on overflow; error
 //!   completions that put the QP in the error state and flush everything behind them; a send
@@ -70,7 +72,12 @@ use self::rates::RateModel;
 use super::{Fabric, FabricError, FabricResult, Rail, RailDevice};
 
 /// The device names, indexed by the device's position in [`World::devices`].
-const DEVICE_NAMES: [&str; 2] = ["loop0", "loop1"];
+const DEVICE_NAMES: [&str; DEVICES] = [
+    "loop0", "loop1", "loop2", "loop3", "loop4", "loop5", "loop6", "loop7", "loop8", "loop9",
+    "loop10", "loop11", "loop12", "loop13", "loop14", "loop15",
+];
+/// How many NICs the world has.
+const DEVICES: usize = 16;
 
 /// First QP number handed out; small numbers look like uninitialised fields in logs.
 const FIRST_QPN: u32 = 0x100;
@@ -81,7 +88,7 @@ const FIRST_KEY: u32 = 0x10;
 /// The emulated hardware: every device, queue and registration of the process.
 pub(crate) struct World {
     /// Per-device state, indexed like [`DEVICE_NAMES`].
-    pub(crate) devices: [DeviceState; 2],
+    pub(crate) devices: [DeviceState; DEVICES],
     /// The knobs of the most recently created [`LoopbackFabric`].
     pub(crate) faults: Faults,
     /// WRs posted per rail since the knobs were stored (the `fail` knob counts these).
@@ -116,7 +123,7 @@ impl World {
     /// The empty world (const so that it can initialise a `static` without lazy machinery).
     const fn new() -> World {
         World {
-            devices: [DeviceState::new(), DeviceState::new()],
+            devices: [DeviceState::EMPTY; DEVICES],
             faults: Faults {
                 reorder: false,
                 delay: [0, 0],

@@ -198,9 +198,26 @@ pub(super) fn statuses(completions: &[Completion]) -> Vec<CompletionStatus> {
 fn open_accepts_loop_devices_and_lists_them_on_error() {
     let (_s, fabric) = serial("");
     assert_eq!(fabric.name(), "loopback");
-    assert_eq!(fabric.device_names(), ["loop0", "loop1"]);
+    let names = fabric.device_names();
+    assert_eq!(names.len(), 16, "{names:?}");
+    assert_eq!((names[0].as_str(), names[15].as_str()), ("loop0", "loop15"));
     assert!(fabric.open("loop1:1", Rail::ScaleUp).is_ok());
-    for bad in ["mlx5_0", "loop0:2", "loop1:", "loop2:1"] {
+    // Every device is its own NIC: its own GID, address and GUID.
+    let infos: Vec<_> = (0..16)
+        .map(|i| {
+            fabric
+                .open(&format!("loop{i}"), Rail::ScaleOut)
+                .unwrap()
+                .info()
+                .clone()
+        })
+        .collect();
+    for (i, a) in infos.iter().enumerate() {
+        for b in &infos[i + 1..] {
+            assert!(a.endpoint != b.endpoint && a.address != b.address && a.guid != b.guid);
+        }
+    }
+    for bad in ["mlx5_0", "loop0:2", "loop1:", "loop16:1"] {
         let err = fabric.open(bad, Rail::ScaleOut).err().expect("error");
         let text = err.to_string();
         assert!(
