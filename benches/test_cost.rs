@@ -14,24 +14,13 @@ use std::time::Instant;
 use nccl_net_mpib::ffi::ncclNetPlugin_v12;
 use nccl_net_mpib::ffi::types::NetV12;
 
+mod common;
 #[path = "../tests/common/table.rs"]
 mod table;
 
+use common::{argument, median};
+
 use table::{check, TablePair};
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn argument(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Posts a receive that no send will complete.
 ///
@@ -76,20 +65,9 @@ fn measure(net: &NetV12, connections: usize, rounds: usize, calls: usize) -> f64
     }
     // The receives cannot be cancelled (NCCL closes comms with requests pending on abort).
     for pair in pairs {
-        // SAFETY: NCCL ABI calls on live objects.
-        unsafe {
-            check(
-                net.dereg_mr.unwrap()(pair.send, pair.send_memory),
-                "deregMr",
-            );
-            check(
-                net.dereg_mr.unwrap()(pair.recv, pair.recv_memory),
-                "deregMr",
-            );
-            check(net.close_send.unwrap()(pair.send), "closeSend");
-            check(net.close_recv.unwrap()(pair.recv), "closeRecv");
-            check(net.finalize.unwrap()(pair.ctx), "finalize");
-        }
+        // SAFETY: the pair came from `table::connect`; closing with a receive pending is
+        // allowed (as on NCCL's abort).
+        unsafe { table::close(net, pair) };
     }
     drop(buffers);
     median(samples)

@@ -17,8 +17,11 @@ use std::time::{Duration, Instant};
 use nccl_net_mpib::ffi::ncclNetPlugin_v12;
 use nccl_net_mpib::ffi::types::NetV12;
 
+mod common;
 #[path = "../tests/common/table.rs"]
 mod table;
+
+use common::{argument, median};
 
 use table::{check, TablePair};
 
@@ -158,20 +161,6 @@ unsafe fn run(
         }
     }
     started.elapsed()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn argument(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {
