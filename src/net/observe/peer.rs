@@ -70,6 +70,23 @@ impl PeerWatch {
         }
     }
 
+    /// Watches a comm's handshake connection `stream` to `peer` (a second handle on it), with
+    /// the user timeout of the comm's QPs (`ctx`'s settings, `traffic_class`) and the rail it
+    /// rides named for messages.
+    pub(crate) fn of_control(
+        stream: &TcpStream,
+        peer: impl std::fmt::Display,
+        ctx: &crate::net::Context,
+        traffic_class: i32,
+    ) -> Result<PeerWatch> {
+        let control = stream
+            .try_clone()
+            .map_err(|e| Error::system(format!("keeping the control connection to {peer}: {e}")))?;
+        let settings = crate::net::setup::resources::qp_settings(&ctx.settings, traffic_class);
+        let path = control_path(stream, &ctx.plugin.devices);
+        Ok(PeerWatch::new(control, settings.retry_budget_ms(), path))
+    }
+
     /// Watches nothing (comms built without a control connection, in unit tests).
     pub(crate) fn none() -> PeerWatch {
         PeerWatch {
@@ -173,10 +190,7 @@ impl PeerWatch {
 
 /// " (it rides the sout rail (mlx5_0))" when `stream`'s local address is a rail device's address,
 /// else "": which link a dead control connection points at.
-pub(crate) fn control_path(
-    stream: &TcpStream,
-    devices: &crate::net::setup::resources::Devices,
-) -> String {
+fn control_path(stream: &TcpStream, devices: &crate::net::setup::resources::Devices) -> String {
     let Ok(local) = stream.local_addr() else {
         return String::new();
     };

@@ -30,7 +30,7 @@ use crate::net::agent::registration::{
 };
 use crate::net::data::flush::Flusher;
 use crate::net::data::recv::{RecvComm, RecvData};
-use crate::net::observe::peer::{control_path, PeerWatch};
+use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::oob::{listen_on, local_address, ListenHandle, Transfer};
@@ -423,15 +423,7 @@ impl Acceptance {
         );
         let mut data = data;
         data.telemetry = ConnectionTelemetry::claim(&ctx.plugin.telemetry, &info, false);
-        let control = self.stream.try_clone().map_err(|e| {
-            Error::system(format!(
-                "keeping the control connection to {}: {e}",
-                self.peer
-            ))
-        })?;
-        let budget_ms = qp_settings(&ctx.settings, ctx.traffic_class).retry_budget_ms();
-        let path = control_path(&self.stream, &ctx.plugin.devices);
-        data.peer = PeerWatch::new(control, budget_ms, path);
+        data.peer = PeerWatch::of_control(&self.stream, self.peer, ctx, ctx.traffic_class)?;
         Ok(RecvComm::new(info, data))
     }
 }

@@ -29,7 +29,7 @@ use crate::net::agent::registration::{
     address_of_wire, ipv4_of, AgentRegistration, PendingRegistration,
 };
 use crate::net::data::send::{SendComm, SendData};
-use crate::net::observe::peer::{control_path, PeerWatch};
+use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::oob::{
@@ -377,15 +377,8 @@ impl Connector {
             telemetry,
             self.ctx.plugin.health.clone(),
         );
-        let control = self.stream.try_clone().map_err(|e| {
-            Error::system(format!(
-                "keeping the control connection to {}: {e}",
-                self.remote
-            ))
-        })?;
-        let budget_ms = qp_settings(&self.ctx.settings, self.traffic_class).retry_budget_ms();
-        let path = control_path(&self.stream, &self.ctx.plugin.devices);
-        data.peer = PeerWatch::new(control, budget_ms, path);
+        data.peer =
+            PeerWatch::of_control(&self.stream, self.remote, &self.ctx, self.traffic_class)?;
         Ok(SendComm::new(info, data))
     }
 }
