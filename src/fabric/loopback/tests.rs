@@ -202,21 +202,6 @@ fn open_accepts_loop_devices_and_lists_them_on_error() {
     assert_eq!(names.len(), 16, "{names:?}");
     assert_eq!((names[0].as_str(), names[15].as_str()), ("loop0", "loop15"));
     assert!(fabric.open("loop1:1", Rail::ScaleUp).is_ok());
-    // Every device is its own NIC: its own GID, address and GUID.
-    let infos: Vec<_> = (0..16)
-        .map(|i| {
-            fabric
-                .open(&format!("loop{i}"), Rail::ScaleOut)
-                .unwrap()
-                .info()
-                .clone()
-        })
-        .collect();
-    for (i, a) in infos.iter().enumerate() {
-        for b in &infos[i + 1..] {
-            assert!(a.endpoint != b.endpoint && a.address != b.address && a.guid != b.guid);
-        }
-    }
     for bad in ["mlx5_0", "loop0:2", "loop1:", "loop16:1"] {
         let err = fabric.open(bad, Rail::ScaleOut).err().expect("error");
         let text = err.to_string();
@@ -227,18 +212,24 @@ fn open_accepts_loop_devices_and_lists_them_on_error() {
     }
 }
 
+/// Every device is its own NIC: its own GID, address and GUID, as many as a large node has.
 #[test]
 fn devices_report_distinct_identities() {
     let (_s, fabric) = serial("");
-    let a = fabric.open("loop0", Rail::ScaleOut).unwrap();
-    let b = fabric.open("loop1", Rail::ScaleUp).unwrap();
-    let (a, b) = (a.info(), b.info());
+    let infos: Vec<_> = fabric
+        .device_names()
+        .iter()
+        .map(|name| fabric.open(name, Rail::ScaleOut).unwrap().info().clone())
+        .collect();
+    let a = &infos[0];
     assert_eq!((a.port, a.speed_mbps, a.active_mtu), (1, 100_000, 5));
     assert_eq!(a.address, std::net::IpAddr::from([127, 0, 0, 1]));
-    assert_ne!(a.address, b.address);
-    assert_ne!(a.endpoint, b.endpoint);
-    assert_ne!(a.guid, b.guid);
     assert!(a.pci_path.is_none());
+    for (i, a) in infos.iter().enumerate() {
+        for b in &infos[i + 1..] {
+            assert!(a.endpoint != b.endpoint && a.address != b.address && a.guid != b.guid);
+        }
+    }
 }
 
 #[test]
