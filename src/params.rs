@@ -28,12 +28,17 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "MPIB_HCA_SOUT",
         default: "",
-        doc: "Scale-out rail device, `name` or `name:port` (e.g. `mlx5_0:1`). Loopback default `loop0`. Tcp: an interface `eth0`, `eth0=ADDR` or an IPv4 address.",
+        doc: "Scale-out NICs, comma-separated: `name` or `name:port` each (e.g. `mlx5_0:1,mlx5_2:1`); one fused NCCL device per SOUT NIC, in PCI order. Loopback default `loop0`. Tcp: an interface `eth0`, `eth0=ADDR` or an IPv4 address.",
     },
     Param {
         name: "MPIB_HCA_SUP",
         default: "",
-        doc: "Scale-up rail device, `name` or `name:port`. Loopback default `loop1`. Tcp: as `MPIB_HCA_SOUT`.",
+        doc: "Scale-up NICs, paired with the SOUT NICs in order; fewer SUP NICs are shared by consecutive SOUT NICs (the count must divide). `auto` (or `auto:NIC,...` to name the candidates): each SOUT NIC with the nearest SUP NIC by PCI distance, never across NUMA nodes. Loopback default `loop1`. Tcp: as `MPIB_HCA_SOUT`.",
+    },
+    Param {
+        name: "MPIB_SYSFS",
+        default: "/sys",
+        doc: "Root of the sysfs tree NICs' PCI paths and NUMA nodes are read from (`auto` pairing, `pciPath`); tests point it at a fake tree.",
     },
     Param {
         name: "MPIB_SOUT_QP",
@@ -187,7 +192,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "MPIB_LOOPBACK_RAILS",
         default: "",
-        doc: "Loopback rail rates: `sout=RATE,sup=RATE,latency=TIME,shared=RATE,mixed=RATE`, then \
+        doc: "Loopback rail rates: `sout=RATE,sup=RATE,loopN=RATE,latency=TIME,shared=RATE,mixed=RATE` (each NIC its own wire; `loopN=` over its rail's rate), then \
               `;TIME:KEY=VALUE,...` phases (see docs/PERFORMANCE.md); empty = memcpy speed.",
     },
 ];
@@ -228,6 +233,10 @@ pub struct Settings {
     pub hca_sout: String,
     /// MPIB_HCA_SUP (after the fabric's default applies).
     pub hca_sup: String,
+    /// Both lists, parsed and checked against each other.
+    pub nics: crate::pairing::NicLists,
+    /// MPIB_SYSFS.
+    pub sysfs: String,
     /// MPIB_SOUT_QP.
     pub sout_qps: u8,
     /// MPIB_SUP_QP.
@@ -327,10 +336,22 @@ impl Settings {
         };
         let agent_dir = agent_directory(get("MPIB_AGENT_TAG"))?;
         let (srq_low_water, srq_high_water) = srq_water_marks(&get)?;
+        let hca_sout = get("MPIB_HCA_SOUT").unwrap_or_else(|| default_hca("loop0"));
+        let hca_sup = get("MPIB_HCA_SUP").unwrap_or_else(|| default_hca("loop1"));
+        let nics = crate::pairing::parse_lists(&hca_sout, &hca_sup).map_err(|e| {
+            let value = if e.variable == "MPIB_HCA_SOUT" {
+                &hca_sout
+            } else {
+                &hca_sup
+            };
+            invalid(e.variable, value, &e.why)
+        })?;
         Ok(Settings {
             fabric,
-            hca_sout: get("MPIB_HCA_SOUT").unwrap_or_else(|| default_hca("loop0")),
-            hca_sup: get("MPIB_HCA_SUP").unwrap_or_else(|| default_hca("loop1")),
+            hca_sout,
+            hca_sup,
+            nics,
+            sysfs: get("MPIB_SYSFS").unwrap_or_else(|| "/sys".to_string()),
             sout_qps: parse_int(&get, "MPIB_SOUT_QP", 2, 1, 16)? as u8,
             sup_qps: parse_int(&get, "MPIB_SUP_QP", 4, 1, 16)? as u8,
             cts_signal_interval: cts_signal_interval as u16,

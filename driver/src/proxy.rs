@@ -37,8 +37,11 @@ impl Default for Deadlines {
 /// Environment for each side's `init` (v11/v12 snapshot it per communicator).
 #[derive(Clone, Debug, Default)]
 pub struct PairOptions {
-    /// Device to use (MPIB exposes device 0).
+    /// Device the receiver listens on.
     pub dev: i32,
+    /// Device the sender connects from (`None`: the same as `dev`); NCCL connects whatever
+    /// devices its topology search picked on each side.
+    pub connect_dev: Option<i32>,
     /// Variables set around the receiver's `init`.
     pub recv_env: Vec<(String, Option<String>)>,
     /// Variables set around the sender's `init`.
@@ -138,7 +141,8 @@ impl<'n, 'p> Pair<'n, 'p> {
         let (mut send, mut recv) = (None, None);
         let outcome = loop {
             if send.is_none() {
-                match net.connect(send_ctx, options.dev, &mut shipped) {
+                let dev = options.connect_dev.unwrap_or(options.dev);
+                match net.connect(send_ctx, dev, &mut shipped) {
                     Ok(comm) => send = comm,
                     Err(e) => break Err(e),
                 }

@@ -451,14 +451,27 @@ pub trait Fabric: Send + Sync {
     }
 }
 
+/// Canonical path of RDMA device `name`'s PCI function under the sysfs tree `sysfs`
+/// (`MPIB_SYSFS`): where `class/infiniband/NAME/device` leads. `None` for a device without one
+/// (Soft-RoCE and some virtual functions live under `devices/virtual`, which is no PCI path).
+pub(crate) fn rdma_pci_path(sysfs: &str, name: &str) -> Option<String> {
+    let link = std::path::Path::new(sysfs)
+        .join("class/infiniband")
+        .join(name)
+        .join("device");
+    std::fs::canonicalize(link)
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
 /// The fabric `settings.fabric` names, created with its settings: the one place that knows
 /// every fabric, so a new one is a new module and a line here.
 pub fn select(settings: &crate::params::Settings) -> FabricResult<Arc<dyn Fabric>> {
     Ok(match settings.fabric {
-        FabricKind::Loopback => Arc::new(loopback::LoopbackFabric::new(
-            &settings.loopback_faults,
-            &settings.loopback_rails,
-        )?),
+        FabricKind::Loopback => Arc::new(
+            loopback::LoopbackFabric::new(&settings.loopback_faults, &settings.loopback_rails)?
+                .with_sysfs(&settings.sysfs),
+        ),
         FabricKind::Verbs => Arc::new(verbs::VerbsFabric::new(settings)?),
         FabricKind::Tcp => Arc::new(tcp::TcpFabric::new()),
     })

@@ -190,8 +190,8 @@ pub fn properties(dev: i32) -> Result<Properties> {
 /// `makeVDevice`: MPIB fuses its rails itself, so NCCL-side fusion is refused.
 pub fn make_vdevice(ndevs: i32) -> Result<i32> {
     Err(crate::error::Error::invalid_usage(format!(
-        "makeVDevice({ndevs} devices) is not supported: MPIB already fuses MPIB_HCA_SOUT and \
-         MPIB_HCA_SUP into device 0"
+        "makeVDevice({ndevs} devices) is not supported: MPIB already fuses each MPIB_HCA_SOUT \
+         NIC with its MPIB_HCA_SUP NIC into one device"
     )))
 }
 
@@ -201,8 +201,8 @@ pub fn listen(
     dev: i32,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<Box<ListenComm>> {
-    setup::plugin::check_device(dev)?;
-    setup::accept::listen(ctx, handle)
+    let device = ctx.plugin.device(dev)?.clone();
+    setup::accept::listen(ctx, device, handle)
 }
 
 /// `connect`: non-blocking; `Ok(None)` means call again with the same handle.
@@ -212,8 +212,7 @@ pub fn connect(
     handle: &mut [u8; HANDLE_SIZE],
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
-    setup::plugin::check_device(dev)?;
-    setup::connect::connect(ctx, handle, traffic_class)
+    setup::connect::connect(ctx, dev, handle, traffic_class)
 }
 
 /// `accept`: non-blocking; `Ok(None)` means call again.

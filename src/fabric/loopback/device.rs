@@ -117,11 +117,17 @@ impl LoopbackDevice {
     /// A handle on device `index` for `rail`.
     /// `speed_mbps` overrides the reported 100 Gb/s when the rail's rate is modelled, so a
     /// policy that reads link speeds sees the configured rates.
-    pub(crate) fn new(index: usize, rail: Rail, speed_mbps: Option<u32>) -> LoopbackDevice {
+    pub(crate) fn new(
+        index: usize,
+        rail: Rail,
+        speed_mbps: Option<u32>,
+        pci_path: Option<String>,
+    ) -> LoopbackDevice {
         let mut info = device_info(index);
         if let Some(speed) = speed_mbps {
             info.speed_mbps = speed;
         }
+        info.pci_path = pci_path;
         LoopbackDevice { index, rail, info }
     }
 

@@ -233,8 +233,11 @@ pub(crate) fn device_name(index: usize) -> &'static str {
 pub struct LoopbackFabric {
     /// This fabric's knobs (also stored in the world when the fabric was created).
     faults: Faults,
-    /// Each rail's modelled speed in Mbit/s (`MPIB_LOOPBACK_RAILS`), reported by its device.
-    speed_mbps: [Option<u32>; 2],
+    /// The rate model's first phase, for the speed each device reports (`MPIB_LOOPBACK_RAILS`).
+    speeds: Arc<RateModel>,
+    /// `MPIB_SYSFS`: a device with a `class/infiniband/loopN/device` link there reports that
+    /// PCI path (tests place loopback NICs on a fake PCI tree); none does under the real `/sys`.
+    sysfs: Option<String>,
 }
 
 impl LoopbackFabric {
@@ -268,13 +271,23 @@ impl LoopbackFabric {
     pub fn new(faults: &str, rails: &str) -> Result<LoopbackFabric, FabricError> {
         let faults = Faults::parse(faults)?;
         let model = RateModel::parse(rails)?;
-        let speed_mbps = [Rail::ScaleOut, Rail::ScaleUp].map(|r| model.initial_speed_mbps(r));
+        let speeds = Arc::new(RateModel::parse(rails)?);
         let mut world = world();
         world.faults = faults;
         world.posted = [0, 0];
         world.unresolved = faults.unresolved;
         world.set_rates(rails.trim(), model);
-        Ok(LoopbackFabric { faults, speed_mbps })
+        Ok(LoopbackFabric {
+            faults,
+            speeds,
+            sysfs: None,
+        })
+    }
+
+    /// Reads devices' PCI paths under the sysfs tree `root` (`MPIB_SYSFS`).
+    pub fn with_sysfs(mut self, root: &str) -> LoopbackFabric {
+        self.sysfs = Some(root.to_string());
+        self
     }
 
     /// Whether this fabric was created with any fault knob (for logs).
@@ -299,8 +312,12 @@ impl Fabric for LoopbackFabric {
 
     fn open(&self, spec: &str, rail: Rail) -> FabricResult<Arc<dyn RailDevice>> {
         let index = parse_spec(spec)?;
-        let speed = self.speed_mbps[rail.index()];
-        Ok(Arc::new(LoopbackDevice::new(index, rail, speed)))
+        let speed = self.speeds.initial_speed_mbps(index, rail);
+        let pci_path = self
+            .sysfs
+            .as_deref()
+            .and_then(|root| crate::fabric::rdma_pci_path(root, device_name(index)));
+        Ok(Arc::new(LoopbackDevice::new(index, rail, speed, pci_path)))
     }
 }
 

@@ -270,8 +270,8 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
     // The rate model: the WR leaves when its rail's wire is free and arrives a latency later.
     let ready_at_ns = match world.rates_now_ns() {
         Some(now) => {
-            let rail = world.qps[index].rail;
-            world.rates.admit(rail, u64::from(wr.length()), now)
+            let (rail, nic) = (world.qps[index].rail, world.qps[index].device);
+            world.rates.admit_on(nic, rail, u64::from(wr.length()), now)
         }
         None => 0,
     };

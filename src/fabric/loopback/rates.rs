@@ -10,6 +10,8 @@
 //! device, not a connection: every QP of the process on `loop0` shares one clock, like every
 //! connection of a process shares one NIC port.
 //!
+//! * `loopN=RATE` — NIC `loopN`'s own rate, over its rail's (`sout=`/`sup=` give every NIC
+//!   opened as that rail its rate): a node of several NIC pairs, each NIC its own wire.
 //! * `shared=RATE` — an upstream link both rails cross (a PCIe switch, a shared uplink): every
 //!   byte also occupies the shared clock at that rate, so the two rails together never exceed it.
 //! * `mixed=RATE` — the NVIDIA/nccl#2310 case, where splitting across a PIX and a PHB NIC made
@@ -19,7 +21,7 @@
 //! Everything here is pure: time comes in as nanoseconds since the model's epoch, so the tests
 //! drive it with a fake clock. The caller (the world, under its lock) supplies `now`.
 
-use super::fabric_error;
+use super::{fabric_error, DEVICES, DEVICE_NAMES};
 use crate::fabric::{FabricError, Rail};
 
 /// The variable the spec comes from; parse errors name it.
@@ -29,10 +31,12 @@ pub(crate) const RAILS_VAR: &str = "MPIB_LOOPBACK_RAILS";
 const MAX_PHASES: usize = 64;
 
 /// The rates in force during one phase. Rates are bytes per second; `None` = unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RailRates {
     /// Per-rail bandwidth, indexed by [`Rail::index`].
     pub(crate) rate: [Option<u64>; 2],
+    /// Per-NIC bandwidth (`loopN=`), over the rail's when set; indexed like the devices.
+    pub(crate) nic_rate: [Option<Option<u64>>; DEVICES],
     /// Per-rail base latency in nanoseconds (wire exit to delivery).
     pub(crate) latency_ns: [u64; 2],
     /// Cap on both rails together.
@@ -41,22 +45,45 @@ pub(crate) struct RailRates {
     pub(crate) mixed: Option<u64>,
 }
 
+impl Default for RailRates {
+    fn default() -> RailRates {
+        RailRates {
+            rate: [None; 2],
+            nic_rate: [None; DEVICES],
+            latency_ns: [0; 2],
+            shared: None,
+            mixed: None,
+        }
+    }
+}
+
+impl RailRates {
+    /// The rate of NIC `nic` opened as `rail`.
+    fn of(&self, nic: usize, rail: Rail) -> Option<u64> {
+        self.nic_rate
+            .get(nic)
+            .copied()
+            .flatten()
+            .unwrap_or(self.rate[rail.index()])
+    }
+}
+
 /// The parsed schedule and the wire clocks. `phases` is empty when no rates were given: the
 /// fabric then moves data as fast as it can, as before.
 #[derive(Debug, Default)]
 pub(crate) struct RateModel {
     /// `(start, rates)` per phase, start in ns since the epoch, strictly increasing, first 0.
     phases: Vec<(u64, RailRates)>,
-    /// When each rail's wire is next free (ns since the epoch).
-    free_ns: [u64; 2],
+    /// When each NIC's wire is next free (ns since the epoch).
+    free_ns: [u64; DEVICES],
     /// When the shared clock is next free.
     shared_free_ns: u64,
     /// When each rail's last admitted WR is through both its wire and the shared clock: the
     /// rail carries data until then (the mixing cap's test).
     busy_ns: [u64; 2],
-    /// The latest delivery time handed out per rail (a phase that lowers the latency must not
+    /// The latest delivery time handed out per NIC (a phase that lowers the latency must not
     /// let a later WR overtake an earlier one).
-    delivered_ns: [u64; 2],
+    delivered_ns: [u64; DEVICES],
 }
 
 impl RateModel {
@@ -64,10 +91,10 @@ impl RateModel {
     pub(crate) const fn new() -> RateModel {
         RateModel {
             phases: Vec::new(),
-            free_ns: [0, 0],
+            free_ns: [0; DEVICES],
             shared_free_ns: 0,
             busy_ns: [0, 0],
-            delivered_ns: [0, 0],
+            delivered_ns: [0; DEVICES],
         }
     }
 
@@ -95,14 +122,23 @@ impl RateModel {
             .unwrap_or_default()
     }
 
-    /// Admits a WR of `bytes` posted on `rail` at `now_ns`; returns when it is delivered.
-    /// Deliveries on one rail never go backwards in time, so RC order within a QP holds.
+    /// Admits a WR of `bytes` posted at `now_ns` on the rail's own NIC (loop0 for SOUT, loop1
+    /// for SUP), as a single-pair node does.
+    #[cfg(test)]
     pub(crate) fn admit(&mut self, rail: Rail, bytes: u64, now_ns: u64) -> u64 {
+        self.admit_on(rail.index(), rail, bytes, now_ns)
+    }
+
+    /// Admits a WR of `bytes` posted on NIC `nic` (opened as `rail`) at `now_ns`; returns when
+    /// it is delivered. Deliveries on one NIC never go backwards in time, so RC order within a
+    /// QP holds.
+    pub(crate) fn admit_on(&mut self, nic: usize, rail: Rail, bytes: u64, now_ns: u64) -> u64 {
         let rates = self.rates_at(now_ns);
         let index = rail.index();
-        let start = now_ns.max(self.free_ns[index]);
-        let rail_done = start.saturating_add(wire_ns(bytes, rates.rate[index]));
-        self.free_ns[index] = rail_done;
+        let nic = nic.min(DEVICES - 1);
+        let start = now_ns.max(self.free_ns[nic]);
+        let rail_done = start.saturating_add(wire_ns(bytes, rates.of(nic, rail)));
+        self.free_ns[nic] = rail_done;
         let other_busy = self.busy_ns[1 - index] > now_ns;
         let cap = match (other_busy, rates.mixed, rates.shared) {
             (true, Some(mixed), Some(shared)) => Some(mixed.min(shared)),
@@ -122,15 +158,15 @@ impl RateModel {
         self.busy_ns[index] = self.busy_ns[index].max(done);
         let delivered = done
             .saturating_add(rates.latency_ns[index])
-            .max(self.delivered_ns[index]);
-        self.delivered_ns[index] = delivered;
+            .max(self.delivered_ns[nic]);
+        self.delivered_ns[nic] = delivered;
         delivered
     }
 
-    /// The configured rate of `rail` in the first phase, in Mbit/s (what the device reports as
-    /// its speed), or `None` when unlimited.
-    pub(crate) fn initial_speed_mbps(&self, rail: Rail) -> Option<u32> {
-        let rate = self.phases.first()?.1.rate[rail.index()]?;
+    /// The configured rate of NIC `nic` opened as `rail` in the first phase, in Mbit/s (what
+    /// the device reports as its speed), or `None` when unlimited.
+    pub(crate) fn initial_speed_mbps(&self, nic: usize, rail: Rail) -> Option<u32> {
+        let rate = self.phases.first()?.1.of(nic, rail)?;
         u32::try_from(rate.saturating_mul(8) / 1_000_000).ok()
     }
 }
@@ -197,6 +233,10 @@ fn apply_item(rates: &mut RailRates, item: &str) -> Result<(), (String, &'static
         "shared" => rates.shared = parse_rate(value)?,
         "mixed" => rates.mixed = parse_rate(value)?,
         "latency" => rates.latency_ns = [parse_time(value)?; 2],
+        name if DEVICE_NAMES.contains(&name) => {
+            let nic = DEVICE_NAMES.iter().position(|n| *n == name).unwrap_or(0);
+            rates.nic_rate[nic] = Some(parse_rate(value)?);
+        }
         name @ ("sout.latency" | "sup.latency") => {
             let rail_name = name.split('.').next().unwrap_or(name);
             rates.latency_ns[rail(rail_name).index()] = parse_time(value)?;
@@ -275,8 +315,8 @@ fn parse_time(text: &str) -> Result<u64, (String, &'static str)> {
 fn parse_error(spec: &str, token: &str, why: &str) -> FabricError {
     let detail = format!(
         "{RAILS_VAR}=`{spec}`: bad item `{token}` ({why}); expected \
-         `[TIME:]KEY=VALUE,...;TIME:KEY=VALUE,...` with KEY sout, sup, shared, mixed (a rate or \
-         `off`), latency, sout.latency, sup.latency (a time), e.g. \
+         `[TIME:]KEY=VALUE,...;TIME:KEY=VALUE,...` with KEY sout, sup, loop0 ... loop15, shared, \
+         mixed (a rate or `off`), latency, sout.latency, sup.latency (a time), e.g. \
          `sout=2GB/s,sup=4GB/s,latency=5us;2s:sup=0.5GB/s`"
     );
     fabric_error(

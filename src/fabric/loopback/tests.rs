@@ -139,7 +139,8 @@ pub(super) fn link(a: &mut End, b: &mut End) {
 pub(super) fn pair(fabric: &LoopbackFabric, cq_depth: u32, sq: u32) -> (End, End) {
     let other = LoopbackFabric {
         faults: fabric.faults,
-        speed_mbps: fabric.speed_mbps,
+        speeds: std::sync::Arc::clone(&fabric.speeds),
+        sysfs: None,
     };
     let mut tx = end(fabric, "loop0", Rail::ScaleOut, cq_depth, sq);
     let mut rx = end(&other, "loop0:1", Rail::ScaleOut, cq_depth, sq);

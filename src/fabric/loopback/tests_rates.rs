@@ -64,9 +64,48 @@ fn parses_rates_latencies_caps_and_phases() {
         (last.rate[1], last.shared, last.mixed),
         (None, None, Some(1_500_000_000))
     );
-    assert_eq!(model.initial_speed_mbps(Rail::ScaleOut), Some(16_000));
+    assert_eq!(model.initial_speed_mbps(0, Rail::ScaleOut), Some(16_000));
     assert!(RateModel::parse("").unwrap().rates_at(0) == Default::default());
     assert!(!RateModel::parse(" ").unwrap().active());
+}
+
+/// Every NIC is its own wire: two SOUT NICs move at once, each at its rate (`loopN=` over the
+/// rail's), and a NIC shared by two pairs is one wire.
+#[test]
+fn each_nic_has_its_own_wire_and_rate() {
+    let model = || RateModel::parse("sout=1GB/s,sup=2GB/s,loop2=4GB/s,loop5=off").unwrap();
+    let mut rates = model();
+    assert_eq!(
+        rates.admit_on(0, Rail::ScaleOut, GB, 0),
+        GB,
+        "1 GB at 1 GB/s: 1 s"
+    );
+    assert_eq!(
+        rates.admit_on(2, Rail::ScaleOut, GB, 0),
+        GB / 4,
+        "loop2's own 4 GB/s"
+    );
+    assert_eq!(
+        rates.admit_on(4, Rail::ScaleOut, GB, 0),
+        GB,
+        "loop4: its own idle wire"
+    );
+    assert_eq!(
+        rates.admit_on(5, Rail::ScaleUp, GB, 0),
+        0,
+        "loop5=off: unlimited"
+    );
+    assert_eq!(rates.admit_on(1, Rail::ScaleUp, GB, 0), GB / 2);
+    assert_eq!(
+        rates.admit_on(1, Rail::ScaleUp, GB, 0),
+        GB,
+        "one NIC, one wire: queued"
+    );
+    let speeds = model();
+    assert_eq!(speeds.initial_speed_mbps(2, Rail::ScaleOut), Some(32_000));
+    assert_eq!(speeds.initial_speed_mbps(3, Rail::ScaleUp), Some(16_000));
+    assert_eq!(speeds.initial_speed_mbps(5, Rail::ScaleUp), None);
+    assert!(RateModel::parse("loop16=1GB/s").is_err(), "no such NIC");
 }
 
 #[test]

@@ -21,7 +21,7 @@ use crate::log;
 
 /// What [`VerbsDevice::open`] needs besides the device.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct OpenOptions {
+pub(crate) struct OpenOptions<'a> {
     /// Physical port (1-based).
     pub port: u8,
     /// The rail the device serves (for errors and logs).
@@ -30,6 +30,8 @@ pub(crate) struct OpenOptions {
     pub gid_index: Option<u8>,
     /// `MPIB_IB_PCI_RELAXED_ORDERING`.
     pub relaxed_ordering: u8,
+    /// `MPIB_SYSFS`.
+    pub sysfs: &'a str,
 }
 
 /// An open device context, closed on drop.
@@ -172,7 +174,7 @@ impl VerbsDevice {
     pub(crate) unsafe fn open(
         device: *mut ibv_device,
         name: &str,
-        options: OpenOptions,
+        options: OpenOptions<'_>,
     ) -> FabricResult<VerbsDevice> {
         let label = format!("{name}:{} ({})", options.port, options.rail);
         sys::clear_errno();
@@ -305,7 +307,7 @@ fn set_nonblocking(context: &Context) -> FabricResult<()> {
 fn query_info(
     context: &Context,
     name: &str,
-    options: OpenOptions,
+    options: OpenOptions<'_>,
 ) -> FabricResult<(DeviceInfo, PortAddress)> {
     let label = context.label.as_str();
     // SAFETY: all-zero is a valid `ibv_device_attr` (integers and arrays of integers).
@@ -372,7 +374,7 @@ fn query_info(
         address: address.ip(),
         endpoint: address.endpoint(),
         guid: u64::from_be(device_attr.node_guid),
-        pci_path: pci_path(name),
+        pci_path: crate::fabric::rdma_pci_path(options.sysfs, name),
         max_qp: u32::try_from(device_attr.max_qp).unwrap_or(0),
     };
     Ok((info, address))
@@ -416,7 +418,7 @@ fn port_speed(context: &Context, port: u8, attr: &ibv_port_attr) -> u32 {
 fn choose_gid(
     context: &Context,
     name: &str,
-    options: OpenOptions,
+    options: OpenOptions<'_>,
     link_layer: LinkLayer,
     attr: &ibv_port_attr,
 ) -> FabricResult<(u8, [u8; 16])> {
@@ -462,15 +464,6 @@ fn choose_gid(
         ));
     }
     Ok((index, gid))
-}
-
-/// Canonical sysfs path of the device's PCI function; `None` for devices without one
-/// (Soft-RoCE, some virtual functions).
-pub(crate) fn pci_path(name: &str) -> Option<String> {
-    let link = format!("/sys/class/infiniband/{name}/device");
-    std::fs::canonicalize(link)
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
 }
 
 impl RailDevice for VerbsDevice {

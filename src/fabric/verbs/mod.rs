@@ -94,6 +94,8 @@ pub struct VerbsFabric {
     gid_index: Option<u8>,
     /// `MPIB_IB_PCI_RELAXED_ORDERING` (0 off, 1 required, 2 when available).
     relaxed_ordering: u8,
+    /// `MPIB_SYSFS`: where devices' PCI paths are found.
+    sysfs: String,
 }
 
 impl VerbsFabric {
@@ -128,6 +130,7 @@ impl VerbsFabric {
         Ok(VerbsFabric {
             gid_index: settings.gid_index,
             relaxed_ordering: settings.relaxed_ordering,
+            sysfs: settings.sysfs.clone(),
         })
     }
 
@@ -174,6 +177,7 @@ impl VerbsFabric {
             rail,
             gid_index: self.gid_index,
             relaxed_ordering: self.relaxed_ordering,
+            sysfs: &self.sysfs,
         };
         // SAFETY: `device` comes from the list, which stays alive until after the open.
         let opened = unsafe { VerbsDevice::open(device, name, options) }?;

@@ -31,8 +31,7 @@ const FILE_CHECK_TICKS: u32 = 100;
 
 /// What the thread watches.
 pub(crate) struct Watched {
-    pub devices: [Arc<dyn RailDevice>; 2],
-    pub health: [Arc<DeviceHealth>; 2],
+    pub nics: Vec<(Arc<dyn RailDevice>, Arc<DeviceHealth>, Rail)>,
     pub telemetry: Arc<Telemetry>,
 }
 
@@ -93,9 +92,8 @@ fn run(watched: &Watched, stop: &Stop) {
         if *requested {
             return;
         }
-        for rail in Rail::ALL {
-            let device = watched.devices[rail.index()].as_ref();
-            watched.health[rail.index()].poll(device, rail);
+        for (device, health, rail) in &watched.nics {
+            health.poll(device.as_ref(), *rail);
         }
         ticks += 1;
         if ticks % FILE_CHECK_TICKS == 0 {

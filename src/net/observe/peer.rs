@@ -72,18 +72,19 @@ impl PeerWatch {
 
     /// Watches a comm's handshake connection `stream` to `peer` (a second handle on it), with
     /// the user timeout of the comm's QPs (`ctx`'s settings, `traffic_class`) and the rail it
-    /// rides named for messages.
+    /// rides (one of the comm's `devices`) named for messages.
     pub(crate) fn of_control(
         stream: &TcpStream,
         peer: impl std::fmt::Display,
         ctx: &crate::net::Context,
+        devices: &crate::net::setup::resources::Devices,
         traffic_class: i32,
     ) -> Result<PeerWatch> {
         let control = stream
             .try_clone()
             .map_err(|e| Error::system(format!("keeping the control connection to {peer}: {e}")))?;
         let settings = crate::net::setup::resources::qp_settings(&ctx.settings, traffic_class);
-        let path = control_path(stream, &ctx.plugin.devices);
+        let path = control_path(stream, devices);
         Ok(PeerWatch::new(control, settings.retry_budget_ms(), path))
     }
 

@@ -33,6 +33,7 @@ use crate::net::data::recv::{RecvComm, RecvData};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::oob::{listen_on, local_address, ListenHandle, Transfer};
 use crate::net::setup::resolve::Resolutions;
 use crate::net::setup::resources::{
@@ -59,6 +60,8 @@ const LISTEN_MAGIC: u32 = 0x4D50_4C53; // "MPLS"
 pub struct ListenComm {
     magic: u32,
     ctx: Arc<Context>,
+    /// The fused device listened on: every connection accepted here uses its NICs.
+    device: Arc<FusedDevice>,
     listener: Socket,
     address: SocketAddrV4,
     pending: Option<Box<Acceptance>>,
@@ -78,6 +81,7 @@ enum Stage {
 }
 
 struct Acceptance {
+    device: Arc<FusedDevice>,
     stream: TcpStream,
     peer: SocketAddrV4,
     local: SocketAddrV4,
@@ -89,17 +93,19 @@ struct Acceptance {
     peer_sup_address: IpAddr,
 }
 
-/// `listen` on the context's OOB address.
+/// `listen` for fused device `device` on the context's OOB address.
 pub(crate) fn listen(
     ctx: &Arc<Context>,
+    device: Arc<FusedDevice>,
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<Box<ListenComm>> {
-    let address = local_address(&ctx.settings, ctx.plugin.control_address)?;
+    let address = local_address(&ctx.settings, device.control_address)?;
     let (listener, bound) = listen_on(address)?;
     ListenHandle { address: bound }.write(handle);
     Ok(Box::new(ListenComm {
         magic: LISTEN_MAGIC,
         ctx: Arc::clone(ctx),
+        device,
         listener,
         address: bound,
         pending: None,
@@ -160,6 +166,7 @@ impl ListenComm {
         let local = v4(socket.local_addr())
             .ok_or_else(|| Error::system("accepted socket has no IPv4 address"))?;
         Ok(Acceptance {
+            device: Arc::clone(&self.device),
             stream: socket.into(),
             peer,
             local,
@@ -192,7 +199,7 @@ impl Acceptance {
                     };
                 }
                 Stage::Building(builder, request, reply) => {
-                    if !builder.step(&ctx.plugin.devices)? {
+                    if !builder.step(&self.device.devices)? {
                         return Ok(None);
                     }
                     let (request, mut reply) = (**request, *reply);
@@ -206,7 +213,7 @@ impl Acceptance {
                     let layout = built.0;
                     self.build(ctx, &request, &mut reply, built)?;
                     let resolutions = Resolutions::start(
-                        &ctx.plugin.devices,
+                        &self.device.devices,
                         layout,
                         &request.rails,
                         ctx.settings.addr_resolve_timeout_ms,
@@ -242,7 +249,7 @@ impl Acceptance {
                         return self.finish(ctx, None).map(Some);
                     }
                     let sup = (
-                        ipv4_of(ctx.plugin.devices[Rail::ScaleUp.index()].info().address),
+                        ipv4_of(self.device.devices[Rail::ScaleUp.index()].info().address),
                         ipv4_of(self.peer_sup_address),
                     );
                     let (local, remote) = (*self.local.ip(), *self.peer.ip());
@@ -308,7 +315,7 @@ impl Acceptance {
     ) -> Result<()> {
         let settings = &ctx.settings;
         let class = reply.class;
-        let devices = &ctx.plugin.devices;
+        let devices = &self.device.devices;
         let cts_shadow =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
         let records =
@@ -332,7 +339,7 @@ impl Acceptance {
             (cts_qp, cts_rail),
             CtsSignalPolicy::new(settings.cts_signal_interval),
             ConnectionTelemetry::unclaimed(&ctx.plugin.telemetry),
-            &ctx.plugin.health,
+            &self.device.health,
         );
         if settings.force_flush {
             data.flusher = Some(Flusher::create(devices, layout, &data.queues, settings)?);
@@ -349,7 +356,7 @@ impl Acceptance {
             bdp_bytes: settings.bdp_bytes,
             agent: None,
             profiler: ctx.profiler,
-            health: ctx.plugin.health.clone(),
+            health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&data.qps, layout),
         };
         self.built = Some((info, data));
@@ -423,7 +430,13 @@ impl Acceptance {
         );
         let mut data = data;
         data.telemetry = ConnectionTelemetry::claim(&ctx.plugin.telemetry, &info, false);
-        data.peer = PeerWatch::of_control(&self.stream, self.peer, ctx, ctx.traffic_class)?;
+        data.peer = PeerWatch::of_control(
+            &self.stream,
+            self.peer,
+            ctx,
+            &self.device.devices,
+            ctx.traffic_class,
+        )?;
         Ok(RecvComm::new(info, data))
     }
 }

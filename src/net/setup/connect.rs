@@ -32,6 +32,7 @@ use crate::net::data::send::{SendComm, SendData};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::oob::{
     connect_finished, local_address, start_connect, ListenHandle, Transfer,
 };
@@ -79,6 +80,8 @@ struct Prepared {
 /// An in-progress `connect`.
 pub(crate) struct Connector {
     ctx: Arc<Context>,
+    /// The fused device connecting: the connection uses its NICs.
+    device: Arc<FusedDevice>,
     traffic_class: i32,
     remote: SocketAddrV4,
     stream: TcpStream,
@@ -89,17 +92,20 @@ pub(crate) struct Connector {
 /// One `connect` call: start or resume, `Ok(None)` while in progress.
 pub(crate) fn connect(
     ctx: &Arc<Context>,
+    dev: i32,
     handle: &mut [u8; HANDLE_SIZE],
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
     let word = ListenHandle::state_word(handle);
     let connector = if word == 0 {
         let remote = ListenHandle::read(handle)?.address;
-        let local = local_address(&ctx.settings, ctx.plugin.control_address)?;
+        let device = ctx.plugin.device(dev)?.clone();
+        let local = local_address(&ctx.settings, device.control_address)?;
         let stream = start_connect(local, remote)?;
         // The first call only starts the TCP connection; the next ones go on from here.
         Box::new(Connector {
             ctx: Arc::clone(ctx),
+            device,
             traffic_class,
             remote,
             stream,
@@ -140,7 +146,7 @@ impl Connector {
                     self.stage = Stage::Building(class, builder);
                 }
                 Stage::Building(class, builder) => {
-                    if !builder.step(&self.ctx.plugin.devices)? {
+                    if !builder.step(&self.device.devices)? {
                         return Ok(None);
                     }
                     let class = *class;
@@ -214,7 +220,7 @@ impl Connector {
         (layout, queues, qps): (QpLayout, [Option<RailQueues>; 2], QueuePairs),
     ) -> Result<ConnectRequest> {
         let settings = &self.ctx.settings;
-        let devices = &self.ctx.plugin.devices;
+        let devices = &self.device.devices;
         let local = self.local()?;
         let fifo =
             RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::CONTROL)?;
@@ -284,7 +290,7 @@ impl Connector {
             )));
         }
         Resolutions::start(
-            &self.ctx.plugin.devices,
+            &self.device.devices,
             prepared.layout,
             &reply.rails,
             self.ctx.settings.addr_resolve_timeout_ms,
@@ -318,11 +324,7 @@ impl Connector {
             .ok_or_else(|| Error::internal("registration before prepare"))?;
         let local = self.local()?;
         let sup = (
-            ipv4_of(
-                self.ctx.plugin.devices[Rail::ScaleUp.index()]
-                    .info()
-                    .address,
-            ),
+            ipv4_of(self.device.devices[Rail::ScaleUp.index()].info().address),
             ipv4_of(prepared.peer_sup_address),
         );
         Ok(PendingRegistration::start(
@@ -347,7 +349,7 @@ impl Connector {
             None => HintReader::none(),
         };
         let info = ConnectionInfo {
-            devices: self.ctx.plugin.devices.clone(),
+            devices: self.device.devices.clone(),
             peer: self.remote,
             class: prepared.class,
             mode: settings.mode,
@@ -355,7 +357,7 @@ impl Connector {
             bdp_bytes: settings.bdp_bytes,
             agent,
             profiler: self.ctx.profiler,
-            health: self.ctx.plugin.health.clone(),
+            health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&prepared.qps, prepared.layout),
         };
         info!(
@@ -375,10 +377,15 @@ impl Connector {
             prepared.remote_records,
             hint,
             telemetry,
-            self.ctx.plugin.health.clone(),
+            self.device.health.clone(),
         );
-        data.peer =
-            PeerWatch::of_control(&self.stream, self.remote, &self.ctx, self.traffic_class)?;
+        data.peer = PeerWatch::of_control(
+            &self.stream,
+            self.remote,
+            &self.ctx,
+            &self.device.devices,
+            self.traffic_class,
+        )?;
         Ok(SendComm::new(info, data))
     }
 }

@@ -1,4 +1,4 @@
-//! Bringing connections up: the process's rails (`plugin`), `listen`/`connect`/`accept` and
+//! Bringing connections up: the process's NICs and fused devices (`plugin`, `devices`), `listen`/`connect`/`accept` and
 //! their handshake, the peer's control address (`oob`) and rail addresses (`resolve`), the
 //! comm-level description both ends agree on (`comm`), and the queue pairs and completion queues
 //! a connection owns (`resources`).
@@ -6,6 +6,7 @@
 pub(crate) mod accept;
 pub(crate) mod comm;
 pub(crate) mod connect;
+pub(crate) mod devices;
 pub(crate) mod oob;
 pub(crate) mod plugin;
 pub(crate) mod resolve;

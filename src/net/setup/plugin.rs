@@ -8,19 +8,18 @@
 //! registered (either would pin the image), so NCCL 2.28+'s unload after the last communicator
 //! unmaps the library (tests/lifecycle.rs).
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, Rail, RailDevice};
+use crate::fabric::Fabric;
 use crate::log;
 use crate::params::Settings;
 
 use crate::net::data::send::MAX_TRANSFER;
-use crate::net::observe::health::DeviceHealth;
 use crate::net::observe::housekeeper::{Housekeeper, Watched};
 use crate::net::observe::telemetry::Telemetry;
-use crate::net::setup::resources::Devices;
+use crate::net::setup::devices::{self, FusedDevice, Nic};
 use crate::net::{Properties, MAX_RECVS};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
@@ -46,21 +45,17 @@ pub struct InitParams {
     pub logger: Option<crate::log::LoggerFn>,
 }
 
-/// The opened fabric and rails, shared by every context and comm.
+/// The opened fabric, NICs and fused devices, shared by every context and comm.
 pub(crate) struct Opened {
     /// Kept so the backend outlives every device it opened.
     _fabric: Arc<dyn Fabric>,
-    /// SOUT, SUP.
-    pub devices: Devices,
-    name: CString,
-    pci_path: Option<CString>,
+    /// Every opened NIC, each once.
+    pub nics: Vec<Nic>,
+    /// The fused devices, in NCCL's order.
+    pub devices: Vec<Arc<FusedDevice>>,
     force_flush: bool,
     /// The process's probes file.
     pub telemetry: Arc<Telemetry>,
-    /// Published async events per rail device.
-    pub health: [Arc<DeviceHealth>; 2],
-    /// The fabric's default address for the control connection (`Fabric::control_address`).
-    pub control_address: Option<std::net::Ipv4Addr>,
     /// QPs one comm holds on each rail's NIC at most (`maxComms`), from the opening settings.
     qps_per_comm: [u32; 2],
     /// Reads the devices' async events and checks the shared files, off the data path; stopped
@@ -69,6 +64,20 @@ pub(crate) struct Opened {
 }
 
 impl Opened {
+    /// Fused device `dev`, or an error naming the devices that exist.
+    pub(crate) fn device(&self, dev: i32) -> Result<&Arc<FusedDevice>> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|index| self.devices.get(index))
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "device {dev} does not exist: MPIB exposes {} fused device(s), 0 to {}",
+                    self.devices.len(),
+                    self.devices.len().saturating_sub(1)
+                ))
+            })
+    }
+
     /// Stops and joins the housekeeping thread (no-op when stopped already).
     fn stop_housekeeper(&self) {
         let housekeeper = self
@@ -195,29 +204,32 @@ fn opened() -> Result<Arc<Opened>> {
 }
 
 pub(crate) fn device_count() -> Result<i32> {
-    opened().map(|_| 1)
+    opened().map(|opened| i32::try_from(opened.devices.len()).unwrap_or(i32::MAX))
 }
 
 pub(crate) fn properties(dev: i32) -> Result<Properties> {
-    check_device(dev)?;
     let opened = opened()?;
-    let [sout, sup] = &opened.devices;
+    let device = opened.device(dev)?;
+    let [sout, sup] = &device.devices;
     let (sout, sup) = (sout.info(), sup.info());
-    let speed = u64::from(sout.speed_mbps) + u64::from(sup.speed_mbps);
+    // A SUP NIC shared by several devices gives each its share of its speed and of its QPs.
+    let sharers = device.sup_sharers.max(1);
+    let speed = u64::from(sout.speed_mbps) + u64::from(sup.speed_mbps) / u64::from(sharers);
+    let several = opened.devices.len() > 1;
     Ok(Properties {
-        name: opened.name.as_ptr(),
-        pci_path: opened
+        name: device.name.as_ptr(),
+        pci_path: device
             .pci_path
             .as_ref()
             .map_or(std::ptr::null(), |p| p.as_ptr()),
         guid: sout.guid,
-        ptr_support: crate::net::data::memory::pointer_support(&opened.devices),
+        ptr_support: crate::net::data::memory::pointer_support(&device.devices),
         reg_is_global: 0,
         force_flush: i32::from(opened.force_flush),
         speed: speed.min(i32::MAX as u64) as i32,
         port: i32::from(sout.port),
         latency: 0.0,
-        max_comms: max_comms([sout.max_qp, sup.max_qp], opened.qps_per_comm),
+        max_comms: max_comms([sout.max_qp, sup.max_qp / sharers], opened.qps_per_comm),
         max_recvs: MAX_RECVS as i32,
         // The device itself, as NCCL's own plugins report a device they expose: NCCL reads a
         // plugin's vProps only for devices made by makeVDevice (docs/NCCL_NET_ABI.md §1.7).
@@ -226,7 +238,14 @@ pub(crate) fn properties(dev: i32) -> Result<Properties> {
         max_p2p_bytes: MAX_TRANSFER as usize,
         max_coll_bytes: MAX_TRANSFER as usize,
         max_multi_request_size: 1,
-        rail_id: -1,
+        // With several devices, the SOUT NIC's position in PCI order: device k is the same NIC
+        // position on every host, what a rail-optimised fabric wires to one leaf (§1.7). One
+        // device stays undefined, as it always was.
+        rail_id: if several {
+            i16::try_from(dev).unwrap_or(-1)
+        } else {
+            -1
+        },
         plane_id: -1,
     })
 }
@@ -239,64 +258,37 @@ fn max_comms(max_qp: [u32; 2], qps_per_comm: [u32; 2]) -> i32 {
     comms(0).min(comms(1)).clamp(1, i32::MAX as u32) as i32
 }
 
-/// MPIB exposes exactly one device: the fused pair.
-pub(crate) fn check_device(dev: i32) -> Result<()> {
-    if dev != 0 {
-        return Err(Error::invalid_argument(format!(
-            "device {dev} does not exist: MPIB exposes one fused device (0)"
-        )));
-    }
-    Ok(())
-}
-
 fn open(settings: &Settings) -> Result<Opened> {
     // Logged: the first open of a process is the slowest call of a run (on the rig, libibverbs'
     // first device list, which loads every provider library, takes 105-160 ms; RELIABILITY.md).
     let started = std::time::Instant::now();
     let fabric: Arc<dyn Fabric> = crate::fabric::select(settings)?;
-    let open_rail = |spec: &str, variable: &str, rail: Rail| -> Result<Arc<dyn RailDevice>> {
-        if spec.is_empty() {
-            return Err(Error::invalid_usage(format!(
-                "{variable} is not set: name the {rail} rail's device (available: {:?})",
-                fabric.device_names()
-            )));
-        }
-        fabric.open(spec, rail).map_err(|e| {
-            Error::invalid_usage(format!(
-                "{variable}={spec:?}: {e} (available: {:?})",
-                fabric.device_names()
-            ))
-        })
-    };
-    let sout = open_rail(&settings.hca_sout, "MPIB_HCA_SOUT", Rail::ScaleOut)?;
-    let sup = open_rail(&settings.hca_sup, "MPIB_HCA_SUP", Rail::ScaleUp)?;
-    let name = format!("{}+{}", sout.info().name, sup.info().name);
-    let pci_path = sout.info().pci_path.clone();
-    if pci_path.is_none() && fabric.places_by_pci() {
-        warn!(
-            log::INIT,
-            "{} ({}) has no PCI path (Soft-RoCE or a virtual function?): NCCL will place the fused device without PCI topology",
-            sout.info().name,
-            Rail::ScaleOut
-        );
-    }
+    let fused = devices::open(&fabric, settings)?;
     info!(
         log::INIT,
-        "opened {name} on the {} fabric in {} ms: sout {} Mbps, sup {} Mbps",
+        "opened {} device(s) on the {} fabric in {} ms: {}",
+        fused.devices.len(),
         fabric.name(),
         started.elapsed().as_millis(),
-        sout.info().speed_mbps,
-        sup.info().speed_mbps
+        fused
+            .nics
+            .iter()
+            .map(|nic| format!(
+                "{} {} {} Mbps",
+                nic.rail,
+                nic.device.info().name,
+                nic.device.info().speed_mbps
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    let control_address = fabric.control_address(sout.as_ref());
-    let health: [Arc<DeviceHealth>; 2] = Default::default();
-    let telemetry = Arc::new(Telemetry::open(
-        settings,
-        &[Arc::clone(&sout), Arc::clone(&sup)],
-    ));
+    let telemetry = Arc::new(Telemetry::open(settings, &fused.devices[0].devices));
     let housekeeper = Housekeeper::start(Watched {
-        devices: [Arc::clone(&sout), Arc::clone(&sup)],
-        health: health.clone(),
+        nics: fused
+            .nics
+            .iter()
+            .map(|nic| (Arc::clone(&nic.device), Arc::clone(&nic.health), nic.rail))
+            .collect(),
         telemetry: Arc::clone(&telemetry),
     })?;
     let flush = u32::from(settings.force_flush);
@@ -306,13 +298,10 @@ fn open(settings: &Settings) -> Result<Opened> {
             u32::from(settings.sup_qps) + flush,
         ],
         housekeeper: Mutex::new(Some(housekeeper)),
-        control_address,
         _fabric: fabric,
-        devices: [Arc::clone(&sout), Arc::clone(&sup)],
-        name: CString::new(name).map_err(|_| Error::invalid_usage("device names contain NUL"))?,
-        pci_path: pci_path.and_then(|p| CString::new(p).ok()),
+        nics: fused.nics,
+        devices: fused.devices,
         force_flush: settings.force_flush,
-        health,
         telemetry,
     })
 }
