@@ -7,8 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use mpib_driver::rails::Probes;
 use mpib_driver::testing::{exchange_grouped, exchange_sizes};
 use mpib_driver::{child, Net, Pair, PairOptions, Plan, Plugin, Props, Version};
+use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES};
+use mpib_probes::{LoadState, ProbesReader};
 
 const CHILD_LIMIT: Duration = Duration::from_secs(240);
 
@@ -19,6 +24,85 @@ fn loopback_env<'a>(sout: &'a str, sup: &'a str) -> Vec<(&'a str, &'a str)> {
         ("MPIB_HCA_SUP", sup),
         ("MPIB_PROBES", "0"),
     ]
+}
+
+/// The loopback environment with probes on, in a directory of the test's own.
+fn with_probes<'a>(mut env: Vec<(&'a str, &'a str)>, dir: &'a str) -> Vec<(&'a str, &'a str)> {
+    env.retain(|(k, _)| *k != "MPIB_PROBES");
+    env.push(("MPIB_PROBES_DIR", dir));
+    env
+}
+
+fn probes_dir(tag: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("mpib-devices-{tag}-{}", std::process::id()));
+    dir.to_string_lossy().into_owned()
+}
+
+/// Bytes each NIC sent and received so far, by NIC name, from this process's probes file; and
+/// the probes file's devices as (name, SOUT NIC, SUP NIC).
+/// A fused device as the probes file lists it: its name, its SOUT NIC, its SUP NIC.
+type ListedDevice = (String, String, String);
+
+fn nic_bytes() -> (BTreeMap<String, u64>, Vec<ListedDevice>) {
+    let path = Probes::open_own()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .path()
+        .to_path_buf();
+    let LoadState::Ready(reader) = ProbesReader::open(&path).unwrap() else {
+        panic!("{} is not ready", path.display());
+    };
+    let info = reader.info().clone();
+    let snapshot = reader.snapshot();
+    let bytes = info
+        .rails
+        .iter()
+        .zip(&snapshot.rails)
+        .map(|(nic, rail)| {
+            let moved = rail.counter(RAIL_TX_BYTES) + rail.counter(RAIL_RX_BYTES);
+            (nic.device.clone(), moved)
+        })
+        .collect();
+    let name = |slot: usize| info.rails[slot].device.clone();
+    let devices = info
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), name(d.nics[0]), name(d.nics[1])))
+        .collect();
+    (bytes, devices)
+}
+
+/// Runs the conformance cases on device `dev` and checks that only its two NICs moved bytes,
+/// and that its connections are recorded under it.
+fn conformance_seen_on_its_nics(net: &Net<'_>, dev: i32, nics: [&str; 2]) {
+    let (before, _) = nic_bytes();
+    let options = PairOptions {
+        dev,
+        ..PairOptions::default()
+    };
+    let pair = Pair::connect_with(net, &options).unwrap_or_else(|e| panic!("{e}"));
+    let connections = Probes::open_own().unwrap().connections().unwrap();
+    assert!(
+        connections.len() == 2 && connections.iter().all(|c| i32::from(c.device) == dev),
+        "device {dev}'s connections: {connections:?}"
+    );
+    pair.close().unwrap();
+    conformance_on(net, dev, dev);
+    let (after, _) = nic_bytes();
+    for (nic, moved) in &after {
+        let delta = moved - before.get(nic).copied().unwrap_or(0);
+        if nics.contains(&nic.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            delta, 0,
+            "device {dev} ({nics:?}) moved {delta} bytes on {nic}"
+        );
+    }
+    let own: u64 = nics
+        .iter()
+        .map(|nic| after[*nic] - before.get(*nic).copied().unwrap_or(0))
+        .sum();
+    assert!(own > 0, "device {dev} moved nothing on {nics:?}");
 }
 
 fn run_child(name: &str, env: &[(&str, &str)]) -> String {
@@ -93,7 +177,12 @@ fn all_properties(net: &Net<'_>) -> Vec<Props> {
 fn eight_pairs_each_pass_the_conformance_cases() {
     let sout = names(8, |i| format!("loop{}", 2 * i));
     let sup = names(8, |i| format!("loop{}", 2 * i + 1));
-    run_child("child_eight_pairs", &loopback_env(&sout, &sup));
+    let dir = probes_dir("eight");
+    run_child(
+        "child_eight_pairs",
+        &with_probes(loopback_env(&sout, &sup), &dir),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -128,6 +217,16 @@ fn child_eight_pairs() {
         );
         net.finalize(ctx).unwrap();
     }
+    // Per-device telemetry: each device's traffic on its own two NICs only.
+    let net = plugin.net(Version::V12).unwrap();
+    let ctx = net.init(0x88).unwrap();
+    let (_, devices) = nic_bytes();
+    assert_eq!(devices.len(), 8, "the probes file lists every device");
+    for (dev, (name, sout, sup)) in devices.iter().enumerate() {
+        assert_eq!(*name, format!("{sout}+{sup}"));
+        conformance_seen_on_its_nics(&net, dev as i32, [sout, sup]);
+    }
+    net.finalize(ctx).unwrap();
     // Every device on the newest ABI and an old one; then devices that NCCL's search paired
     // across hosts differently: 3 here, 5 there.
     for version in [Version::V12, Version::V8] {
@@ -144,7 +243,12 @@ fn child_eight_pairs() {
 fn eight_sout_nics_share_four_sup_nics() {
     let sout = names(8, |i| format!("loop{i}"));
     let sup = names(4, |i| format!("loop{}", 8 + i));
-    run_child("child_shared_sup", &loopback_env(&sout, &sup));
+    let dir = probes_dir("shared");
+    run_child(
+        "child_shared_sup",
+        &with_probes(loopback_env(&sout, &sup), &dir),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -174,9 +278,36 @@ fn child_shared_sup() {
         );
     }
     check_identities(Version::V12, &all);
+    let (before, devices) = nic_bytes();
+    assert_eq!(
+        before.len(),
+        12,
+        "12 NICs, the shared ones once: {before:?}"
+    );
+    assert_eq!(
+        devices[1],
+        ("loop1+loop8".into(), "loop1".into(), "loop8".into())
+    );
     for dev in [0, 1, 6] {
         conformance_on(&net, dev, dev);
     }
+    // Devices 0 and 1 share loop8: one NIC slot, both devices' bytes in it.
+    let (after, _) = nic_bytes();
+    let moved = |nic: &str| after[nic] - before[nic];
+    conformance_on(&net, 1, 1);
+    let (again, _) = nic_bytes();
+    assert!(
+        again["loop8"] - after["loop8"] > 0,
+        "device 1 counts on the shared loop8"
+    );
+    assert_eq!(
+        again["loop0"], after["loop0"],
+        "device 1 leaves device 0's SOUT NIC alone"
+    );
+    assert!(
+        moved("loop11") > 0 && moved("loop9") == 0,
+        "device 6 is on loop6+loop11"
+    );
     net.finalize(ctx).unwrap();
 }
 

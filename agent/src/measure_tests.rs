@@ -58,6 +58,7 @@ fn send_connection(file: &ProbesFile, port: u16) -> ConnectionProbe<'_> {
         path_class: PathClass::IntraIsland,
         mode: Mode::Advanced,
         hint_slot: 0,
+        device: 0,
     };
     file.claim_connection(&info).unwrap()
 }

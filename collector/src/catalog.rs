@@ -90,10 +90,19 @@ pub const PROCESS_LABELS: &[&str] = &["host", "pid"];
 /// Labels of per-rail families (`device`/`port` as in node_exporter's `node_infiniband_*`).
 pub const RAIL_LABELS: &[&str] = &["host", "pid", "rail", "device", "port"];
 const MASK_LABELS: &[&str] = &["host", "pid", "mask"];
-const CONN_LABELS: &[&str] = &["host", "pid", "peer", "direction", "path_class", "mode"];
+const CONN_LABELS: &[&str] = &[
+    "host",
+    "pid",
+    "nccl_device",
+    "peer",
+    "direction",
+    "path_class",
+    "mode",
+];
 const CONN_RAIL_LABELS: &[&str] = &[
     "host",
     "pid",
+    "nccl_device",
     "peer",
     "direction",
     "path_class",
@@ -103,6 +112,7 @@ const CONN_RAIL_LABELS: &[&str] = &[
 const CONN_INFO_LABELS: &[&str] = &[
     "host",
     "pid",
+    "nccl_device",
     "peer",
     "direction",
     "path_class",

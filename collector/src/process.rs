@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use mpib_probes::{
     ConnectionSnapshot, ConnectionState, EventCursor, EventKind, FileInfo, Mode, PathClass,
-    ProbesReader, Scope, SlowTransferRecord, Snapshot, MAX_RAILS, RAIL_NAMES,
+    ProbesReader, Scope, SlowTransferRecord, Snapshot, MAX_NICS, MAX_RAILS, RAIL_NAMES,
 };
 use tracing::{debug, info, warn};
 
@@ -38,8 +38,9 @@ pub struct ExportContext<'a> {
     pub now_ns: u64,
 }
 
-/// Labels of a connection (without `host`/`pid`): peer, direction, path class, mode.
-type ConnKey = [String; 4];
+/// Labels of a connection (without `host`/`pid`): NCCL device, peer, direction, path class,
+/// mode.
+type ConnKey = [String; 5];
 
 /// Byte totals per connection label set, monotonic across slot reuse: when a slot shows a
 /// new generation, the old connection's last bytes move into `retired`.
@@ -50,9 +51,9 @@ struct ConnTotals {
 }
 
 impl ConnTotals {
-    fn update(&mut self, conns: &[ConnectionSnapshot]) {
+    fn update(&mut self, info: &FileInfo, conns: &[ConnectionSnapshot]) {
         for c in conns {
-            let key = conn_key(c);
+            let key = conn_key(info, c);
             match self.live.get_mut(&c.index) {
                 Some((generation, _, bytes)) if *generation == c.generation => {
                     for (old, new) in bytes.iter_mut().zip(c.rail_bytes) {
@@ -89,7 +90,14 @@ fn code_name(known: Option<&'static str>, code: u8) -> String {
     known.map_or_else(|| format!("unknown-{code}"), str::to_owned)
 }
 
-fn conn_key(c: &ConnectionSnapshot) -> ConnKey {
+/// The `nccl_device` label: the fused device's name from the header (`mlx5_0+mlx5_1`).
+pub(crate) fn device_name(info: &FileInfo, device: u8) -> String {
+    info.devices
+        .get(usize::from(device))
+        .map_or_else(|| format!("unknown-{device}"), |d| d.name.clone())
+}
+
+fn conn_key(info: &FileInfo, c: &ConnectionSnapshot) -> ConnKey {
     let path = match c.info.path_class {
         PathClass::IntraIsland => Some("intra"),
         PathClass::InterIsland => Some("inter"),
@@ -101,6 +109,7 @@ fn conn_key(c: &ConnectionSnapshot) -> ConnKey {
         Mode::Unknown(_) => None,
     };
     [
+        device_name(info, c.info.device),
         c.info.peer.to_string(),
         traces::direction_name(c.info.direction),
         code_name(path, c.info.path_class.code()),
@@ -195,14 +204,21 @@ impl Process {
         let start = info.start_ns;
         let values = self.values.as_deref().unwrap_or_default();
         let mut histograms = Vec::new();
-        for (i, rail) in snap.rails.iter().enumerate().take(MAX_RAILS) {
+        // One series per NIC slot: a SUP NIC that two devices share is one NIC, counted once.
+        for (i, rail) in snap.rails.iter().enumerate().take(MAX_NICS) {
             let (device, port) = info
                 .rails
                 .get(i)
                 .map_or((String::new(), String::new()), |r| {
                     (r.device.clone(), r.port.to_string())
                 });
-            let labels = [host, pid, RAIL_NAMES[i], device.as_str(), port.as_str()];
+            let kind = info
+                .rail_kinds
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .min(MAX_RAILS - 1);
+            let labels = [host, pid, RAIL_NAMES[kind], device.as_str(), port.as_str()];
             for value in values.iter().filter(|v| v.scope == Scope::Rail) {
                 export_value(ctx, &value.family, &labels, rail.values[value.slot], start);
             }
@@ -247,10 +263,20 @@ impl Process {
         let info = self.reader.info();
         let (host, pid) = (info.host.as_str(), self.pid.as_str());
         let start = info.start_ns;
-        self.conns.update(&snap.connections);
+        self.conns.update(info, &snap.connections);
         for (key, bytes) in self.conns.totals() {
             for (r, value) in bytes.iter().enumerate() {
-                let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], RAIL_NAMES[r]];
+                let [device, peer, direction, path, mode] = key.each_ref().map(String::as_str);
+                let labels = [
+                    host,
+                    pid,
+                    device,
+                    peer,
+                    direction,
+                    path,
+                    mode,
+                    RAIL_NAMES[r],
+                ];
                 ctx.exporter
                     .counter(&catalog::CONNECTION_BYTES, &labels, *value, start);
             }
@@ -260,9 +286,11 @@ impl Process {
             if c.state != ConnectionState::Active {
                 continue;
             }
-            let key = conn_key(c);
+            let key = conn_key(info, c);
             let slot = c.info.hint_slot.to_string();
-            let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], &slot];
+            let labels = [
+                host, pid, &key[0], &key[1], &key[2], &key[3], &key[4], &slot,
+            ];
             ctx.exporter
                 .gauge(&catalog::CONNECTION_INFO, &labels, 1.0, start);
             let ratio = ctx.hints.and_then(|h| h.sup_ratio(c.info.hint_slot));
@@ -273,7 +301,7 @@ impl Process {
             }
         }
         for (key, (sum, n)) in ratios {
-            let labels = [host, pid, &key[0], &key[1], &key[2], &key[3]];
+            let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], &key[4]];
             let mean = sum / f64::from(n.max(1));
             ctx.exporter
                 .gauge(&catalog::CONNECTION_HINT_SUP_RATIO, &labels, mean, start);
@@ -365,6 +393,7 @@ mod tests {
                 path_class: PathClass::InterIsland,
                 mode: Mode::Vanilla,
                 hint_slot: 0,
+                device: 0,
             },
             opened_ns: 1,
             closed_ns: 0,
@@ -375,17 +404,39 @@ mod tests {
         }
     }
 
+    fn file_info() -> FileInfo {
+        FileInfo {
+            abi_version: mpib_probes::ABI_VERSION,
+            pid: 7,
+            start_ns: 1,
+            host: "h".into(),
+            rails: Vec::new(),
+            rail_kinds: Vec::new(),
+            devices: vec![mpib_probes::DeviceEntry {
+                name: "mlx5_0+mlx5_1".into(),
+                nics: [0, 1],
+            }],
+            slow_threshold_ns: 0,
+            sample_one_in: 0,
+        }
+    }
+
     #[test]
     fn totals_stay_monotonic_across_slot_reuse_and_sum_equal_labels() {
+        let info = file_info();
         let mut totals = ConnTotals::default();
-        totals.update(&[conn(0, 1, 5000, [100, 10]), conn(1, 1, 5000, [1, 1])]);
-        let key = conn_key(&conn(0, 1, 5000, [0, 0]));
+        totals.update(
+            &info,
+            &[conn(0, 1, 5000, [100, 10]), conn(1, 1, 5000, [1, 1])],
+        );
+        let key = conn_key(&info, &conn(0, 1, 5000, [0, 0]));
         assert_eq!(totals.totals()[&key], [101, 11]);
-        totals.update(&[conn(1, 1, 5000, [2, 2])]); // slot 0 invisible (being reclaimed)
+        totals.update(&info, &[conn(1, 1, 5000, [2, 2])]); // slot 0 invisible (being reclaimed)
         assert_eq!(totals.totals()[&key], [102, 12]);
-        totals.update(&[conn(0, 2, 5000, [5, 0]), conn(1, 1, 5000, [2, 2])]);
+        totals.update(&info, &[conn(0, 2, 5000, [5, 0]), conn(1, 1, 5000, [2, 2])]);
         assert_eq!(totals.totals()[&key], [107, 12]);
-        assert_eq!(key[1..], ["send", "inter", "vanilla"]);
-        assert_eq!(key[0], "10.0.0.2:5000");
+        assert_eq!(key[2..], ["send", "inter", "vanilla"]);
+        assert_eq!(key[..2], ["mlx5_0+mlx5_1", "10.0.0.2:5000"]);
+        assert_eq!(device_name(&info, 3), "unknown-3");
     }
 }

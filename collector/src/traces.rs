@@ -229,15 +229,24 @@ fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
         KeyValue::new("mpib.direction", direction_name(t.direction)),
         KeyValue::new("mpib.conn_index", conn),
         KeyValue::new("mpib.kind", kind_name(t.kind)),
+        KeyValue::new(
+            "mpib.nccl_device",
+            crate::process::device_name(info, t.device),
+        ),
         KeyValue::new("mpib.host", info.host.clone()),
         KeyValue::new("mpib.pid", i64::from(info.pid)),
     ]
 }
 
 fn rail_attributes(info: &FileInfo, t: &SlowTransfer, r: usize) -> Vec<KeyValue> {
+    // The NIC that carried rail `r` of this transfer: its device's NIC on that rail.
+    let nic = info
+        .devices
+        .get(usize::from(t.device))
+        .map_or(r, |device| device.nics[r]);
     let (device, port) = info
         .rails
-        .get(r)
+        .get(nic)
         .map_or((String::new(), 0), |rail| (rail.device.clone(), rail.port));
     vec![
         KeyValue::new("mpib.rail", RAIL_NAMES[r]),

@@ -88,7 +88,7 @@ fn refused_files_are_counted_and_logged_once() {
         .write(true)
         .open(truncated.path().unwrap())
         .unwrap()
-        .set_len(4096)
+        .set_len(8192)
         .unwrap();
     let corrupt = ProbesFile::create(dir.path(), &writer(pid, base + 3)).unwrap();
     let file = OpenOptions::new()
@@ -122,11 +122,11 @@ fn refused_files_are_counted_and_logged_once() {
     assert_eq!(scrape.value("mpib_probes_files", &[]), 4.0);
     assert!(scrape.matching("mpib_rail_tx_bytes_total", &[]).is_empty());
     assert_eq!(
-        running.log_lines("it has ABI version 3.0, this collector reads 2.2"),
+        running.log_lines("it has ABI version 4.0, this collector reads 3.0"),
         1
     );
     assert_eq!(
-        running.log_lines("truncated: header says 187136 bytes, file has 4096"),
+        running.log_lines("truncated: header says 391680 bytes, file has 8192"),
         1
     );
     assert_eq!(running.log_lines("bad magic"), 1);

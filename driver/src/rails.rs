@@ -1,4 +1,4 @@
-//! Which rail carried the bytes: a minimal reader of the plugin's own probes file (layout ABI 2.x,
+//! Which rail carried the bytes: a minimal reader of the plugin's own probes file (layout ABI 3.x,
 //! `docs/PROBES_LAYOUT.md`), written independently of the `mpib-probes` crate like [`crate::abi`]
 //! is of the plugin.
 //!
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"MPIBPROB";
-const ABI_MAJOR: u32 = 2;
+const ABI_MAJOR: u32 = 3;
 /// The header's region table (16-byte `{offset, len, stride, count}` entries) and the index of
 /// the connection table in it.
 const REGIONS_AT: usize = 72;
@@ -65,6 +65,8 @@ pub struct Connection {
     pub class: PathClass,
     /// Advanced mode (`MPIB_MODE=1`).
     pub advanced: bool,
+    /// The fused device (NCCL's `dev`) the connection uses.
+    pub device: u8,
     /// Payload bytes on (SOUT, SUP).
     pub rail_bytes: (u64, u64),
 }
@@ -206,6 +208,7 @@ impl Probes {
                     PathClass::Inter
                 },
                 advanced: slot[16] == 1,
+                device: slot[17],
                 rail_bytes: (u64_at(slot, 40), u64_at(slot, 48)),
             });
         }

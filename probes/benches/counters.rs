@@ -140,6 +140,7 @@ mod bench {
             slot: 0,
             qp_num: [11, 12],
             peer: "10.0.0.1:4000".parse().unwrap(),
+            device: 0,
         };
         report(
             "slow-transfer event push (128 B record)",

@@ -91,6 +91,8 @@ pub struct InFlightSample {
     pub mode: Mode,
     /// The connection's agent hint slot.
     pub hint_slot: u32,
+    /// The fused device it uses.
+    pub device: u8,
     /// Whether each rail has at least one of its parts in flight.
     pub busy: [bool; MAX_RAILS],
 }
@@ -233,6 +235,7 @@ fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
     slot.direction.store(info.direction.code(), relaxed);
     slot.path_class.store(info.path_class.code(), relaxed);
     slot.mode.store(info.mode.code(), relaxed);
+    slot.device.store(info.device, relaxed);
     slot.hint_slot.store(info.hint_slot, relaxed);
     slot.opened_ns.store(now, relaxed);
     slot.closed_ns.store(0, relaxed);
@@ -253,6 +256,7 @@ pub(crate) fn sample_slot(slot: &ConnSlot) -> Option<InFlightSample> {
         direction: Direction::from_code(slot.direction.load(relaxed)),
         mode: Mode::from_code(slot.mode.load(relaxed)),
         hint_slot: slot.hint_slot.load(relaxed),
+        device: slot.device.load(relaxed),
         busy: core::array::from_fn(|r| slot.rail_in_flight[r].load(relaxed) > 0),
     })
 }
@@ -302,6 +306,7 @@ fn copy_fields(
             path_class: PathClass::from_code(slot.path_class.load(relaxed)),
             mode: Mode::from_code(slot.mode.load(relaxed)),
             hint_slot: slot.hint_slot.load(relaxed),
+            device: slot.device.load(relaxed),
         },
         opened_ns: slot.opened_ns.load(relaxed),
         closed_ns: slot.closed_ns.load(relaxed),
@@ -329,6 +334,7 @@ mod tests {
             path_class: PathClass::InterIsland,
             mode: Mode::Advanced,
             hint_slot: 3,
+            device: 0,
         }
     }
 

@@ -17,9 +17,9 @@ use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8};
 /// The file's first 8 bytes.
 pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
-pub const ABI_MAJOR: u16 = 2;
+pub const ABI_MAJOR: u16 = 3;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 0;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
@@ -30,6 +30,11 @@ pub const RAIL_SOUT: usize = 0;
 pub const RAIL_SUP: usize = 1;
 /// Label of each rail index, as used by the collector's `rail` label.
 pub const RAIL_NAMES: [&str; MAX_RAILS] = ["sout", "sup"];
+/// NIC slots: every NIC the writer opened has its own counters, whichever rail it serves and
+/// however many fused devices share it (3.0 on; a 2.x file had one slot per rail).
+pub const MAX_NICS: usize = 16;
+/// Fused devices (NCCL's net devices) described in the header (3.0 on).
+pub const MAX_DEVICES: usize = 16;
 /// Writer lanes: copies of the rail blocks and transfer counts, one per writing thread, summed
 /// by readers. The last lane is shared by any threads beyond the others and written with
 /// locked read-modify-writes (`docs/PROBES_LAYOUT.md`, "Writer lanes").
@@ -44,8 +49,8 @@ pub const EVENT_CAPACITY: usize = 1024;
 pub const EVENT_WORDS: usize = 15;
 /// Latency histogram buckets per rail.
 pub const LATENCY_BUCKETS: usize = 64;
-/// Bytes of the header.
-pub const HEADER_LEN: usize = 512;
+/// Bytes of the header (512 in 2.x files).
+pub const HEADER_LEN: usize = 4352;
 /// Bytes of the host and device name fields (NUL-padded UTF-8, not necessarily terminated).
 pub const NAME_LEN: usize = 64;
 /// Entries in the header's region table (6 in files of minor version 0, which have no
@@ -93,14 +98,26 @@ pub(crate) struct RegionDesc {
     pub(crate) count: u32,
 }
 
-/// Static description of one rail, for the collector's `device` and `port` labels.
+/// Static description of one NIC slot, for the collector's `rail`, `device` and `port` labels.
 #[repr(C)]
 pub(crate) struct RailDesc {
     pub(crate) device: [u8; NAME_LEN],
     pub(crate) port: u32,
     /// Link speed in Mbps as the device reports it (0: unknown).
     pub(crate) speed_mbps: u32,
-    pub(crate) _reserved: [u8; 56],
+    /// The rail the NIC serves: 0 SOUT, 1 SUP (3.0 on).
+    pub(crate) rail: u8,
+    pub(crate) _reserved: [u8; 55],
+}
+
+/// One fused device (NCCL's net device): its name and its two NIC slots (3.0 on).
+#[repr(C)]
+pub(crate) struct DeviceDesc {
+    /// NUL-padded name as NCCL sees it (`mlx5_0+mlx5_1`).
+    pub(crate) name: [u8; NAME_LEN],
+    /// NIC slots of its SOUT and SUP NICs.
+    pub(crate) nics: [u8; MAX_RAILS],
+    pub(crate) _reserved: [u8; 62],
 }
 
 /// The file header (512 bytes). Immutable once `abi_version` is non-zero, except the atomics.
@@ -112,6 +129,7 @@ pub(crate) struct Header {
     pub(crate) header_len: u32,
     pub(crate) file_len: u64,
     pub(crate) writer_pid: u32,
+    /// NIC slots in use (3.0 on; rails in use in 2.x).
     pub(crate) rail_count: u32,
     /// ns since the Unix epoch.
     pub(crate) start_ns: u64,
@@ -123,9 +141,12 @@ pub(crate) struct Header {
     pub(crate) sample_one_in: u32,
     pub(crate) region_count: u32,
     pub(crate) regions: [RegionDesc; REGION_COUNT],
-    pub(crate) _reserved: [u8; 8],
+    /// Fused devices described in `devices` (3.0 on).
+    pub(crate) device_count: u32,
+    pub(crate) _reserved: [u8; 4],
     pub(crate) host_name: [u8; NAME_LEN],
-    pub(crate) rails: [RailDesc; MAX_RAILS],
+    pub(crate) rails: [RailDesc; MAX_NICS],
+    pub(crate) devices: [DeviceDesc; MAX_DEVICES],
 }
 
 /// One rail's values in one writer lane: `u64`s written only by the lane's thread (plain
@@ -182,7 +203,9 @@ pub(crate) struct ConnSlot {
     pub(crate) direction: AtomicU8,
     pub(crate) path_class: AtomicU8,
     pub(crate) mode: AtomicU8,
-    pub(crate) _pad: [u8; 3],
+    /// The fused device's index among the header's devices (3.0 on).
+    pub(crate) device: AtomicU8,
+    pub(crate) _pad: [u8; 2],
     pub(crate) hint_slot: AtomicU32,
     pub(crate) opened_ns: AtomicU64,
     pub(crate) closed_ns: AtomicU64,
@@ -226,8 +249,8 @@ pub(crate) struct DeclarationRecord {
 pub(crate) type EventSlot = SeqRecord<EVENT_WORDS>;
 
 pub(crate) const RAILS_OFF: usize = HEADER_LEN;
-/// Rail blocks, lane by lane: lane `l`'s block of rail `r` is record `l * MAX_RAILS + r`.
-pub(crate) const RAILS_LEN: usize = WRITER_LANES * MAX_RAILS * size_of::<RailBlock>();
+/// Rail blocks, lane by lane: lane `l`'s block of NIC slot `n` is record `l * MAX_NICS + n`.
+pub(crate) const RAILS_LEN: usize = WRITER_LANES * MAX_NICS * size_of::<RailBlock>();
 pub(crate) const PROCESS_OFF: usize = RAILS_OFF + RAILS_LEN;
 pub(crate) const PROCESS_LEN: usize = size_of::<ProcessBlock>();
 pub(crate) const LANES_OFF: usize = PROCESS_OFF + PROCESS_LEN;
@@ -240,7 +263,7 @@ pub(crate) const EVENTS_OFF: usize = RING_OFF + RING_LEN;
 pub(crate) const EVENTS_LEN: usize = EVENT_CAPACITY * size_of::<EventSlot>();
 pub(crate) const DECLARATIONS_OFF: usize = EVENTS_OFF + EVENTS_LEN;
 pub(crate) const DECLARATIONS_LEN: usize = DECLARATION_CAPACITY * size_of::<DeclarationRecord>();
-/// Total file length written by this version (187,136 bytes).
+/// Total file length written by this version (391,680 bytes).
 pub const FILE_LEN: usize = DECLARATIONS_OFF + DECLARATIONS_LEN;
 
 /// The whole file of this version as one struct: the writer's view of its own mapping (and of
@@ -248,7 +271,7 @@ pub const FILE_LEN: usize = DECLARATIONS_OFF + DECLARATIONS_LEN;
 #[repr(C, align(128))]
 pub(crate) struct FileImage {
     pub(crate) header: Header,
-    pub(crate) rails: [RailBlock; WRITER_LANES * MAX_RAILS],
+    pub(crate) rails: [RailBlock; WRITER_LANES * MAX_NICS],
     pub(crate) process: ProcessBlock,
     pub(crate) lanes: [LaneBlock; WRITER_LANES],
     pub(crate) conns: [ConnSlot; CONNECTION_SLOTS],
@@ -303,7 +326,8 @@ pub(crate) const REGION_TABLE: [RegionDesc; REGION_COUNT] = {
 const _: () = {
     assert!(size_of::<RegionDesc>() == 16 && align_of::<RegionDesc>() == 4);
     assert!(size_of::<RailDesc>() == 128 && offset_of!(RailDesc, port) == 64);
-    assert!(offset_of!(RailDesc, speed_mbps) == 68);
+    assert!(offset_of!(RailDesc, speed_mbps) == 68 && offset_of!(RailDesc, rail) == 72);
+    assert!(size_of::<DeviceDesc>() == 128 && offset_of!(DeviceDesc, nics) == 64);
     assert!(size_of::<Header>() == HEADER_LEN && align_of::<Header>() == 128);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, abi_version) == 8);
@@ -318,9 +342,10 @@ const _: () = {
     assert!(offset_of!(Header, sample_one_in) == 64);
     assert!(offset_of!(Header, region_count) == 68);
     assert!(offset_of!(Header, regions) == 72);
-    assert!(offset_of!(Header, _reserved) == 184);
+    assert!(offset_of!(Header, device_count) == 184);
     assert!(offset_of!(Header, host_name) == 192);
     assert!(offset_of!(Header, rails) == 256);
+    assert!(offset_of!(Header, devices) == 2304);
 };
 
 const _: () = {
@@ -343,7 +368,7 @@ const _: () = {
     assert!(offset_of!(ConnSlot, peer_port) == 12);
     assert!(offset_of!(ConnSlot, direction) == 14);
     assert!(offset_of!(ConnSlot, path_class) == 15);
-    assert!(offset_of!(ConnSlot, mode) == 16);
+    assert!(offset_of!(ConnSlot, mode) == 16 && offset_of!(ConnSlot, device) == 17);
     assert!(offset_of!(ConnSlot, hint_slot) == 20);
     assert!(offset_of!(ConnSlot, opened_ns) == 24);
     assert!(offset_of!(ConnSlot, closed_ns) == 32);
@@ -363,9 +388,9 @@ const _: () = {
 };
 
 const _: () = {
-    assert!(RAILS_OFF == 512 && PROCESS_OFF == 29_184 && LANES_OFF == 29_312);
-    assert!(CONNECTIONS_OFF == 31_360 && RING_OFF == 39_552 && EVENTS_OFF == 39_680);
-    assert!(DECLARATIONS_OFF == 170_752 && FILE_LEN == 187_136 && LANES_OFF % 128 == 0);
+    assert!(RAILS_OFF == 4352 && PROCESS_OFF == 233_728 && LANES_OFF == 233_856);
+    assert!(CONNECTIONS_OFF == 235_904 && RING_OFF == 244_096 && EVENTS_OFF == 244_224);
+    assert!(DECLARATIONS_OFF == 375_296 && FILE_LEN == 391_680 && LANES_OFF % 128 == 0);
     assert!(RAILS_OFF % 128 == 0 && PROCESS_OFF % 128 == 0 && CONNECTIONS_OFF % 128 == 0);
     assert!(RING_OFF % 128 == 0 && EVENTS_OFF % 128 == 0);
     assert!(FILE_LEN <= u32::MAX as usize);

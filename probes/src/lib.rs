@@ -138,8 +138,9 @@ pub use crate::{
     histogram::{bucket_index, bucket_lower_bound, HistogramSnapshot},
     layout::{
         ABI_MAJOR, ABI_MINOR, ABI_VERSION, CONNECTION_SLOTS, EVENT_CAPACITY, EVENT_WORDS, FILE_LEN,
-        HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, NAME_LEN, PROCESS_VALUE_SLOTS, RAIL_NAMES,
-        RAIL_SOUT, RAIL_SUP, RAIL_VALUE_SLOTS, REGION_COUNT, SHARED_LANE, WRITER_LANES,
+        HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_DEVICES, MAX_NICS, MAX_RAILS, NAME_LEN,
+        PROCESS_VALUE_SLOTS, RAIL_NAMES, RAIL_SOUT, RAIL_SUP, RAIL_VALUE_SLOTS, REGION_COUNT,
+        SHARED_LANE, WRITER_LANES,
     },
     reader::{version_string, Corruption, LoadState, ProbesReader},
     snapshot::{
@@ -147,8 +148,8 @@ pub use crate::{
         Snapshot, TransferCounts,
     },
     types::{
-        now_ns, ConnectionInfo, Direction, EventKind, Mode, PathClass, RailInfo, SlowTransfer,
-        WriterInfo, NO_CONNECTION,
+        now_ns, ConnectionInfo, DeviceEntry, Direction, EventKind, Mode, PathClass, RailInfo,
+        SlowTransfer, WriterInfo, NO_CONNECTION,
     },
     writer::{file_name, Probes, ProbesFile},
 };

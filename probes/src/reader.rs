@@ -29,10 +29,10 @@ use crate::declared::{declared_in_minor_0, Declared, Merge, Scope, DECLARATIONS}
 use crate::guard::GuardedRange;
 use crate::layout::{
     ConnSlot, DeclarationRecord, EventSlot, Header, LaneBlock, ProcessBlock, RailBlock, RegionDesc,
-    ABI_MAJOR, ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_RAILS, RAIL_VALUE_SLOTS,
-    REGION_CONNECTIONS, REGION_COUNT, REGION_DECLARATIONS, REGION_EVENTS, REGION_LANES,
-    REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES, REQUIRED_REGIONS,
-    SHARED_LANE, WRITER_LANES,
+    ABI_MAJOR, ABI_VERSION, HEADER_LEN, LATENCY_BUCKETS, MAGIC, MAX_DEVICES, MAX_NICS, MAX_RAILS,
+    RAIL_VALUE_SLOTS, REGION_CONNECTIONS, REGION_COUNT, REGION_DECLARATIONS, REGION_EVENTS,
+    REGION_LANES, REGION_NAMES, REGION_PROCESS, REGION_RAILS, REGION_RING, REGION_STRIDES,
+    REQUIRED_REGIONS, SHARED_LANE, WRITER_LANES,
 };
 use crate::ring::{Ring, RingControl};
 use crate::snapshot::{
@@ -40,7 +40,7 @@ use crate::snapshot::{
     Snapshot, TransferCounts,
 };
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
-use crate::types::{decode_name, RailInfo, SlowTransfer};
+use crate::types::{decode_name, DeviceEntry, RailInfo, SlowTransfer};
 
 /// Why a file was refused as corrupt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -298,7 +298,8 @@ impl ProbesReader {
 
     /// Whether the file's writer publishes each connection's parts in flight (2.2 on).
     pub fn publishes_in_flight(&self) -> bool {
-        self.info.abi_version & 0xffff >= 2
+        // Every 3.x file does (2.2 was the first).
+        self.info.abi_version >> 16 >= 3 || self.info.abi_version & 0xffff >= 2
     }
 
     /// Visits every active connection's in-flight state: cheap enough to call thousands of times
@@ -373,8 +374,8 @@ impl ProbesReader {
         let mut lowest: [Option<u64>; RAIL_VALUE_SLOTS] = [None; RAIL_VALUE_SLOTS];
         for lane in 0..WRITER_LANES {
             // SAFETY: REGION_RAILS holds RailBlocks; `open` checked count >= WRITER_LANES *
-            // MAX_RAILS and rail_count <= MAX_RAILS.
-            let block = unsafe { self.record::<RailBlock>(REGION_RAILS, lane * MAX_RAILS + rail) };
+            // MAX_NICS and rail_count <= MAX_NICS.
+            let block = unsafe { self.record::<RailBlock>(REGION_RAILS, lane * MAX_NICS + rail) };
             let part = rail_snapshot(block, lane == SHARED_LANE);
             for (slot, merge) in self.rail_merge.iter().enumerate() {
                 let (mine, theirs) = (&mut total.values[slot], part.values[slot]);
@@ -458,12 +459,28 @@ fn file_info(header: &Header, version: u32) -> FileInfo {
             speed_mbps: r.speed_mbps,
         })
         .collect();
+    let rail_kinds = header.rails[..header.rail_count as usize]
+        .iter()
+        .map(|r| usize::from(r.rail).min(MAX_RAILS - 1))
+        .collect();
+    let nic_count = header.rail_count as usize;
+    let devices = header.devices[..header.device_count as usize]
+        .iter()
+        .map(|d| DeviceEntry {
+            name: decode_name(&d.name),
+            nics: d
+                .nics
+                .map(|n| usize::from(n).min(nic_count.saturating_sub(1))),
+        })
+        .collect();
     FileInfo {
         abi_version: version,
         pid: header.writer_pid,
         start_ns: header.start_ns,
         host: decode_name(&header.host_name),
         rails,
+        rail_kinds,
+        devices,
         slow_threshold_ns: header.slow_threshold_ns,
         sample_one_in: header.sample_one_in,
     }
@@ -479,19 +496,21 @@ fn check_header(header: &Header, actual: u64) -> Result<(), Corruption> {
     if header_len < HEADER_LEN as u64 || header_len > header.file_len {
         return Err(Corruption::BadHeader("header_len"));
     }
-    if header.rail_count == 0 || header.rail_count as usize > MAX_RAILS {
+    if header.rail_count == 0 || header.rail_count as usize > MAX_NICS {
         return Err(Corruption::BadHeader("rail_count"));
     }
-    let minor = header.abi_version.load(Ordering::Relaxed) & 0xffff;
+    if header.device_count == 0 || header.device_count as usize > MAX_DEVICES {
+        return Err(Corruption::BadHeader("device_count"));
+    }
     let region_count = header.region_count as usize;
-    if region_count < REQUIRED_REGIONS || (minor >= 1 && region_count < REGION_COUNT) {
+    if region_count < REQUIRED_REGIONS.max(REGION_COUNT) {
         return Err(Corruption::BadHeader("region_count"));
     }
     for (i, desc) in header.regions.iter().enumerate().take(region_count) {
         check_region(i, desc, header_len, header.file_len)?;
     }
     let counts = header.regions.map(|d| d.count as usize);
-    let count_ok = counts[REGION_RAILS] >= WRITER_LANES * MAX_RAILS
+    let count_ok = counts[REGION_RAILS] >= WRITER_LANES * MAX_NICS
         && counts[REGION_LANES] >= WRITER_LANES
         && counts[REGION_PROCESS] >= 1
         && counts[REGION_RING] >= 1

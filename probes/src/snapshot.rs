@@ -8,7 +8,7 @@ use crate::histogram::HistogramSnapshot;
 use crate::layout::WRITER_LANES;
 use crate::layout::{LATENCY_BUCKETS, PROCESS_VALUE_SLOTS, RAIL_VALUE_SLOTS};
 use crate::ring::RingCursor;
-use crate::types::{RailInfo, SlowTransfer};
+use crate::types::{DeviceEntry, RailInfo, SlowTransfer};
 
 /// Header fields that never change once published.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,8 +21,12 @@ pub struct FileInfo {
     pub start_ns: u64,
     /// Writer host name.
     pub host: String,
-    /// Rails in use (index 0 = SOUT, 1 = SUP) with their device and port.
+    /// NIC slots in use, each with its device and port (the `device` and `port` labels).
     pub rails: Vec<RailInfo>,
+    /// The rail each NIC slot serves (0 SOUT, 1 SUP), one entry per slot.
+    pub rail_kinds: Vec<usize>,
+    /// The fused devices (NCCL's net devices) and their NIC slots.
+    pub devices: Vec<DeviceEntry>,
     /// Slow-transfer threshold, ns.
     pub slow_threshold_ns: u64,
     /// 1-in-N sampling (0 = off).
@@ -78,7 +82,7 @@ pub struct Snapshot {
     pub heartbeat_ns: u64,
     /// Clean-shutdown time (0 while running), ns since the Unix epoch.
     pub closed_ns: u64,
-    /// One entry per rail in use (index 0 = SOUT, 1 = SUP).
+    /// One entry per NIC slot in use (what [`FileInfo::rails`] describes).
     pub rails: Vec<RailSnapshot>,
     /// Transfers by active rail mask.
     pub transfers: TransferCounts,

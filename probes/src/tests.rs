@@ -57,6 +57,10 @@ pub(crate) fn info() -> WriterInfo {
                 speed_mbps: 400_000,
             },
         ],
+        devices: vec![DeviceEntry {
+            name: "mlx5_0+mlx5_3".into(),
+            nics: [0, 1],
+        }],
         slow_threshold_ns: 500_000,
         sample_one_in: 1000,
     }
@@ -93,11 +97,11 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x02, 0x00, 0x02, 0x00, // abi_version 2.2
-        0x00, 0x02, 0x00, 0x00, // header_len 512
-        0x00, 0xdb, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 187136
+        0x00, 0x00, 0x03, 0x00, // abi_version 3.0
+        0x00, 0x11, 0x00, 0x00, // header_len 4352
+        0x00, 0xfa, 0x05, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 391680
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
-        0x02, 0x00, 0x00, 0x00, // rail_count 2
+        0x02, 0x00, 0x00, 0x00, // rail_count (NIC slots) 2
         0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, // start_ns
         0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, // heartbeat_ns = start_ns
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // closed_ns
@@ -111,21 +115,22 @@ fn golden_header_bytes() {
         .map(|r| core::array::from_fn(|f| le32(&bytes, 72 + r * 16 + f * 4)))
         .collect();
     let expected = [
-        [512, 28_672, 896, 32],
-        [29_184, 128, 128, 1],
-        [31_360, 8192, 128, 64],
-        [39_552, 128, 128, 1],
-        [39_680, 131_072, 128, 1024],
-        [29_312, 2048, 128, 16],
-        [170_752, 16_384, 256, 64],
+        [4352, 229_376, 896, 256],
+        [233_728, 128, 128, 1],
+        [235_904, 8192, 128, 64],
+        [244_096, 128, 128, 1],
+        [244_224, 131_072, 128, 1024],
+        [233_856, 2048, 128, 16],
+        [375_296, 16_384, 256, 64],
     ];
     assert_eq!(regions, expected);
-    assert!(bytes[184..192].iter().all(|b| *b == 0), "reserved is zero");
+    assert_eq!(le32(&bytes, 184), 1, "device_count");
+    assert!(bytes[188..192].iter().all(|b| *b == 0), "reserved is zero");
     // The first declaration record: rail, counter, bytes, sum, slot 0, its name.
-    let record = &bytes[170_752..170_752 + 256];
+    let record = &bytes[375_296..375_296 + 256];
     assert_eq!(record[..8], [1, 1, 2, 1, 0, 0, 0, 0]);
     assert_eq!(&record[16..41], b"mpib_rail_tx_bytes_total\0");
-    let depth = &bytes[170_752 + 5 * 256..][..8];
+    let depth = &bytes[375_296 + 5 * 256..][..8];
     assert_eq!(
         depth,
         [1, 2, 1, 3, 5, 0, 7, 0],
@@ -134,11 +139,15 @@ fn golden_header_bytes() {
     assert_eq!(&bytes[192..199], b"node-a\0");
     assert_eq!(&bytes[256..263], b"mlx5_0\0");
     assert_eq!(le32(&bytes, 256 + 64), 1);
-    assert_eq!(le32(&bytes, 256 + 68), 200_000, "rail 0 speed_mbps");
+    assert_eq!(le32(&bytes, 256 + 68), 200_000, "NIC slot 0 speed_mbps");
+    assert_eq!(bytes[256 + 72], 0, "NIC slot 0 serves SOUT");
     assert_eq!(&bytes[384..391], b"mlx5_3\0");
     assert_eq!(le32(&bytes, 384 + 64), 2);
+    assert_eq!(bytes[384 + 72], 1, "NIC slot 1 serves SUP");
+    assert_eq!(&bytes[2304..2318], b"mlx5_0+mlx5_3\0", "device 0's name");
+    assert_eq!(bytes[2304 + 64..2304 + 66], [0, 1], "device 0's NIC slots");
     assert!(
-        bytes[512..170_752].iter().all(|b| *b == 0),
+        bytes[4352..375_296].iter().all(|b| *b == 0),
         "regions start zeroed"
     );
 }
@@ -169,43 +178,6 @@ fn a_reader_learns_values_from_the_file() {
 }
 
 #[test]
-fn a_minor_0_file_means_this_versions_declarations() {
-    let dir = TempDir::new();
-    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
-    probes.rail(RAIL_SOUT).add(RAIL_TX_BYTES, 9);
-    let mut old = fs::read(probes.path().unwrap()).unwrap();
-    old[8..12].copy_from_slice(&0x0002_0000u32.to_le_bytes());
-    old[68..72].copy_from_slice(&6u32.to_le_bytes());
-    old[168..184].fill(0);
-    old[16..24].copy_from_slice(&170_752u64.to_le_bytes());
-    old.truncate(170_752);
-    let LoadState::Ready(reader) = open_state(&old, &dir.0) else {
-        panic!("a 2.0 file is readable")
-    };
-    let names: Vec<&str> = reader
-        .declarations()
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
-    // Words declared after 2.0 (process word 4 on) are not read from a 2.0 file.
-    let own: Vec<&str> = DECLARATIONS
-        .iter()
-        .filter(|d| d.slot < if d.scope == Scope::Rail { 15 } else { 4 })
-        .map(|d| d.name)
-        .collect();
-    assert_eq!(names, own);
-    assert!(!names.contains(&"mpib_hint_file_lost_total"));
-    assert_eq!(reader.snapshot().rails[0].counter(RAIL_TX_BYTES), 9);
-    // A 2.1 file must have the declarations region.
-    let mut short_table = fs::read(probes.path().unwrap()).unwrap();
-    short_table[68..72].copy_from_slice(&6u32.to_le_bytes());
-    assert!(matches!(
-        open_state(&short_table, &dir.0),
-        LoadState::Corrupt(Corruption::BadHeader("region_count"))
-    ));
-}
-
-#[test]
 fn bad_declarations_are_refused_by_name() {
     let dir = TempDir::new();
     let refuse = |extra: Declaration| {
@@ -225,7 +197,7 @@ fn bad_declarations_are_refused_by_name() {
     // A record a reader cannot use is skipped with its reason; the others stay.
     let probes = ProbesFile::create(&dir.0, &info()).unwrap();
     let mut bytes = fs::read(probes.path().unwrap()).unwrap();
-    bytes[170_752 + 256] = 9; // the second record's scope
+    bytes[375_296 + 256] = 9; // the second record's scope
     let LoadState::Ready(reader) = open_state(&bytes, &dir.0) else {
         panic!("still readable")
     };
@@ -373,6 +345,7 @@ fn conn_info(port: u16) -> ConnectionInfo {
         path_class: PathClass::IntraIsland,
         mode: Mode::Vanilla,
         hint_slot: 12,
+        device: 0,
     }
 }
 
@@ -455,18 +428,25 @@ fn reader_states() {
     assert!(matches!(state(&unpublished), LoadState::AwaitVersion));
 
     let mut newer_major = good.clone();
-    newer_major[8..12].copy_from_slice(&0x0003_0003u32.to_le_bytes());
+    newer_major[8..12].copy_from_slice(&0x0004_0003u32.to_le_bytes());
     match state(&newer_major) {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("3.3".into(), "2.2".into())
+                ("4.3".into(), "3.0".into())
             );
         }
         other => panic!("{other:?}"),
     }
+    // A 2.x file (one slot per rail, a 512-byte header) is of another major.
+    let mut older_major = good.clone();
+    older_major[8..12].copy_from_slice(&0x0002_0002u32.to_le_bytes());
+    assert!(matches!(
+        state(&older_major),
+        LoadState::Incompatible { .. }
+    ));
     let mut newer_minor = good.clone();
-    newer_minor[8..12].copy_from_slice(&0x0002_0007u32.to_le_bytes());
+    newer_minor[8..12].copy_from_slice(&0x0003_0007u32.to_le_bytes());
     assert!(
         matches!(state(&newer_minor), LoadState::Ready(_)),
         "minor is compatible"
@@ -515,6 +495,7 @@ fn create_remove_and_drop() {
     let one_rail = WriterInfo {
         start_ns: 1,
         rails: info().rails[..1].to_vec(),
+        devices: vec![DeviceEntry::of_rails(&info().rails[..1])],
         ..info()
     };
     let dropped = ProbesFile::create(&nested, &one_rail).unwrap();
@@ -528,4 +509,66 @@ fn create_remove_and_drop() {
     };
     let err = ProbesFile::create(&nested, &none).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+/// Three NICs, two devices sharing the SUP NIC: each NIC's counters are its own, the shared
+/// NIC's are one, and a connection names its device.
+#[test]
+fn devices_and_nic_slots_round_trip() {
+    let dir = TempDir::new();
+    let nic = |name: &str| RailInfo {
+        device: name.into(),
+        port: 1,
+        speed_mbps: 100_000,
+    };
+    let info = WriterInfo {
+        rails: vec![nic("mlx5_0"), nic("mlx5_2"), nic("mlx5_1")],
+        devices: vec![
+            DeviceEntry {
+                name: "mlx5_0+mlx5_1".into(),
+                nics: [0, 2],
+            },
+            DeviceEntry {
+                name: "mlx5_2+mlx5_1".into(),
+                nics: [1, 2],
+            },
+        ],
+        ..info()
+    };
+    let probes = ProbesFile::create(&dir.0, &info).unwrap();
+    for (slot, bytes) in [(0, 10), (1, 20), (2, 5), (2, 7)] {
+        probes.rail(slot).add(RAIL_TX_BYTES, bytes);
+    }
+    let connection = probes
+        .claim_connection(&ConnectionInfo {
+            device: 1,
+            ..conn_info(9)
+        })
+        .unwrap();
+    let reader = open_ready(probes.path().unwrap());
+    assert_eq!(reader.info().rail_kinds, [0, 0, 1]);
+    assert_eq!(reader.info().devices, info.devices);
+    let snapshot = reader.snapshot();
+    let sent: Vec<u64> = snapshot
+        .rails
+        .iter()
+        .map(|r| r.counter(RAIL_TX_BYTES))
+        .collect();
+    assert_eq!(sent, [10, 20, 12], "the shared SUP NIC counts once");
+    assert_eq!(snapshot.connections[0].info.device, 1);
+    drop(connection);
+    let bad = WriterInfo {
+        devices: vec![DeviceEntry {
+            name: "x".into(),
+            nics: [0, 3],
+        }],
+        ..info
+    };
+    let error = ProbesFile::create(&dir.0, &bad).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("device x names NIC slots [0, 3] of 3"),
+        "{error}"
+    );
 }

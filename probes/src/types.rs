@@ -27,6 +27,29 @@ pub struct RailInfo {
     pub speed_mbps: u32,
 }
 
+/// One fused device (NCCL's net device): its name and the NIC slots of its SOUT and SUP NICs.
+/// Two devices may share a NIC slot (a SUP NIC serving two SOUT NICs): its counters are one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceEntry {
+    /// The name NCCL sees (`mlx5_0+mlx5_1`; at most 64 bytes are kept).
+    pub name: String,
+    /// NIC slots (indices into the rails) of its SOUT and SUP NICs.
+    pub nics: [usize; MAX_RAILS],
+}
+
+impl DeviceEntry {
+    /// The one device of a writer that describes only its rails: SOUT slot 0, SUP slot 1 (or
+    /// slot 0 again with a single rail), named after both.
+    pub fn of_rails(rails: &[RailInfo]) -> DeviceEntry {
+        let sup = usize::from(rails.len() > 1);
+        let name = |slot: usize| rails.get(slot).map_or("", |r| r.device.as_str());
+        DeviceEntry {
+            name: format!("{}+{}", name(0), name(sup)),
+            nics: [0, sup],
+        }
+    }
+}
+
 /// What the writer puts in the header when it creates a probes file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriterInfo {
@@ -36,8 +59,11 @@ pub struct WriterInfo {
     pub start_ns: u64,
     /// Host name (at most 64 bytes are kept).
     pub host: String,
-    /// Rails, index 0 = SOUT, 1 = SUP; 1 or 2 entries.
+    /// NIC slots, 1 to [`crate::MAX_NICS`]: every NIC the writer opened, each once.
     pub rails: Vec<RailInfo>,
+    /// Fused devices, 1 to [`crate::MAX_DEVICES`], each naming its two NIC slots; a NIC slot
+    /// is SUP when it is some device's SUP NIC and SOUT otherwise.
+    pub devices: Vec<DeviceEntry>,
     /// The slow-transfer threshold in ns (`MPIB_SLOW_US`), for the collector to report.
     pub slow_threshold_ns: u64,
     /// 1-in-N sampling of transfers into the event ring (0 = off), for the collector to report.
@@ -45,8 +71,9 @@ pub struct WriterInfo {
 }
 
 impl WriterInfo {
-    /// This process: its pid, `now_ns()` as start time, the kernel's host name, and `rails`.
-    /// Threshold and sampling start at 0; set the fields afterwards.
+    /// This process: its pid, `now_ns()` as start time, the kernel's host name, and `rails`
+    /// (as one device: [`DeviceEntry::of_rails`]). Threshold and sampling start at 0; set the
+    /// fields afterwards.
     pub fn for_this_process(rails: Vec<RailInfo>) -> WriterInfo {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
@@ -55,6 +82,7 @@ impl WriterInfo {
             pid: std::process::id(),
             start_ns: now_ns(),
             host,
+            devices: vec![DeviceEntry::of_rails(&rails)],
             rails,
             slow_threshold_ns: 0,
             sample_one_in: 0,
@@ -170,6 +198,8 @@ pub struct ConnectionInfo {
     pub mode: Mode,
     /// Slot of the agent's hint table this connection reads (advanced mode).
     pub hint_slot: u32,
+    /// The fused device it uses, an index into the header's devices.
+    pub device: u8,
 }
 
 /// One slow (or sampled) transfer, as the plugin records it and the collector reads it.
@@ -199,6 +229,8 @@ pub struct SlowTransfer {
     pub qp_num: [u32; MAX_RAILS],
     /// Peer address.
     pub peer: SocketAddrV4,
+    /// The fused device the connection uses, an index into the header's devices (3.0 on).
+    pub device: u8,
 }
 
 impl SlowTransfer {
@@ -216,7 +248,9 @@ impl SlowTransfer {
         w[6..8].copy_from_slice(&self.rail_bytes);
         w[8] = u64::from(self.sup_bw) | (u64::from(self.slot) << 32);
         w[9] = u64::from(self.qp_num[0]) | (u64::from(self.qp_num[1]) << 32);
-        w[10] = u64::from(u32::from(*self.peer.ip())) | (u64::from(self.peer.port()) << 32);
+        w[10] = u64::from(u32::from(*self.peer.ip()))
+            | (u64::from(self.peer.port()) << 32)
+            | (u64::from(self.device) << 48);
         w
     }
 
@@ -236,6 +270,7 @@ impl SlowTransfer {
             slot: (w[8] >> 32) as u32,
             qp_num: [w[9] as u32, (w[9] >> 32) as u32],
             peer: SocketAddrV4::new(Ipv4Addr::from(w[10] as u32), (w[10] >> 32) as u16),
+            device: (w[10] >> 48) as u8,
         }
     }
 }
@@ -260,6 +295,7 @@ pub(crate) mod tests {
             slot: 7,
             qp_num: [0x00ab_cdef, 0x0012_3456],
             peer: SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 40_000),
+            device: 5,
         }
     }
 

@@ -38,12 +38,12 @@ use crate::declared::{
 use crate::guard::{GuardedRange, Lost};
 use crate::lanes;
 use crate::layout::{
-    DeclarationRecord, FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN, MAGIC,
-    MAX_RAILS, REGION_COUNT, REGION_TABLE, SHARED_LANE,
+    DeclarationRecord, DeviceDesc, FileImage, Header, RailDesc, ABI_VERSION, FILE_LEN, HEADER_LEN,
+    MAGIC, MAX_DEVICES, MAX_NICS, MAX_RAILS, REGION_COUNT, REGION_TABLE, SHARED_LANE,
 };
 use crate::ring::Ring;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use crate::types::{encode_name, now_ns, ConnectionInfo, SlowTransfer, WriterInfo};
+use crate::types::{encode_name, now_ns, ConnectionInfo, DeviceEntry, SlowTransfer, WriterInfo};
 
 /// The target of every disabled handle: a zeroed, file-shaped block nobody reads. It lives in
 /// `.bss`, so it costs no file size and only the pages actually written.
@@ -110,7 +110,8 @@ impl ProbesFile {
     ///
     /// # Errors
     ///
-    /// `InvalidInput` if `info.rails` does not hold 1 or 2 rails; otherwise any error from
+    /// `InvalidInput` if `info.rails` does not hold 1 to [`MAX_NICS`] NICs, or `info.devices`
+    /// 1 to [`MAX_DEVICES`] devices naming NIC slots that exist; otherwise any error from
     /// creating the directory or the file (which must not exist yet), sizing or mapping it.
     pub fn create(dir: &Path, info: &WriterInfo) -> io::Result<ProbesFile> {
         ProbesFile::create_declaring(dir, info, DECLARATIONS)
@@ -129,8 +130,7 @@ impl ProbesFile {
         info: &WriterInfo,
         declarations: &[Declaration],
     ) -> io::Result<ProbesFile> {
-        if info.rails.is_empty() || info.rails.len() > MAX_RAILS {
-            let msg = format!("probes: 1 to {MAX_RAILS} rails, got {}", info.rails.len());
+        if let Err(msg) = check_nics(info) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         }
         if let Err(msg) = declared::check(declarations) {
@@ -232,15 +232,15 @@ impl ProbesFile {
         self.owner.as_ref().map_or(0, lanes::lane_of)
     }
 
-    /// The calling thread's handle of rail `rail` (0 = SOUT, 1 = SUP); a disabled handle for
-    /// any other index. For this thread only (module docs).
+    /// The calling thread's handle of NIC slot `nic` (an index into [`WriterInfo::rails`]); a
+    /// disabled handle for any other index. For this thread only (module docs).
     #[inline]
-    pub fn rail(&self, rail: usize) -> RailProbe<'_> {
-        if rail >= MAX_RAILS {
+    pub fn rail(&self, nic: usize) -> RailProbe<'_> {
+        if nic >= MAX_NICS {
             return RailProbe::disabled();
         }
         let lane = self.lane();
-        match self.image().rails.get(lane * MAX_RAILS + rail) {
+        match self.image().rails.get(lane * MAX_NICS + nic) {
             Some(block) => RailProbe::new(block, lane == SHARED_LANE),
             None => RailProbe::disabled(),
         }
@@ -366,13 +366,59 @@ impl std::fmt::Debug for ProbesFile {
     }
 }
 
+/// 1 to [`MAX_NICS`] NIC slots; 1 to [`MAX_DEVICES`] devices, each naming slots that exist.
+fn check_nics(info: &WriterInfo) -> Result<(), String> {
+    if info.rails.is_empty() || info.rails.len() > MAX_NICS {
+        return Err(format!(
+            "probes: 1 to {MAX_NICS} NICs, got {}",
+            info.rails.len()
+        ));
+    }
+    if info.devices.is_empty() || info.devices.len() > MAX_DEVICES {
+        let count = info.devices.len();
+        return Err(format!("probes: 1 to {MAX_DEVICES} devices, got {count}"));
+    }
+    match info
+        .devices
+        .iter()
+        .find(|d| d.nics.iter().any(|&nic| nic >= info.rails.len()))
+    {
+        Some(bad) => Err(format!(
+            "probes: device {} names NIC slots {:?} of {}",
+            bad.name,
+            bad.nics,
+            info.rails.len()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The rail NIC slot `nic` serves: SUP when it is some device's SUP NIC and not its SOUT NIC.
+pub(crate) fn rail_of(devices: &[DeviceEntry], nic: usize) -> usize {
+    let sup = devices.iter().any(|d| d.nics[1] == nic && d.nics[0] != nic);
+    usize::from(sup)
+}
+
 /// The header a writer with `info` publishes (version still 0).
 fn header_image(info: &WriterInfo) -> Header {
     let rail = |i: usize| RailDesc {
         device: encode_name(info.rails.get(i).map_or("", |r| r.device.as_str())),
         port: info.rails.get(i).map_or(0, |r| r.port),
         speed_mbps: info.rails.get(i).map_or(0, |r| r.speed_mbps),
-        _reserved: [0; 56],
+        rail: if i < info.rails.len() {
+            rail_of(&info.devices, i) as u8
+        } else {
+            0
+        },
+        _reserved: [0; 55],
+    };
+    let device = |i: usize| DeviceDesc {
+        name: encode_name(info.devices.get(i).map_or("", |d| d.name.as_str())),
+        nics: info
+            .devices
+            .get(i)
+            .map_or([0; MAX_RAILS], |d| d.nics.map(|n| n as u8)),
+        _reserved: [0; 62],
     };
     Header {
         magic: MAGIC,
@@ -380,7 +426,7 @@ fn header_image(info: &WriterInfo) -> Header {
         header_len: HEADER_LEN as u32,
         file_len: FILE_LEN as u64,
         writer_pid: info.pid,
-        rail_count: info.rails.len().min(MAX_RAILS) as u32,
+        rail_count: info.rails.len().min(MAX_NICS) as u32,
         start_ns: info.start_ns,
         heartbeat_ns: AtomicU64::new(info.start_ns),
         closed_ns: AtomicU64::new(0),
@@ -388,9 +434,11 @@ fn header_image(info: &WriterInfo) -> Header {
         sample_one_in: info.sample_one_in,
         region_count: REGION_COUNT as u32,
         regions: REGION_TABLE,
-        _reserved: [0; 8],
+        device_count: info.devices.len().min(MAX_DEVICES) as u32,
+        _reserved: [0; 4],
         host_name: encode_name(&info.host),
-        rails: [rail(0), rail(1)],
+        rails: std::array::from_fn(rail),
+        devices: std::array::from_fn(device),
     }
 }
 

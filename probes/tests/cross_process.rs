@@ -47,6 +47,7 @@ fn event(i: u64) -> SlowTransfer {
         slot: (i % 64) as u32,
         qp_num: [i as u32 ^ 0xaaaa, i as u32 ^ 0x5555],
         peer: SocketAddrV4::new(Ipv4Addr::new(10, 9, 8, 7), (i % 65_536) as u16),
+        device: 0,
     }
 }
 
@@ -57,6 +58,7 @@ fn conn_info() -> ConnectionInfo {
         path_class: PathClass::InterIsland,
         mode: Mode::Advanced,
         hint_slot: 4,
+        device: 0,
     }
 }
 

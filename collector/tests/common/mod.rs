@@ -78,6 +78,7 @@ pub fn writer(pid: u32, start_ns: u64) -> WriterInfo {
         pid,
         start_ns,
         host: HOST.into(),
+        devices: vec![mpib_probes::DeviceEntry::of_rails(&rails())],
         rails: rails(),
         slow_threshold_ns: 1_000_000,
         sample_one_in: 0,
@@ -103,6 +104,7 @@ pub fn conn_info(
         path_class: path,
         mode,
         hint_slot: slot,
+        device: 0,
     }
 }
 
@@ -121,6 +123,7 @@ pub fn both_rails_transfer(base: u64, conn_index: u32) -> SlowTransfer {
         slot: 7,
         qp_num: [0x1234, 0x5678],
         peer: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 5000),
+        device: 0,
     }
 }
 

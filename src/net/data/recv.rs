@@ -136,7 +136,7 @@ impl RecvData {
             let Some(credits) = self.slots.srq(rail) else {
                 continue;
             };
-            let probe = self.telemetry.telemetry().rail(rail);
+            let probe = self.telemetry.rail(rail);
             if first_fill {
                 let (low, high) = (credits.low_water(), credits.high_water());
                 probe.set(SRQ_LOW_WATER, u64::from(low));
@@ -305,7 +305,7 @@ impl RecvComm {
             signaled: data.signal.is_signaled(slot as u8),
             inline: false,
         };
-        let probe = data.telemetry.telemetry().rail(rail);
+        let probe = data.telemetry.rail(rail);
         probe.inc(CTS_POSTED);
         if wr.signaled {
             probe.inc(CTS_SIGNALED);
@@ -392,10 +392,7 @@ impl RecvComm {
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
             let error = self.info.completion_error(rail, completion);
-            data.telemetry
-                .telemetry()
-                .rail(rail)
-                .inc(RAIL_ERROR_COMPLETIONS);
+            data.telemetry.rail(rail).inc(RAIL_ERROR_COMPLETIONS);
             data.fail(&error);
             return Err(error);
         }
@@ -428,7 +425,7 @@ impl RecvComm {
     /// One IMM: the slot state machine consumes an SRQ credit, finds the slot's request and
     /// learns or checks the mask.
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
-        let probe = data.telemetry.telemetry().rail(rail);
+        let probe = data.telemetry.rail(rail);
         probe.inc(RAIL_RECV_COMPLETIONS);
         let imm = match Imm::from_wire(completion.imm) {
             Ok(imm) => imm,
@@ -472,9 +469,8 @@ impl RecvComm {
                 for r in 0..count {
                     request.sizes[r] = u64::from(record.sizes[r]).min(request.sizes[r]);
                 }
-                let telemetry = data.telemetry.telemetry();
                 for rail in Rail::ALL {
-                    telemetry
+                    data.telemetry
                         .rail(rail)
                         .add(RAIL_RX_BYTES, record.rail_bytes[rail.index()]);
                 }
@@ -498,7 +494,7 @@ impl RecvComm {
         mask_error: Option<MaskError>,
         what: String,
     ) -> Result<()> {
-        let probe = data.telemetry.telemetry().rail(rail);
+        let probe = data.telemetry.rail(rail);
         match mask_error {
             Some(MaskError::Mismatch { .. }) => probe.inc(MASK_MISMATCHES),
             _ => probe.inc(PROTOCOL_ERRORS),

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mpib_probes::{
-    ConnectionInfo as ProbeConnection, ConnectionProbe, Direction, EventKind, Mode as ProbeMode,
-    PathClass as ProbeClass, ProbesFile, RailInfo, RailProbe, SlowTransfer, TransferProbe,
-    WriterInfo,
+    ConnectionInfo as ProbeConnection, ConnectionProbe, DeviceEntry, Direction, EventKind,
+    Mode as ProbeMode, PathClass as ProbeClass, ProbesFile, RailInfo, RailProbe, SlowTransfer,
+    TransferProbe, WriterInfo,
 };
 
 use crate::fabric::Rail;
@@ -25,7 +25,7 @@ use crate::trust::Trusted;
 use crate::net::data::request::now_ns;
 use crate::net::observe::probes_access;
 use crate::net::setup::comm::ConnectionInfo;
-use crate::net::setup::resources::Devices;
+use crate::net::setup::devices::{FusedDevice, Nic};
 
 /// The process's probes file and the policy for slow-transfer events.
 pub(crate) struct Telemetry {
@@ -39,8 +39,13 @@ pub(crate) struct Telemetry {
 }
 
 impl Telemetry {
-    /// Creates the probes file for the opened rails (or a disabled one).
-    pub(crate) fn open(settings: &Settings, devices: &Devices) -> Telemetry {
+    /// Creates the probes file for the opened NICs and the devices made of them (or a disabled
+    /// one). A NIC's slot in the file is its index in `nics`.
+    pub(crate) fn open(
+        settings: &Settings,
+        nics: &[Nic],
+        devices: &[Arc<FusedDevice>],
+    ) -> Telemetry {
         let epoch_offset_ns = mpib_probes::now_ns().saturating_sub(now_ns());
         let slow_threshold_ns = settings.slow_us.saturating_mul(1000);
         let disabled = |file| Telemetry {
@@ -53,12 +58,19 @@ impl Telemetry {
         if !settings.probes {
             return disabled(ProbesFile::disabled());
         }
-        let rails = devices
+        let rails = nics
             .iter()
-            .map(|d| RailInfo {
-                device: d.info().name.clone(),
-                port: u32::from(d.info().port),
-                speed_mbps: d.info().speed_mbps,
+            .map(|nic| RailInfo {
+                device: nic.device.info().name.clone(),
+                port: u32::from(nic.device.info().port),
+                speed_mbps: nic.device.info().speed_mbps,
+            })
+            .collect();
+        let devices = devices
+            .iter()
+            .map(|device| DeviceEntry {
+                name: device.label(),
+                nics: device.nic_slots,
             })
             .collect();
         let dir = Path::new(&settings.probes_dir);
@@ -71,6 +83,7 @@ impl Telemetry {
             return disabled(ProbesFile::disabled());
         }
         let mut info = WriterInfo::for_this_process(rails);
+        info.devices = devices;
         info.slow_threshold_ns = slow_threshold_ns;
         info.sample_one_in = settings.probes_sample;
         match ProbesFile::create(dir, &info) {
@@ -104,12 +117,6 @@ impl Telemetry {
                 disabled(ProbesFile::disabled())
             }
         }
-    }
-
-    /// Counters of `rail`.
-    #[inline]
-    pub(crate) fn rail(&self, rail: Rail) -> RailProbe<'_> {
-        self.file.rail(rail.index())
     }
 
     /// Transfers-by-mask counters.
@@ -193,6 +200,8 @@ pub(crate) struct ConnectionTelemetry {
     /// Declared first: dropped (slot marked closed) before `telemetry` may unmap the file.
     probe: ConnectionProbe<'static>,
     telemetry: Arc<Telemetry>,
+    /// The file's NIC slots of the connection's SOUT and SUP NICs.
+    nics: [usize; 2],
 }
 
 impl ConnectionTelemetry {
@@ -218,6 +227,7 @@ impl ConnectionTelemetry {
                 Mode::Advanced => ProbeMode::Advanced,
             },
             hint_slot: info.agent.as_ref().map_or(u32::MAX, |a| a.hint_slot),
+            device: u8::try_from(info.device_index).unwrap_or(u8::MAX),
         };
         let claimed = telemetry.file.claim_connection(&claim);
         // SAFETY: the probe borrows the mapping owned by `telemetry.file`; the Arc stored beside
@@ -231,15 +241,24 @@ impl ConnectionTelemetry {
         ConnectionTelemetry {
             probe,
             telemetry: Arc::clone(telemetry),
+            nics: info.nic_slots,
         }
     }
 
-    /// A connection that has not claimed a slot (yet): counts only into the rail counters.
-    pub(crate) fn unclaimed(telemetry: &Arc<Telemetry>) -> ConnectionTelemetry {
+    /// A connection that has not claimed a slot (yet): counts only into the counters of its
+    /// NICs (`nics`, their slots in the file).
+    pub(crate) fn unclaimed(telemetry: &Arc<Telemetry>, nics: [usize; 2]) -> ConnectionTelemetry {
         ConnectionTelemetry {
             probe: ConnectionProbe::disabled(),
             telemetry: Arc::clone(telemetry),
+            nics,
         }
+    }
+
+    /// Counters of the connection's NIC on `rail` (a NIC two devices share counts once).
+    #[inline]
+    pub(crate) fn rail(&self, rail: Rail) -> RailProbe<'_> {
+        self.telemetry.file.rail(self.nics[rail.index()])
     }
 
     /// Bytes this connection moved on `rail`.

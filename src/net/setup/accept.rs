@@ -338,7 +338,7 @@ impl Acceptance {
             srq,
             (cts_qp, cts_rail),
             CtsSignalPolicy::new(settings.cts_signal_interval),
-            ConnectionTelemetry::unclaimed(&ctx.plugin.telemetry),
+            ConnectionTelemetry::unclaimed(&ctx.plugin.telemetry, self.device.nic_slots),
             &self.device.health,
         );
         if settings.force_flush {
@@ -349,6 +349,8 @@ impl Acceptance {
         data.refill()?;
         let info = ConnectionInfo {
             devices: devices.clone(),
+            device_index: self.device.index,
+            nic_slots: self.device.nic_slots,
             peer: self.peer,
             class,
             mode: settings.mode,

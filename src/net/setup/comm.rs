@@ -21,8 +21,12 @@ pub(crate) const RECV_MAGIC: u32 = 0x4D50_5352; // "MPSR"
 
 /// Facts about a connection, fixed once it is up; readable from any thread.
 pub(crate) struct ConnectionInfo {
-    /// The two rails.
+    /// The two rails: the fused device's SOUT and SUP NICs.
     pub devices: Devices,
+    /// The fused device's index (NCCL's `dev`).
+    pub device_index: usize,
+    /// The probes file's slots of the two NICs.
+    pub nic_slots: [usize; 2],
     /// The peer's control address.
     pub peer: SocketAddrV4,
     /// Island classification both sides agreed on.

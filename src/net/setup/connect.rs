@@ -350,6 +350,8 @@ impl Connector {
         };
         let info = ConnectionInfo {
             devices: self.device.devices.clone(),
+            device_index: self.device.index,
+            nic_slots: self.device.nic_slots,
             peer: self.remote,
             class: prepared.class,
             mode: settings.mode,

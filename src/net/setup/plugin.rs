@@ -19,7 +19,7 @@ use crate::params::Settings;
 use crate::net::data::send::MAX_TRANSFER;
 use crate::net::observe::housekeeper::{Housekeeper, Watched};
 use crate::net::observe::telemetry::Telemetry;
-use crate::net::setup::devices::{self, FusedDevice, Nic};
+use crate::net::setup::devices::{self, FusedDevice};
 use crate::net::{Properties, MAX_RECVS};
 
 /// NCCL's profiler callback (v10+): `ncclResult_t (*)(void** eHandle, int type, void* pHandle,
@@ -49,8 +49,6 @@ pub struct InitParams {
 pub(crate) struct Opened {
     /// Kept so the backend outlives every device it opened.
     _fabric: Arc<dyn Fabric>,
-    /// Every opened NIC, each once.
-    pub nics: Vec<Nic>,
     /// The fused devices, in NCCL's order.
     pub devices: Vec<Arc<FusedDevice>>,
     force_flush: bool,
@@ -282,7 +280,7 @@ fn open(settings: &Settings) -> Result<Opened> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let telemetry = Arc::new(Telemetry::open(settings, &fused.devices[0].devices));
+    let telemetry = Arc::new(Telemetry::open(settings, &fused.nics, &fused.devices));
     let housekeeper = Housekeeper::start(Watched {
         nics: fused
             .nics
@@ -299,7 +297,6 @@ fn open(settings: &Settings) -> Result<Opened> {
         ],
         housekeeper: Mutex::new(Some(housekeeper)),
         _fabric: fabric,
-        nics: fused.nics,
         devices: fused.devices,
         force_flush: settings.force_flush,
         telemetry,

@@ -283,10 +283,7 @@ impl SendComm {
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
             let error = self.info.completion_error(rail, completion);
-            data.telemetry
-                .telemetry()
-                .rail(rail)
-                .inc(RAIL_ERROR_COMPLETIONS);
+            data.telemetry.rail(rail).inc(RAIL_ERROR_COMPLETIONS);
             data.fail(&error);
             return Err(error);
         }
@@ -307,7 +304,7 @@ impl SendComm {
             .complete(slot, rail, now)
             .map_err(|e| self.slot_error(e))?;
         let state = data.slots.slot(slot);
-        let probe = data.telemetry.telemetry().rail(rail);
+        let probe = data.telemetry.rail(rail);
         probe.inc(RAIL_SEND_COMPLETIONS);
         probe.record_latency_ns(now.saturating_sub(state.post_ns()));
         let clock = &mut data.busy[rail.index()];
@@ -376,6 +373,7 @@ impl SendComm {
             slot: slot as u32,
             qp_num: posted.qp_nums,
             peer: self.info.peer,
+            device: u8::try_from(self.info.device_index).unwrap_or(u8::MAX),
         });
     }
 }

@@ -149,7 +149,7 @@ impl SendComm {
     ) {
         let telemetry = data.telemetry.telemetry();
         for rail in plan.mask.rails() {
-            let probe = telemetry.rail(rail);
+            let probe = data.telemetry.rail(rail);
             probe.add(RAIL_TX_BYTES, plan.rail_bytes[rail.index()]);
             probe.add(RAIL_WORK_REQUESTS, plan.lengths[rail.index()] as u64);
         }
