@@ -312,6 +312,53 @@ fn child_shared_sup() {
 }
 
 #[test]
+fn each_device_is_its_own_flow_for_the_agent() {
+    let sout = "loop0,loop2";
+    let sup = "loop1,loop3";
+    run_child("child_flows", &loopback_env(sout, sup));
+}
+
+#[test]
+#[ignore = "runs in a child process started by each_device_is_its_own_flow_for_the_agent"]
+fn child_flows() {
+    if !child::is_child("child_flows") {
+        return;
+    }
+    let agent = mpib_driver::Agent::start_in_temp().unwrap_or_else(|e| panic!("{e}"));
+    let env: Vec<(String, Option<String>)> = agent
+        .env()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Some(v)))
+        .collect();
+    let plugin = load();
+    let net = plugin.net(Version::V12).unwrap();
+    let mut pairs = Vec::new();
+    for dev in [0, 1] {
+        let options = PairOptions {
+            dev,
+            recv_env: env.clone(),
+            send_env: env.clone(),
+            ..PairOptions::default()
+        };
+        pairs.push(Pair::connect_with(&net, &options).unwrap_or_else(|e| panic!("{e}")));
+    }
+    let registrations = agent
+        .wait_for_registrations(4, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Both sides of each device's connection register; the flow key is the SOUT NICs' pair
+    // (loop0's 127.0.0.1, loop2's 127.0.0.3), not the control connection's (127.0.0.1 for
+    // every device of a loopback process, as one address serves every device of a host).
+    let flows: std::collections::BTreeSet<_> = registrations
+        .iter()
+        .map(|r| (r.sout_src, r.sout_dst))
+        .collect();
+    assert_eq!(flows.len(), 2, "one flow per device: {registrations:?}");
+    for pair in pairs {
+        pair.close().unwrap();
+    }
+}
+
+#[test]
 fn one_pair_reports_what_it_always_reported() {
     run_child("child_one_pair", &loopback_env("loop0", "loop1"));
 }

@@ -56,6 +56,51 @@ fn trusted(own_uid: u32, owner: u32, slot: u32, users: &BTreeMap<u32, BTreeSet<u
     owner == own_uid || owner == 0 || users.get(&slot).is_some_and(|u| u.contains(&owner))
 }
 
+/// The NICs a connection of fused device `device` uses, by rail: the device's NIC slots from
+/// the file's header (probes 3.0).
+fn connection_nics(
+    info: &mpib_probes::FileInfo,
+    device: u8,
+) -> impl Iterator<Item = (usize, &mpib_probes::RailInfo)> {
+    let nics = info.devices.get(usize::from(device)).map(|d| d.nics);
+    [SOUT, SUP]
+        .into_iter()
+        .filter_map(move |rail| Some((rail, info.rails.get(nics?[rail])?)))
+}
+
+/// Each flow's link rate per rail: its NIC's speed, shared evenly among the flows with live
+/// connections on that NIC. A SUP NIC that two fused devices share is one capacity: two flows
+/// each counting its whole speed would both put the `capacity` share on it and oversubscribe it
+/// (docs/AGENT.md, "Shared NICs"). Flows on the same two NICs divide both alike, so their share
+/// is unchanged.
+fn share_link_rates(
+    flows: &mut BTreeMap<u32, FlowMeasurement>,
+    devices: &BTreeMap<u32, BTreeSet<(usize, String, u32)>>,
+    speeds: &BTreeMap<(String, u32), f64>,
+) {
+    let mut sharers: BTreeMap<(&str, u32), u32> = BTreeMap::new();
+    for (slot, nics) in devices {
+        if flows.get(slot).is_some_and(|f| f.connections > 0) {
+            let distinct: BTreeSet<(&str, u32)> =
+                nics.iter().map(|(_, nic, port)| (nic.as_str(), *port)).collect();
+            for nic in distinct {
+                *sharers.entry(nic).or_default() += 1;
+            }
+        }
+    }
+    for (slot, nics) in devices {
+        let Some(flow) = flows.get_mut(slot) else {
+            continue;
+        };
+        for (rail, nic, port) in nics {
+            let speed = speeds.get(&(nic.clone(), *port)).copied().unwrap_or(0.0);
+            let count = sharers.get(&(nic.as_str(), *port)).copied().unwrap_or(1).max(1);
+            let rate = speed / f64::from(count);
+            flow.sample.link_rate[*rail] = flow.sample.link_rate[*rail].max(rate);
+        }
+    }
+}
+
 /// One connection's counters at the last read.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
@@ -179,11 +224,12 @@ impl Measurer {
         let mut flows: BTreeMap<u32, FlowMeasurement> = BTreeMap::new();
         let mut in_use = BTreeSet::new();
         let mut devices: BTreeMap<u32, BTreeSet<(usize, String, u32)>> = BTreeMap::new();
+        let mut speeds: BTreeMap<(String, u32), f64> = BTreeMap::new();
         let mut readings = Vec::new();
         // Flows with a connection whose file publishes no parts in flight: busy time summed.
         let mut summed = BTreeSet::new();
         for (path, (reader, owner)) in &self.readers {
-            let rails = &reader.info().rails;
+            let info = reader.info();
             for conn in reader.snapshot().connections {
                 let slot = conn.info.hint_slot;
                 if conn.info.mode != Mode::Advanced || slot == u32::MAX {
@@ -202,9 +248,11 @@ impl Measurer {
                 }
                 let flow = flows.entry(slot).or_default();
                 flow.sample.interval_ns = interval_ns;
-                for (rail, desc) in rails.iter().enumerate().take(2) {
+                for (rail, desc) in connection_nics(info, conn.info.device) {
                     let rate = f64::from(desc.speed_mbps) * 1e6 / 8.0;
-                    flow.sample.link_rate[rail] = flow.sample.link_rate[rail].max(rate);
+                    let nic = (desc.device.clone(), desc.port);
+                    let speed = speeds.entry(nic).or_default();
+                    *speed = speed.max(rate);
                     let device = (rail, desc.device.clone(), desc.port);
                     devices.entry(slot).or_default().insert(device);
                 }
@@ -228,6 +276,7 @@ impl Measurer {
                 }
             }
         }
+        share_link_rates(&mut flows, &devices, &speeds);
         self.take_samples(&mut flows, &summed, interval_ns);
         self.users.clone_from(users);
         let tick = self.tick;

@@ -51,16 +51,19 @@ fn baselined(dir: &Path) -> Measurer {
     measurer
 }
 
-fn send_connection(file: &ProbesFile, port: u16) -> ConnectionProbe<'_> {
-    let info = ConnectionInfo {
+fn connection_info(port: u16) -> ConnectionInfo {
+    ConnectionInfo {
         peer: SocketAddrV4::new([10, 0, 0, 2].into(), port),
         direction: Direction::Send,
         path_class: PathClass::IntraIsland,
         mode: Mode::Advanced,
         hint_slot: 0,
         device: 0,
-    };
-    file.claim_connection(&info).unwrap()
+    }
+}
+
+fn send_connection(file: &ProbesFile, port: u16) -> ConnectionProbe<'_> {
+    file.claim_connection(&connection_info(port)).unwrap()
 }
 
 /// Four processes, one connection each, on one flow. SUP is the bottleneck: all four always
@@ -144,4 +147,53 @@ fn connections_of_one_process_busy_together_count_once() {
         flows[&0].sample.busy_ns,
         [SECOND * 30 / 100, SECOND * 60 / 100]
     );
+}
+
+/// Two fused devices of one process share their SUP NIC: the two flows (one per device, each
+/// its own SOUT NIC) split the SUP NIC's speed, so `capacity` gives each the share that fills
+/// the NIC once (512 here), not twice (683). A third flow on device 0 to another peer shares
+/// device 0's two NICs alike.
+#[test]
+fn a_sup_nic_shared_by_two_devices_is_one_capacity() {
+    let dir = Directory::new("measure-shared-sup");
+    let nic = |device: &str, speed_mbps| RailInfo {
+        device: device.into(),
+        port: 1,
+        speed_mbps,
+    };
+    let mut writer = WriterInfo::for_this_process(vec![
+        nic("sout0", 8_000),
+        nic("sout1", 8_000),
+        nic("sup", 16_000),
+    ]);
+    writer.devices = vec![
+        mpib_probes::DeviceEntry {
+            name: "sout0+sup".into(),
+            nics: [0, 2],
+        },
+        mpib_probes::DeviceEntry {
+            name: "sout1+sup".into(),
+            nics: [1, 2],
+        },
+    ];
+    let file = ProbesFile::create(&dir.0, &writer).unwrap();
+    let claim = |device: u8, slot: u32, port: u16| {
+        file.claim_connection(&ConnectionInfo {
+            hint_slot: slot,
+            device,
+            ..connection_info(port)
+        })
+        .unwrap()
+    };
+    let _flows = [claim(0, 0, 7000), claim(1, 1, 7001)];
+    let mut measurer = baselined(&dir.0);
+    let (flows, _) = measurer.measure(SECOND, &BTreeMap::new());
+    let gigabyte = 1e9;
+    assert_eq!(flows[&0].sample.link_rate, [gigabyte, gigabyte], "SOUT 1 GB/s, half of SUP");
+    assert_eq!(flows[&1].sample.link_rate, [gigabyte, gigabyte]);
+    assert_eq!(crate::policy::capacity::share(flows[&0].sample.link_rate), Some(512));
+    let _third = claim(0, 2, 7002);
+    let (flows, _) = measurer.measure(SECOND, &BTreeMap::new());
+    assert_eq!(flows[&0].sample.link_rate, [gigabyte / 2.0, gigabyte * 2.0 / 3.0]);
+    assert_eq!(flows[&1].sample.link_rate, [gigabyte, gigabyte * 2.0 / 3.0]);
 }

@@ -79,8 +79,8 @@ pub(crate) struct PendingRegistration {
 }
 
 impl PendingRegistration {
-    /// Starts registering the connection's SOUT pair (the control connection's addresses) and
-    /// SUP pair (the SUP rails' addresses). `None`, with a WARN, when no agent can be reached.
+    /// Starts registering the connection's SOUT pair ([`sout_pair`]) and SUP pair (the SUP
+    /// rails' addresses). `None`, with a WARN, when no agent can be reached.
     pub(crate) fn start(
         settings: &Settings,
         local: Ipv4Addr,
@@ -363,6 +363,21 @@ pub(crate) fn ipv4_of(address: IpAddr) -> Ipv4Addr {
     match address {
         IpAddr::V4(v4) => v4,
         IpAddr::V6(v6) => v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
+    }
+}
+
+/// The SOUT pair a connection's flow is keyed by: its SOUT NIC's address and the peer's, so that
+/// every fused device is its own flow (its own hint slot) even though all of a host's devices
+/// share one control address. Where a NIC has no IPv4 address (native InfiniBand reports `::`),
+/// the control connection's pair, as before devices were lists.
+pub(crate) fn sout_pair(
+    local_nic: IpAddr,
+    peer_nic: IpAddr,
+    control: (Ipv4Addr, Ipv4Addr),
+) -> (Ipv4Addr, Ipv4Addr) {
+    match (ipv4_of(local_nic), ipv4_of(peer_nic)) {
+        (local, peer) if !local.is_unspecified() && !peer.is_unspecified() => (local, peer),
+        _ => control,
     }
 }
 

@@ -26,7 +26,7 @@ use crate::proto::wire::{
 };
 
 use crate::net::agent::registration::{
-    address_of_wire, ipv4_of, AgentRegistration, PendingRegistration,
+    address_of_wire, ipv4_of, sout_pair, AgentRegistration, PendingRegistration,
 };
 use crate::net::data::flush::Flusher;
 use crate::net::data::recv::{RecvComm, RecvData};
@@ -89,8 +89,8 @@ struct Acceptance {
     /// Set when we refuse: sent to the peer first, then returned.
     refusal: Option<Error>,
     built: Option<(ConnectionInfo, RecvData)>,
-    /// The connector's SUP GID (the agent registration names the SUP address pair).
-    peer_sup_address: IpAddr,
+    /// The connector's rail addresses, SOUT and SUP (the agent registration names both pairs).
+    peer_rail_addresses: [IpAddr; 2],
 }
 
 /// `listen` for fused device `device` on the context's OOB address.
@@ -173,7 +173,7 @@ impl ListenComm {
             stage: Stage::ReceivingRequest(Transfer::incoming()),
             refusal: None,
             built: None,
-            peer_sup_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
         })
     }
 }
@@ -248,12 +248,15 @@ impl Acceptance {
                     if ctx.settings.mode == Mode::Vanilla {
                         return self.finish(ctx, None).map(Some);
                     }
+                    let nic = |rail: Rail| self.device.devices[rail.index()].info().address;
+                    let peer = self.peer_rail_addresses;
                     let sup = (
-                        ipv4_of(self.device.devices[Rail::ScaleUp.index()].info().address),
-                        ipv4_of(self.peer_sup_address),
+                        ipv4_of(nic(Rail::ScaleUp)),
+                        ipv4_of(peer[Rail::ScaleUp.index()]),
                     );
-                    let (local, remote) = (*self.local.ip(), *self.peer.ip());
-                    let pending = PendingRegistration::start(&ctx.settings, local, remote, sup);
+                    let control = (*self.local.ip(), *self.peer.ip());
+                    let sout = sout_pair(nic(Rail::ScaleOut), peer[Rail::ScaleOut.index()], control);
+                    let pending = PendingRegistration::start(&ctx.settings, sout.0, sout.1, sup);
                     self.stage = Stage::Registering(pending);
                 }
                 Stage::Registering(pending) => {
@@ -362,7 +365,7 @@ impl Acceptance {
             qp_nums: qp_nums_by_rail(&data.qps, layout),
         };
         self.built = Some((info, data));
-        self.peer_sup_address = address_of_wire(request.rails[Rail::ScaleUp.index()].address);
+        self.peer_rail_addresses = request.rails.map(|rail| address_of_wire(rail.address));
         Ok(())
     }
 

@@ -26,7 +26,7 @@ use crate::proto::wire::{
 
 use crate::net::agent::hints::HintReader;
 use crate::net::agent::registration::{
-    address_of_wire, ipv4_of, AgentRegistration, PendingRegistration,
+    address_of_wire, ipv4_of, sout_pair, AgentRegistration, PendingRegistration,
 };
 use crate::net::data::send::{SendComm, SendData};
 use crate::net::observe::peer::PeerWatch;
@@ -73,8 +73,8 @@ struct Prepared {
     records: RegisteredRegion<CompletionRecord>,
     request: ConnectRequest,
     remote_records: (u64, [u32; 2]),
-    /// The acceptor's SUP GID (the agent registration names the SUP address pair).
-    peer_sup_address: IpAddr,
+    /// The acceptor's rail addresses, SOUT and SUP (the agent registration names both pairs).
+    peer_rail_addresses: [IpAddr; 2],
 }
 
 /// An in-progress `connect`.
@@ -253,7 +253,7 @@ impl Connector {
             records,
             request,
             remote_records: (0, [0; 2]),
-            peer_sup_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
         });
         Ok(request)
     }
@@ -312,7 +312,7 @@ impl Connector {
             &settings,
         )?;
         prepared.remote_records = (reply.records_addr, reply.records_rkeys);
-        prepared.peer_sup_address = address_of_wire(reply.rails[Rail::ScaleUp.index()].address);
+        prepared.peer_rail_addresses = reply.rails.map(|rail| address_of_wire(rail.address));
         Ok(())
     }
 
@@ -323,14 +323,21 @@ impl Connector {
             .as_ref()
             .ok_or_else(|| Error::internal("registration before prepare"))?;
         let local = self.local()?;
+        let nic = |rail: Rail| self.device.devices[rail.index()].info().address;
+        let peer = prepared.peer_rail_addresses;
+        let sout = sout_pair(
+            nic(Rail::ScaleOut),
+            peer[Rail::ScaleOut.index()],
+            (*local.ip(), *self.remote.ip()),
+        );
         let sup = (
-            ipv4_of(self.device.devices[Rail::ScaleUp.index()].info().address),
-            ipv4_of(prepared.peer_sup_address),
+            ipv4_of(nic(Rail::ScaleUp)),
+            ipv4_of(peer[Rail::ScaleUp.index()]),
         );
         Ok(PendingRegistration::start(
             &self.ctx.settings,
-            *local.ip(),
-            *self.remote.ip(),
+            sout.0,
+            sout.1,
             sup,
         ))
     }

@@ -10,7 +10,7 @@ use crate::sweep::{self, Sweep, MAX_SIZES};
 use crate::Failure;
 
 pub const USAGE: &str = "\
-usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
+usage: mpib-perf [--plugin PATH] [--abi N] [--dev N[,N...]]
                  [--listen [ADDR:]PORT | --peer HOST:PORT]
                  [--min-size BYTES] [--max-size BYTES] [--step-factor F]
                  [--iters N] [--warmup N] [--window N] [--group N] [--verify]
@@ -21,7 +21,10 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N]
                      libnccl-net-<NAME>.so found by the dynamic loader, or a path; without
                      NCCL_NET_PLUGIN: the MPIB plugin built in this checkout)
   --abi N            drive ncclNetPlugin_vN, 7..12 (default: the newest it exports)
-  --dev N            the plugin's device (default 0)
+  --dev LIST         the plugin's device (default 0); one process: a list (0,1,2,3) moves each
+                     row on every listed device at once, one connection each (or --comms N,
+                     a multiple of the count, dealt out in turn), and prints each device's
+                     GB/s after the row
   --listen [A:]PORT  two processes: be the receiver; accept one TCP connection on A:PORT (port 0:
                      any free port; the bound address is printed), send it the listen handle
   --peer HOST:PORT   two processes: be the sender; connect to a --listen side, send it the sweep
@@ -79,6 +82,8 @@ pub struct Args {
     pub plugin: Option<PathBuf>,
     pub abi: Option<u32>,
     pub dev: i32,
+    /// `--dev` as listed (`dev` is the first).
+    pub devs: Vec<i32>,
     pub role: Role,
     pub sweep: Sweep,
     pub format: Format,
@@ -211,6 +216,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, Failure> 
         plugin: None,
         abi: None,
         dev: 0,
+        devs: vec![0],
         role: Role::OneProcess,
         sweep: Sweep {
             sizes: Vec::new(),
@@ -260,7 +266,10 @@ fn apply(
     match flag {
         "--plugin" => a.plugin = Some(PathBuf::from(value()?)),
         "--abi" => a.abi = Some(parse_abi(&value()?)?),
-        "--dev" => a.dev = parse_number("--dev", &value()?, 0, 1023)?,
+        "--dev" => {
+            a.devs = parse_devices(&value()?)?;
+            a.dev = a.devs[0];
+        }
         "--listen" => set_role(&mut a.role, Role::Listen(value()?))?,
         "--peer" => set_role(&mut a.role, Role::Peer(value()?))?,
         "--min-size" => raw.min = parse_bytes(flag, &value()?)?,
@@ -340,6 +349,22 @@ fn finish(mut a: Args, raw: &Raw) -> Result<Args, Failure> {
     if !matches!(a.role, Role::Listen(_)) {
         a.ignored.clear();
     }
+    if a.devs.len() > 1 {
+        if a.role != Role::OneProcess {
+            return Err(usage(format!(
+                "--dev {:?}: several devices are run in one process only (no --listen/--peer)",
+                a.devs
+            )));
+        }
+        a.comms = a.comms.max(a.devs.len());
+        if a.comms % a.devs.len() != 0 {
+            return Err(usage(format!(
+                "--comms {}: not a multiple of the {} devices of --dev",
+                a.comms,
+                a.devs.len()
+            )));
+        }
+    }
     if a.comms > 1 && a.role != Role::OneProcess {
         return Err(usage(format!(
             "--comms {}: several connections are run in one process only (no --listen/--peer)",
@@ -347,6 +372,21 @@ fn finish(mut a: Args, raw: &Raw) -> Result<Args, Failure> {
         )));
     }
     Ok(a)
+}
+
+/// `N` or a list `N,N,...` of distinct devices (at most `MAX_COMMS`).
+fn parse_devices(text: &str) -> Result<Vec<i32>, Failure> {
+    let devs = text
+        .split(',')
+        .map(|part| parse_number::<i32>("--dev", part.trim(), 0, 1023))
+        .collect::<Result<Vec<_>, _>>()?;
+    let repeated = devs.iter().enumerate().any(|(i, d)| devs[..i].contains(d));
+    if devs.len() > MAX_COMMS || repeated {
+        return Err(usage(format!(
+            "--dev {text:?}: at most {MAX_COMMS} distinct devices"
+        )));
+    }
+    Ok(devs)
 }
 
 #[cfg(test)]

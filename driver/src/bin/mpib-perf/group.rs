@@ -25,6 +25,8 @@ struct State {
     generation: u64,
     failed: Option<String>,
     totals: Vec<Totals>,
+    /// Per row, each connection's own pass.
+    passes: Vec<Vec<Totals>>,
 }
 
 /// The connections of one run.
@@ -44,6 +46,7 @@ impl Group {
                 generation: 0,
                 failed: None,
                 totals: Vec::new(),
+                passes: Vec::new(),
             }),
             turn: Condvar::new(),
         }
@@ -102,15 +105,32 @@ impl Group {
         self.turn.notify_all();
     }
 
-    /// Adds one connection's pass to row `row`.
-    pub fn add(&self, row: usize, bytes: u64, elapsed: Duration) {
+    /// Adds connection `member`'s pass to row `row`.
+    pub fn add(&self, row: usize, member: usize, bytes: u64, elapsed: Duration) {
         let mut state = self.lock();
         if state.totals.len() <= row {
             state.totals.resize(row + 1, Totals::default());
+            state.passes.resize(row + 1, vec![Totals::default(); self.members]);
         }
         let totals = &mut state.totals[row];
         totals.bytes += bytes;
         totals.elapsed = totals.elapsed.max(elapsed);
+        if let Some(pass) = state.passes[row].get_mut(member) {
+            *pass = Totals { bytes, elapsed };
+        }
+    }
+
+    /// Row `row`'s totals of the connections `member % ways == way`, one per way (`--dev` with
+    /// `ways` devices deals the connections out in turn): bytes summed, the slowest one's time.
+    pub fn totals_by(&self, row: usize, ways: usize) -> Vec<Totals> {
+        let state = self.lock();
+        let mut out = vec![Totals::default(); ways.max(1)];
+        for (member, pass) in state.passes.get(row).into_iter().flatten().enumerate() {
+            let way = &mut out[member % ways.max(1)];
+            way.bytes += pass.bytes;
+            way.elapsed = way.elapsed.max(pass.elapsed);
+        }
+        out
     }
 
     /// Row `row`'s totals (complete once every connection has met after adding).
@@ -132,7 +152,7 @@ mod tests {
                 let group = Arc::clone(&group);
                 std::thread::spawn(move || {
                     group.meet("start", Duration::from_secs(5)).unwrap();
-                    group.add(0, 10 * (i + 1), Duration::from_millis(i + 1));
+                    group.add(0, i as usize, 10 * (i + 1), Duration::from_millis(i + 1));
                     group.meet("end", Duration::from_secs(5)).unwrap();
                 })
             })
@@ -144,6 +164,16 @@ mod tests {
         assert_eq!(
             (totals.bytes, totals.elapsed),
             (60, Duration::from_millis(3))
+        );
+        // Two devices dealt in turn: members 0 and 2 on the first, member 1 on the second.
+        let by_device: Vec<(u64, Duration)> = group
+            .totals_by(0, 2)
+            .iter()
+            .map(|t| (t.bytes, t.elapsed))
+            .collect();
+        assert_eq!(
+            by_device,
+            [(40, Duration::from_millis(3)), (20, Duration::from_millis(2))]
         );
 
         let waiting = Arc::clone(&group);

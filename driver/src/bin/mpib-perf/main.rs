@@ -216,14 +216,22 @@ fn one_process(
     // Leaked like the plugin: a thread of a failed run may outlive this call.
     let group: &'static Group = Box::leak(Box::new(Group::new(args.comms)));
     let grouped = (args.comms > 1).then_some(group);
-    let mode = match args.comms {
-        1 => "one process (receiver thread and sender thread)".to_string(),
-        n => format!("one process, {n} connections moving each row together (--comms)"),
+    let devices: &'static [i32] = Box::leak(args.devs.clone().into_boxed_slice());
+    let mode = match (args.comms, devices.len()) {
+        (1, _) => "one process (receiver thread and sender thread)".to_string(),
+        (n, 1) => format!("one process, {n} connections moving each row together (--comms)"),
+        (n, _) => format!(
+            "one process, {n} connections on devices {devices:?} moving each row together"
+        ),
     };
     let (done_tx, done_rx) = mpsc::channel();
     let mut followers = Vec::new();
     let mut leader_end = None;
     for member in 0..args.comms {
+        let local = Local {
+            dev: devices[member % devices.len()],
+            ..local
+        };
         let (mut recv_end, send_end) = link::channel_pair();
         let done = done_tx.clone();
         let spawned = std::thread::Builder::new()
@@ -247,6 +255,7 @@ fn one_process(
                     agent: None,
                     mode,
                     group: grouped.map(|g| (g, member)),
+                    devices,
                 };
                 sender::send(&ctx, &mut send_end, &mut Printer::new(format)).map(|_| ())
             })
@@ -261,6 +270,7 @@ fn one_process(
         agent: agent.as_ref(),
         mode,
         group: grouped.map(|g| (g, 0)),
+        devices,
     };
     let sent = sender::send(&ctx, &mut send_end, printer);
     let sent = followers.into_iter().fold(sent, |first, follower| {
@@ -356,6 +366,7 @@ fn peer(
             tcp.peer()
         ),
         group: None,
+        devices: &[],
     };
     sender::send(&ctx, &mut tcp, printer)
 }

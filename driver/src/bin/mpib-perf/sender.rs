@@ -27,6 +27,9 @@ pub struct SendCtx<'a> {
     /// `--comms`: the connections this one moves its rows with, and its place among them (the
     /// first prints).
     pub group: Option<(&'a Group, usize)>,
+    /// `--dev` as listed: with several, connection `m` is on `devices[m % len]`, and the first
+    /// prints each device's rate after the row.
+    pub devices: &'a [i32],
 }
 
 impl SendCtx<'_> {
@@ -187,8 +190,8 @@ fn send_rows(
         let timing = timed
             .send(net, comm, &mut watch)
             .map_err(|e| e.context(at(spec, "timed")))?;
-        if let Some((group, _)) = ctx.group {
-            group.add(spec.index, timing.bytes, timing.elapsed);
+        if let Some((group, member)) = ctx.group {
+            group.add(spec.index, member, timing.bytes, timing.elapsed);
         }
         ctx.meet(&at(spec, "the end of the timed pass"))?;
         let after = probe.map(RailProbe::bytes).transpose()?;
@@ -216,11 +219,29 @@ fn send_rows(
         }
         if ctx.leads() {
             printer.row(&row).map_err(Error::Io)?;
+            print_devices(ctx, spec, printer);
         }
         summary.rows += 1;
         summary.bytes += row.bytes;
     }
     Ok(summary)
+}
+
+/// `--dev` with several devices: one note per device after the row, its connections' bytes over
+/// their slowest pass (`# size 4194304 dev 1: 2.991 GB/s`).
+fn print_devices(ctx: &SendCtx<'_>, spec: &RowSpec, printer: &Printer) {
+    let Some((group, _)) = ctx.group.filter(|_| ctx.devices.len() > 1) else {
+        return;
+    };
+    for (dev, totals) in ctx.devices.iter().zip(group.totals_by(spec.index, ctx.devices.len())) {
+        let seconds = totals.elapsed.as_secs_f64();
+        let rate = if seconds > 0.0 {
+            totals.bytes as f64 / seconds / 1e9
+        } else {
+            0.0
+        };
+        printer.note(&format!("# size {} dev {dev}: {rate:.3} GB/s", spec.size));
+    }
 }
 
 fn receiver_stats(
