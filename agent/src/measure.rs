@@ -81,8 +81,10 @@ fn share_link_rates(
     let mut sharers: BTreeMap<(&str, u32), u32> = BTreeMap::new();
     for (slot, nics) in devices {
         if flows.get(slot).is_some_and(|f| f.connections > 0) {
-            let distinct: BTreeSet<(&str, u32)> =
-                nics.iter().map(|(_, nic, port)| (nic.as_str(), *port)).collect();
+            let distinct: BTreeSet<(&str, u32)> = nics
+                .iter()
+                .map(|(_, nic, port)| (nic.as_str(), *port))
+                .collect();
             for nic in distinct {
                 *sharers.entry(nic).or_default() += 1;
             }
@@ -94,7 +96,11 @@ fn share_link_rates(
         };
         for (rail, nic, port) in nics {
             let speed = speeds.get(&(nic.clone(), *port)).copied().unwrap_or(0.0);
-            let count = sharers.get(&(nic.as_str(), *port)).copied().unwrap_or(1).max(1);
+            let count = sharers
+                .get(&(nic.as_str(), *port))
+                .copied()
+                .unwrap_or(1)
+                .max(1);
             let rate = speed / f64::from(count);
             flow.sample.link_rate[*rail] = flow.sample.link_rate[*rail].max(rate);
         }

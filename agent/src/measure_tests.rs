@@ -189,11 +189,21 @@ fn a_sup_nic_shared_by_two_devices_is_one_capacity() {
     let mut measurer = baselined(&dir.0);
     let (flows, _) = measurer.measure(SECOND, &BTreeMap::new());
     let gigabyte = 1e9;
-    assert_eq!(flows[&0].sample.link_rate, [gigabyte, gigabyte], "SOUT 1 GB/s, half of SUP");
+    assert_eq!(
+        flows[&0].sample.link_rate,
+        [gigabyte, gigabyte],
+        "SOUT 1 GB/s, half of SUP"
+    );
     assert_eq!(flows[&1].sample.link_rate, [gigabyte, gigabyte]);
-    assert_eq!(crate::policy::capacity::share(flows[&0].sample.link_rate), Some(512));
+    assert_eq!(
+        crate::policy::capacity::share(flows[&0].sample.link_rate),
+        Some(512)
+    );
     let _third = claim(0, 2, 7002);
     let (flows, _) = measurer.measure(SECOND, &BTreeMap::new());
-    assert_eq!(flows[&0].sample.link_rate, [gigabyte / 2.0, gigabyte * 2.0 / 3.0]);
+    assert_eq!(
+        flows[&0].sample.link_rate,
+        [gigabyte / 2.0, gigabyte * 2.0 / 3.0]
+    );
     assert_eq!(flows[&1].sample.link_rate, [gigabyte, gigabyte * 2.0 / 3.0]);
 }

@@ -461,7 +461,7 @@ fn file_info(header: &Header, version: u32) -> FileInfo {
         .collect();
     let rail_kinds = header.rails[..header.rail_count as usize]
         .iter()
-        .map(|r| usize::from(r.rail).min(MAX_RAILS - 1))
+        .map(|r| usize::from(r.rail))
         .collect();
     let nic_count = header.rail_count as usize;
     let devices = header.devices[..header.device_count as usize]
@@ -501,6 +501,20 @@ fn check_header(header: &Header, actual: u64) -> Result<(), Corruption> {
     }
     if header.device_count == 0 || header.device_count as usize > MAX_DEVICES {
         return Err(Corruption::BadHeader("device_count"));
+    }
+    let nic_count = header.rail_count as usize;
+    let devices = &header.devices[..header.device_count as usize];
+    if devices
+        .iter()
+        .any(|d| d.nics.iter().any(|&nic| usize::from(nic) >= nic_count))
+    {
+        return Err(Corruption::BadHeader("devices"));
+    }
+    if header.rails[..nic_count]
+        .iter()
+        .any(|r| usize::from(r.rail) >= MAX_RAILS)
+    {
+        return Err(Corruption::BadHeader("rails"));
     }
     let region_count = header.region_count as usize;
     if region_count < REQUIRED_REGIONS.max(REGION_COUNT) {

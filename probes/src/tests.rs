@@ -478,6 +478,15 @@ fn reader_states() {
     let mut no_rails = good.clone();
     no_rails[28..32].copy_from_slice(&0u32.to_le_bytes());
     assert_eq!(corrupt(&no_rails), Corruption::BadHeader("rail_count"));
+    let mut no_devices = good.clone();
+    no_devices[184..188].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(corrupt(&no_devices), Corruption::BadHeader("device_count"));
+    let mut missing_nic = good.clone();
+    missing_nic[2304 + 65] = 2; // device 0's SUP NIC slot, of 2
+    assert_eq!(corrupt(&missing_nic), Corruption::BadHeader("devices"));
+    let mut third_rail = good.clone();
+    third_rail[256 + 72] = 2; // NIC slot 0 serving rail 2
+    assert_eq!(corrupt(&third_rail), Corruption::BadHeader("rails"));
 }
 
 #[test]

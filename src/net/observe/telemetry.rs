@@ -309,3 +309,9 @@ unsafe fn extend_lifetime(probe: ConnectionProbe<'_>) -> ConnectionProbe<'static
     // SAFETY: same type up to the lifetime; liveness is the caller's contract.
     unsafe { std::mem::transmute::<ConnectionProbe<'_>, ConnectionProbe<'static>>(probe) }
 }
+
+// Every NIC and every fused device the pairing accepts has a slot in the probes file.
+const _: () = assert!(
+    crate::pairing::MAX_NICS <= mpib_probes::MAX_NICS
+        && crate::pairing::MAX_NICS <= mpib_probes::MAX_DEVICES
+);

@@ -255,7 +255,8 @@ impl Acceptance {
                         ipv4_of(peer[Rail::ScaleUp.index()]),
                     );
                     let control = (*self.local.ip(), *self.peer.ip());
-                    let sout = sout_pair(nic(Rail::ScaleOut), peer[Rail::ScaleOut.index()], control);
+                    let sout =
+                        sout_pair(nic(Rail::ScaleOut), peer[Rail::ScaleOut.index()], control);
                     let pending = PendingRegistration::start(&ctx.settings, sout.0, sout.1, sup);
                     self.stage = Stage::Registering(pending);
                 }

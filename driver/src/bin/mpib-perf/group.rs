@@ -110,7 +110,9 @@ impl Group {
         let mut state = self.lock();
         if state.totals.len() <= row {
             state.totals.resize(row + 1, Totals::default());
-            state.passes.resize(row + 1, vec![Totals::default(); self.members]);
+            state
+                .passes
+                .resize(row + 1, vec![Totals::default(); self.members]);
         }
         let totals = &mut state.totals[row];
         totals.bytes += bytes;
@@ -173,7 +175,10 @@ mod tests {
             .collect();
         assert_eq!(
             by_device,
-            [(40, Duration::from_millis(3)), (20, Duration::from_millis(2))]
+            [
+                (40, Duration::from_millis(3)),
+                (20, Duration::from_millis(2))
+            ]
         );
 
         let waiting = Arc::clone(&group);

@@ -220,9 +220,9 @@ fn one_process(
     let mode = match (args.comms, devices.len()) {
         (1, _) => "one process (receiver thread and sender thread)".to_string(),
         (n, 1) => format!("one process, {n} connections moving each row together (--comms)"),
-        (n, _) => format!(
-            "one process, {n} connections on devices {devices:?} moving each row together"
-        ),
+        (n, _) => {
+            format!("one process, {n} connections on devices {devices:?} moving each row together")
+        }
     };
     let (done_tx, done_rx) = mpsc::channel();
     let mut followers = Vec::new();

@@ -233,7 +233,11 @@ fn print_devices(ctx: &SendCtx<'_>, spec: &RowSpec, printer: &Printer) {
     let Some((group, _)) = ctx.group.filter(|_| ctx.devices.len() > 1) else {
         return;
     };
-    for (dev, totals) in ctx.devices.iter().zip(group.totals_by(spec.index, ctx.devices.len())) {
+    for (dev, totals) in ctx
+        .devices
+        .iter()
+        .zip(group.totals_by(spec.index, ctx.devices.len()))
+    {
         let seconds = totals.elapsed.as_secs_f64();
         let rate = if seconds > 0.0 {
             totals.bytes as f64 / seconds / 1e9
