@@ -16,6 +16,8 @@
 #   flap                   a rail's wire down 2.5 s with the default retries: every byte arrives
 #   killed                 one side SIGKILLed mid-run: the survivor's calls return an error
 #   impaired               1 % loss, 1 % corruption, 10 ms delay on either rail: every byte arrives
+#   devices                two NIC pairs per host (rxe_a2 + rxe_a3 beside the first two): device 1,
+#                          then device 0, each seen only in its own NICs' hardware packet counters
 # plus the verbs device tests (tests/verbs_device.rs, `fabric::verbs` lib tests marked ignored)
 # and the main job, `mpib-demo --fabric verbs`. Each side checks the bytes per rail from its probes
 # file against the split rule, so SRQ receives and WRITE_WITH_IMM really happen on both rails.
@@ -282,6 +284,74 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$(rails_of "$d/recv.log") verified by the receiver after a ${seconds} s flap; NIC counters: $(counter_delta "$before" "$(nic_counters)"), done $(since "$tcut") s after the flap began"
   }
 
+  # The NICs' packet counters, `rxe_a0=N` per line (sent + received RoCE packets; the control
+  # connection's TCP is not counted there).
+  nic_packets() {
+    local dir dev sent rcvd
+    for dir in /sys/class/infiniband/rxe_*; do
+      dev=${dir##*/}
+      read -r sent < "$dir/ports/1/hw_counters/sent_pkts" || sent=0
+      read -r rcvd < "$dir/ports/1/hw_counters/rcvd_pkts" || rcvd=0
+      echo "$dev=$((sent + rcvd))"
+    done
+  }
+  # packets_moved BEFORE AFTER NIC: how many packets NIC sent and received in between.
+  packets_moved() {
+    local b a
+    b=$(echo "$1" | awk -F= -v n="$3" '$1 == n { print $2 }')
+    a=$(echo "$2" | awk -F= -v n="$3" '$1 == n { print $2 }')
+    echo $(( ${a:-0} - ${b:-0} ))
+  }
+
+  # devices NAME: two NIC pairs per host (RXE_VM_RAILS=4), so two fused devices
+  # (rxe_a0+rxe_a1 and rxe_a2+rxe_a3); an advanced pair at sup_bw=512 (both rails of the device
+  # carry data) on device 1, then one on device 0. Each device's traffic must show in its own
+  # four NICs' hardware packet counters (both hosts) and in none of the other device's.
+  devices() {
+    local name=$1 s d tmp t dev before after nic moved own detail='' bad=''
+    wanted "$name" || return 0
+    if [ ! -e /sys/class/infiniband/rxe_a3 ]; then
+      record FAIL "$name" "no rxe_a3: the rig booted with RXE_VM_RAILS=${RXE_VM_RAILS:-2}, not 4"
+      return 0
+    fi
+    local saved_a=("${A[@]}") saved_b=("${B[@]}")
+    A=(MPIB_HCA_SOUT=rxe_a0,rxe_a2 MPIB_HCA_SUP=rxe_a1,rxe_a3 MPIB_OOB_ADDR=10.100.0.1)
+    B=(MPIB_HCA_SOUT=rxe_b0,rxe_b2 MPIB_HCA_SUP=rxe_b1,rxe_b3 MPIB_OOB_ADDR=10.100.0.2)
+    t=$(now)
+    for dev in 1 0; do
+      s=$(slug "$name device $dev")
+      d=$W/$s tmp=/tmp/rig/$s
+      mkdir -p "$d" "$tmp"
+      before=$(nic_packets)
+      launch "$d" "$tmp" v12 "split-512,split-512" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" \
+        --expect-class intra --dev "$dev"
+      reap
+      after=$(nic_packets)
+      [ "$rr" = 0 ] && [ "$sr" = 0 ] || bad+=" device $dev: receiver rc=$rr, sender rc=$sr;"
+      own="rxe_a$((2 * dev)) rxe_a$((2 * dev + 1)) rxe_b$((2 * dev)) rxe_b$((2 * dev + 1))"
+      detail+=" device $dev:"
+      for nic in rxe_a0 rxe_a1 rxe_a2 rxe_a3 rxe_b0 rxe_b1 rxe_b2 rxe_b3; do
+        moved=$(packets_moved "$before" "$after" "$nic")
+        if [[ " $own " == *" $nic "* ]]; then
+          detail+=" $nic+$moved"
+          [ "$moved" -gt 0 ] || bad+=" device $dev moved nothing on its $nic;"
+        elif [ "$moved" != 0 ]; then
+          bad+=" device $dev moved $moved packets on $nic, another device's NIC;"
+        fi
+      done
+      if [ -n "$bad" ]; then
+        show_tail "receiver (host B)" "$d/recv.log"
+        show_tail "sender (host A)" "$d/send.log"
+      fi
+    done
+    A=("${saved_a[@]}") B=("${saved_b[@]}")
+    if [ -z "$bad" ]; then
+      record PASS "$name" "packets on each device's own NICs only:$detail; $(since "$t") s"
+    else
+      record FAIL "$name" "$bad (packets:$detail)"
+    fi
+  }
+
   # killed NAME ROLE: SIGKILL the ROLE process (recv: host B, send: host A) of an advanced pair
   # at sup_bw=512 with the default timeout once the sender has passed its first case. The
   # survivor's calls must return an error (the plugin sees the peer's control connection closed
@@ -428,6 +498,7 @@ if [ "${1-}" = --guest ]; then
     impaired "v12 impaired: 1 % corruption on $label (veth_a$rail)" "veth_a$rail" corrupt 1%
     impaired "v12 impaired: 10 ms delay on $label (veth_a$rail)" "veth_a$rail" delay 10ms
   done
+  devices "v12 devices: two NIC pairs per host, each device's traffic on its own NICs"
   name="mpib-demo --fabric verbs (the main job)"
   if wanted "$name"; then
     t=$(now)
@@ -488,6 +559,9 @@ export RIG_WORK=$root/target/rig/last
 rm -rf "$RIG_WORK"
 mkdir -p "$RIG_WORK"
 export RXE_VM_TIMEOUT=${RXE_VM_TIMEOUT:-900}
+# Four rails per host: the first two carry every case as before; the `devices` case fuses the
+# other two into a second device.
+export RXE_VM_RAILS=${RXE_VM_RAILS:-4}
 echo "==> rig: one boot of scripts/rxe-vm/run.sh (RXE_VM_TIMEOUT=$RXE_VM_TIMEOUT s)"
 tv=$(now)
 "$root/scripts/rxe-vm/run.sh" "$here/suite.sh" --guest

@@ -23,8 +23,11 @@ rails() {
   modprobe sch_netem || bad "modprobe sch_netem"   # for fault injection with tc; cheap
   # Every fork+exec costs tens of ms under TCG, so the ip and rdma commands go through one
   # batch (`ip -batch`, `rdma -b`) process each (about 1 s saved at each boot).
-  local mtu=${RXE_VM_MTU:-9000} r a b ipa ipb ipcmds='' rdmacmds='' sysctls=''
-  for r in 0 1; do
+  # RXE_VM_RAILS=4: two more rails per host (rxe_a2, rxe_a3, ...): two NIC pairs, as a node
+  # with one fused device per pair has.
+  local mtu=${RXE_VM_MTU:-9000} rails=${RXE_VM_RAILS:-2} r a b ipa ipb ipcmds='' rdmacmds='' sysctls=''
+  case $rails in 2|4) ;; *) bad "RXE_VM_RAILS=$rails (expected 2 or 4)" ;; esac
+  for ((r = 0; r < rails; r++)); do
     a=veth_a$r b=veth_b$r ipa=10.100.$r.1 ipb=10.100.$r.2
     # MTU 9000 makes rxe report active_mtu 4096 like real RoCE; 1500 gives 1024 and is
     # slower (README pitfall 3).
@@ -58,7 +61,7 @@ rule del pref 0
   # shellcheck disable=SC2086  # $sysctls is a list of words
   sysctl -qw net.ipv4.conf.all.rp_filter=0 $sysctls || bad "sysctl"
   rdma -b - <<< "$rdmacmds" || bad "rdma link add"
-  # The ports come up with the veths; make sure all four say ACTIVE (builtins only; up to
+  # The ports come up with the veths; make sure all of them say ACTIVE (builtins only; up to
   # 20 s, as a starved TCG guest can be very slow).
   local f st n
   shopt -s nullglob
@@ -67,10 +70,10 @@ rule del pref 0
     for f in /sys/class/infiniband/rxe_*/ports/1/state; do
       read -r st < "$f" || true; [[ $st == *ACTIVE ]] && n=$((n + 1))
     done
-    [ $n = 4 ] && return 0
+    [ $n = $((2 * rails)) ] && return 0
     sleep 0.1
   done
-  echo "rxe-vm guest: only $n of 4 rxe ports are ACTIVE"; return 1
+  echo "rxe-vm guest: only $n of $((2 * rails)) rxe ports are ACTIVE"; return 1
 }
 diagnose() {
   echo "rxe-vm guest: state after the failed setup:"

@@ -18,6 +18,7 @@
 # Settings (environment):
 #   RXE_VM_CPUS     vCPUs (2)                RXE_VM_MEM      guest memory (2G)
 #   RXE_VM_MTU      veth MTU (9000, which gives active_mtu 4096; 1500 gives 1024)
+#   RXE_VM_RAILS    rails per host, 2 or 4 (rxe_a0..rxe_a3 and rxe_b0..rxe_b3: two NIC pairs)
 #   RXE_VM_TIMEOUT  seconds before the VM is killed and run.sh exits 124 (900)
 #   RXE_VM_CACHE    kernel + initramfs cache (/tmp/mpib-rxe-vm, about 440 MB)
 #   RXE_VM_RW       extra host dirs to mount read-write, colon-separated

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|…] [--cases NAME[,NAME…]]
-//!           [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check]
+//!           [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] [--dev N]
 //!           [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S]
 //!           [--expect-error plugin|bounded [--linger S]]
 //! ```
@@ -36,7 +36,7 @@ use mpib_driver::xfer::{self, Checks, Listener, SideOptions};
 use mpib_driver::{locate_built_plugin, Agent, Plugin, Version};
 
 const USAGE: &str = "usage: mpib-xfer --role recv|send --handle-file PATH [--version v12|v8|...] \
-[--cases NAME[,NAME...]] [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] \
+[--cases NAME[,NAME...]] [--scale rig|loopback] [--expect-class intra|inter] [--no-rail-check] [--dev N] \
 [--plugin PATH] [--connect-timeout S] [--data-timeout S] [--handle-timeout S] \
 [--expect-error plugin|bounded [--linger S]]";
 
@@ -68,6 +68,8 @@ struct Args {
     connect_timeout: Duration,
     data_timeout: Duration,
     handle_timeout: Duration,
+    /// `--dev`: the plugin's device this side listens or connects on (0).
+    dev: i32,
     /// `--linger`: how long to stay alive, comms open, after an expected error (so that an
     /// observer such as the collector can read the process's probes during the fault).
     linger: Duration,
@@ -96,6 +98,7 @@ fn parse_args() -> Result<Args, String> {
         connect_timeout: Duration::from_secs(60),
         data_timeout: Duration::from_secs(120),
         handle_timeout: Duration::from_secs(120),
+        dev: 0,
         linger: Duration::ZERO,
     };
     let mut it = std::env::args().skip(1);
@@ -126,6 +129,14 @@ fn parse_args() -> Result<Args, String> {
                 args.expect_class = Some(PathClass::parse(&text).map_err(|e| e.to_string())?);
             }
             "--no-rail-check" => args.rail_check = false,
+            "--dev" => {
+                let text = value("--dev")?;
+                args.dev = text
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|d| (0..1024).contains(d))
+                    .ok_or_else(|| format!("--dev {text:?}: expected a device number 0..1023"))?;
+            }
             "--expect-error" => {
                 args.expect_error = Some(match value("--expect-error")?.as_str() {
                     "plugin" => ExpectError::Plugin,
@@ -273,6 +284,7 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
     let plugin = Plugin::load(&path).map_err(|e| e.to_string())?;
     let net = plugin.net(args.version).map_err(|e| e.to_string())?;
     let options = SideOptions {
+        dev: args.dev,
         connect_deadline: args.connect_timeout,
         data_deadline: args.data_timeout,
         ..SideOptions::default()
@@ -284,7 +296,7 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
     let names: Vec<&str> = cases.iter().map(|c| c.name.as_str()).collect();
     let describe = |net: &mpib_driver::Net<'_>| {
         let props = net
-            .get_properties(0)
+            .get_properties(args.dev)
             .map(|p| format!("device \"{}\" {} Mbps", p.name, p.speed))
             .unwrap_or_else(|e| format!("getProperties failed: {e}"));
         println!(

@@ -84,6 +84,7 @@ agent_verdicts() {
   done
   a=$(amed comms8 steady) b=$(amed comms8 sum_single) r=$(ratio "$a" "$b")
   echo "| 8 connections in one process through one agent, 2 + 4 GB/s: aggregate after 2 s vs the single rails summed (8 connections each) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  device_verdicts
   [ -n "$(amed rig-adaptive steady)" ] || return 0
   # The rig's agent cases run at the smallest size (rig.sh: rows of about a second).
   local z; z=$(sizes_of both | head -n 1)
@@ -103,6 +104,21 @@ agent_verdicts() {
   echo "| … two sender processes through one agent: their sum vs two ib_write_bw at once | $(gbs "$a") vs $(gbs "$ib") | $r | ≥ 0.9 | $(verdict "$r" 0.9) |"
   b=$(amed rig-two-processes-static sum) r=$(ratio "$a" "$b")
   echo "| … the same two processes at the fixed split sup_bw $BALANCED_SHOWN (four busy-polling processes on the rig's two emulated CPUs, both ways) | $(gbs "$a") vs $(gbs "$b") | $r | (≥ 0.95) | $(verdict "$r" 0.95) |"
+}
+
+# Several fused devices at once (scripts/lib/perf/devices.sh).
+device_verdicts() {
+  local a b r pairs
+  [ -n "$(amed pairs2 slowest_device)" ] || return 0
+  for pairs in 2 4; do
+    a=$(amed "pairs$pairs" slowest_device) b=$(amed "pairs$pairs" rails_sum) r=$(ratio "$a" "$b")
+    echo "| $pairs devices (NIC pairs) at once, loopback 1 + 2 GB/s per pair, sup_bw 683: the slowest device vs one device's rails each alone, summed | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  done
+  b=$(amed shared static512)
+  a=$(amed shared capacity) r=$(ratio "$a" "$b")
+  echo "| 2 devices sharing one SUP NIC (SOUT 1 + 1 GB/s, SUP 2 GB/s): agent \`capacity\`, total after 2 s vs the best static split (512) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  a=$(amed shared static683) r=$(ratio "$a" "$b")
+  echo "| … the split each device's rails alone would give (683), vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
 }
 
 agent_table() {
