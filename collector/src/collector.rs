@@ -330,17 +330,19 @@ impl Collector {
                 return;
             }
         }
-        let devices: Vec<String> = info
+        let nics: Vec<String> = info
             .rails
             .iter()
             .map(|r| format!("{}:{}", r.device, r.port))
             .collect();
+        let devices: Vec<&str> = info.devices.iter().map(|d| d.name.as_str()).collect();
         info!(
-            "exporting probes file {}: pid {} on {}, ABI {}, rails [{}]",
+            "exporting probes file {}: pid {} on {}, ABI {}, NICs [{}], devices [{}]",
             path.display(),
             info.pid,
             info.host,
             version_string(info.abi_version),
+            nics.join(", "),
             devices.join(", ")
         );
         let process = Process::new(reader);

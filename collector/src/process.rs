@@ -365,6 +365,7 @@ fn log_slow(info: &FileInfo, record: &SlowTransferRecord) {
         host = info.host,
         pid = info.pid,
         peer = %t.peer,
+        nccl_device = device_name(info, t.device),
         direction = traces::direction_name(t.direction),
         size = t.size,
         duration_us = end.saturating_sub(start) / 1000,

@@ -377,3 +377,87 @@ fn help_and_bad_flags() {
         );
     }
 }
+
+/// Two fused devices sharing their SUP NIC: one series per NIC (the shared one counted once,
+/// labelled with its rail), connection series told apart by `nccl_device`.
+#[test]
+fn devices_label_connections_and_a_shared_nic_is_one_series() {
+    use mpib_probes::declared::RAIL_TX_BYTES;
+    use mpib_probes::{DeviceEntry, Direction, Mode, PathClass, RailInfo};
+    let dir = TempDir::new("devices");
+    let nic = |device: &str| RailInfo {
+        device: device.into(),
+        port: 1,
+        speed_mbps: 100_000,
+    };
+    let mut writer = live_writer();
+    writer.rails = vec![nic("mlx5_0"), nic("mlx5_2"), nic("mlx5_1")];
+    writer.devices = vec![
+        DeviceEntry {
+            name: "mlx5_0+mlx5_1".into(),
+            nics: [0, 2],
+        },
+        DeviceEntry {
+            name: "mlx5_2+mlx5_1".into(),
+            nics: [1, 2],
+        },
+    ];
+    let probes = ProbesFile::create(dir.path(), &writer).unwrap();
+    for (slot, bytes) in [(0, 10), (1, 20), (2, 30)] {
+        probes.rail(slot).add(RAIL_TX_BYTES, bytes);
+    }
+    let mut claims = Vec::new();
+    for (device, port) in [(0u8, 5000), (1, 5000)] {
+        let info = mpib_probes::ConnectionInfo {
+            device,
+            ..conn_info(
+                [10, 0, 0, 2],
+                port,
+                Direction::Send,
+                PathClass::IntraIsland,
+                Mode::Vanilla,
+                0,
+            )
+        };
+        let claimed = probes.claim_connection(&info).unwrap();
+        claimed.add_split([device as u64 + 1, 100]);
+        claims.push(claimed);
+    }
+    let args = isolated(&dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_once(dir.path(), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
+    let sent = |rail, device| {
+        scrape.value(
+            "mpib_rail_tx_bytes_total",
+            &[("rail", rail), ("device", device)],
+        )
+    };
+    assert_eq!(sent("sout", "mlx5_0"), 10.0);
+    assert_eq!(sent("sout", "mlx5_2"), 20.0);
+    assert_eq!(sent("sup", "mlx5_1"), 30.0, "the shared SUP NIC, once");
+    assert_eq!(scrape.matching("mpib_rail_tx_bytes_total", &[]).len(), 3);
+    for (device, sout) in [("mlx5_0+mlx5_1", 1.0), ("mlx5_2+mlx5_1", 2.0)] {
+        let labels = [
+            ("nccl_device", device),
+            ("peer", "10.0.0.2:5000"),
+            ("rail", "sout"),
+        ];
+        assert_eq!(
+            scrape.value("mpib_connection_bytes_total", &labels),
+            sout,
+            "{device}"
+        );
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("devices [mlx5_0+mlx5_1, mlx5_2+mlx5_1]"),
+        "the startup line lists the devices: {stderr}"
+    );
+    drop(claims);
+}

@@ -10,7 +10,7 @@
 #                   share 683 (a test agent): the slowest device's GB/s against one device's two
 #                   rails each alone, summed (`rails_sum`, measured on device 0 alone)
 #   shared          2 devices sharing one SUP NIC (SOUT loop0, loop1, SUP loop2; 1 and 2 GB/s):
-#                   mpib-agent's `capacity` policy, the total after 2 s, against the best static
+#                   mpib-agent's `capacity` and `adaptive` policies, the total after 2 s, against the best static
 #                   share (512: each device half the SUP NIC) and the share each device's rails
 #                   alone would give (683, what `capacity` chose before it counted a shared NIC
 #                   once)
@@ -101,11 +101,13 @@ for ((rep = 1; rep <= reps; rep++)); do
       record shared "static$share" "$rep" fail
     fi
   done
-  log=$logs/shared-capacity-$rep.csv
-  if with_agent capacity "$log" loop0,loop1 loop2 --dev 0,1 --iters 16 --repeat 100; then
-    record shared capacity "$rep" "$(median_after "$log" 2000)"
-  else
-    record shared capacity "$rep" fail
-  fi
+  for policy in capacity adaptive; do
+    log=$logs/shared-$policy-$rep.csv
+    if with_agent "$policy" "$log" loop0,loop1 loop2 --dev 0,1 --iters 16 --repeat 100; then
+      record shared "$policy" "$rep" "$(median_after "$log" 2000)"
+    else
+      record shared "$policy" "$rep" fail
+    fi
+  done
 done
 echo "devices perf: done"

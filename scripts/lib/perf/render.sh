@@ -117,6 +117,8 @@ device_verdicts() {
   b=$(amed shared static512)
   a=$(amed shared capacity) r=$(ratio "$a" "$b")
   echo "| 2 devices sharing one SUP NIC (SOUT 1 + 1 GB/s, SUP 2 GB/s): agent \`capacity\`, total after 2 s vs the best static split (512) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
+  a=$(amed shared adaptive) r=$(ratio "$a" "$b")
+  echo "| … agent \`adaptive\` (each flow's loop on its own measured rates), vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
   a=$(amed shared static683) r=$(ratio "$a" "$b")
   echo "| … the split each device's rails alone would give (683), vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
 }
