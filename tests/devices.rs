@@ -240,6 +240,35 @@ fn child_eight_pairs() {
 }
 
 #[test]
+fn four_pairs_each_pass_the_conformance_cases() {
+    let sout = names(4, |i| format!("loop{}", 2 * i));
+    let sup = names(4, |i| format!("loop{}", 2 * i + 1));
+    let dir = probes_dir("four");
+    run_child("child_four_pairs", &with_probes(loopback_env(&sout, &sup), &dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "runs in a child process started by four_pairs_each_pass_the_conformance_cases"]
+fn child_four_pairs() {
+    if !child::is_child("child_four_pairs") {
+        return;
+    }
+    let plugin = load();
+    let net = plugin.net(Version::V11).unwrap();
+    let ctx = net.init(0x4).unwrap_or_else(|e| panic!("{e}"));
+    let all = all_properties(&net);
+    assert_eq!(all.len(), 4);
+    check_identities(Version::V11, &all);
+    let (_, devices) = nic_bytes();
+    for (dev, (_, sout, sup)) in devices.iter().enumerate() {
+        conformance_seen_on_its_nics(&net, dev as i32, [sout, sup]);
+    }
+    conformance_on(&net, 0, 3);
+    net.finalize(ctx).unwrap();
+}
+
+#[test]
 fn eight_sout_nics_share_four_sup_nics() {
     let sout = names(8, |i| format!("loop{i}"));
     let sup = names(4, |i| format!("loop{}", 8 + i));

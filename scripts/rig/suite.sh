@@ -304,9 +304,10 @@ if [ "${1-}" = --guest ]; then
   }
 
   # devices NAME: two NIC pairs per host (RXE_VM_RAILS=4), so two fused devices
-  # (rxe_a0+rxe_a1 and rxe_a2+rxe_a3); an advanced pair at sup_bw=512 (both rails of the device
-  # carry data) on device 1, then one on device 0. Each device's traffic must show in its own
-  # four NICs' hardware packet counters (both hosts) and in none of the other device's.
+  # (rxe_a0+rxe_a1 and rxe_a2+rxe_a3); the conformance cases (sizes, larger receives, grouped,
+  # 256 in flight, pipeline) at sup_bw=512, so both rails of the device carry data, on device 1,
+  # then on device 0, byte-exact. Each device's traffic must show in its own four NICs' hardware
+  # packet counters (both hosts) and in none of the other device's.
   devices() {
     local name=$1 s d tmp t dev before after nic moved own detail='' bad=''
     wanted "$name" || return 0
@@ -323,8 +324,8 @@ if [ "${1-}" = --guest ]; then
       d=$W/$s tmp=/tmp/rig/$s
       mkdir -p "$d" "$tmp"
       before=$(nic_packets)
-      launch "$d" "$tmp" v12 "split-512,split-512" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" \
-        --expect-class intra --dev "$dev"
+      launch "$d" "$tmp" v12 "sizes@512,larger@512,grouped@512,outstanding@512,pipeline@512" \
+        "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra --dev "$dev"
       reap
       after=$(nic_packets)
       [ "$rr" = 0 ] && [ "$sr" = 0 ] || bad+=" device $dev: receiver rc=$rr, sender rc=$sr;"
@@ -346,7 +347,7 @@ if [ "${1-}" = --guest ]; then
     done
     A=("${saved_a[@]}") B=("${saved_b[@]}")
     if [ -z "$bad" ]; then
-      record PASS "$name" "packets on each device's own NICs only:$detail; $(since "$t") s"
+      record PASS "$name" "the conformance cases on each device, packets on its own NICs only:$detail; $(since "$t") s"
     else
       record FAIL "$name" "$bad (packets:$detail)"
     fi
