@@ -242,8 +242,14 @@ def substitute(expr, values, rate_interval, step, window):
         out = out.replace("${" + macro + "}", value).replace("$" + macro, value)
     for name in sorted(values, key=len, reverse=True):
         value = values[name]
-        out = re.sub(r"\$\{" + re.escape(name) + r"(:[a-z]+)?\}", value, out)
-        out = re.sub(r"\$" + re.escape(name) + r"\b", value, out)
+        if value != ".*":
+            # What Grafana does with a multi-value variable's value for Prometheus: regex
+            # characters escaped, the backslash doubled inside the PromQL string
+            # ("loop0+loop1" -> "loop0\\+loop1").
+            value = re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\\\1", value)
+        # A function as replacement: re.sub would read the value's backslashes as escapes.
+        out = re.sub(r"\$\{" + re.escape(name) + r"(:[a-z]+)?\}", lambda _m: value, out)
+        out = re.sub(r"\$" + re.escape(name) + r"\b", lambda _m: value, out)
     return out
 
 
