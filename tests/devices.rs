@@ -1,30 +1,21 @@
 //! Several fused devices per node, through the exported tables only: lists of NIC pairs in
-//! `MPIB_HCA_SOUT`/`MPIB_HCA_SUP`, a SUP NIC shared by two SOUT NICs, `MPIB_HCA_SUP=auto` over a
-//! fake sysfs PCI tree (`MPIB_SYSFS`), bad lists, and the conformance cases on every device.
+//! `MPIB_HCA_SOUT`/`MPIB_HCA_SUP`, a SUP NIC shared by two SOUT NICs, the conformance cases on
+//! every device with its traffic on its own NICs only, a flow per device for the agent, and one
+//! pair reporting what it always reported (bad lists and `auto`: tests/devices_lists.rs).
 //!
 //! Each case needs its environment from the first `init` on, so it runs in a child process.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+#[path = "common/devices.rs"]
+mod devices;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use devices::*;
 use mpib_driver::rails::Probes;
-use mpib_driver::testing::{exchange_grouped, exchange_sizes};
-use mpib_driver::{child, Net, Pair, PairOptions, Plan, Plugin, Props, Version};
+use mpib_driver::{child, Net, Pair, PairOptions, Version};
 use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES};
 use mpib_probes::{LoadState, ProbesReader};
-
-const CHILD_LIMIT: Duration = Duration::from_secs(240);
-
-fn loopback_env<'a>(sout: &'a str, sup: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("MPIB_FABRIC", "loopback"),
-        ("MPIB_HCA_SOUT", sout),
-        ("MPIB_HCA_SUP", sup),
-        ("MPIB_PROBES", "0"),
-    ]
-}
 
 /// The loopback environment with probes on, in a directory of the test's own.
 fn with_probes<'a>(mut env: Vec<(&'a str, &'a str)>, dir: &'a str) -> Vec<(&'a str, &'a str)> {
@@ -105,74 +96,6 @@ fn conformance_seen_on_its_nics(net: &Net<'_>, dev: i32, nics: [&str; 2]) {
     assert!(own > 0, "device {dev} moved nothing on {nics:?}");
 }
 
-fn run_child(name: &str, env: &[(&str, &str)]) -> String {
-    let outcome = child::run_test(name, env, CHILD_LIMIT).unwrap();
-    outcome.assert_success(name);
-    outcome.output
-}
-
-fn load() -> Plugin {
-    mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn names(count: usize, name: impl Fn(usize) -> String) -> String {
-    (0..count).map(name).collect::<Vec<_>>().join(",")
-}
-
-/// The conformance cases, on a pair between device `listen` (receiver) and `connect` (sender).
-fn conformance_on(net: &Net<'_>, listen: i32, connect: i32) {
-    let options = PairOptions {
-        dev: listen,
-        connect_dev: Some(connect),
-        ..PairOptions::default()
-    };
-    let case = format!("{} device {listen} <- {connect}", net.version());
-    let mut pair = Pair::connect_with(net, &options).unwrap_or_else(|e| panic!("{case}: {e}"));
-    let sizes = [0, 1, 4095, 4097, 65_536, 1 << 20];
-    exchange_sizes(&mut pair, &sizes, &case, 2).unwrap_or_else(|e| panic!("{case}: {e}"));
-    exchange_grouped(&mut pair, &case).unwrap_or_else(|e| panic!("{case}: {e}"));
-    let larger = Plan::pipeline(64, |i| (i * 4099) % 300_000, 8).with_capacities(|s| s + 512);
-    pair.exchange(&larger, 7, 0)
-        .unwrap_or_else(|e| panic!("{case} larger receives: {e}"));
-    pair.close().unwrap_or_else(|e| panic!("{case}: {e}"));
-}
-
-/// Every device: its own name, GUID and (GUID, port), vProps naming itself, railId its index.
-fn check_identities(version: Version, all: &[Props]) {
-    for (dev, props) in all.iter().enumerate() {
-        let dev = dev as i32;
-        if version.has_vdevice() {
-            assert_eq!(props.vprops, Some((1, vec![dev])), "{version} device {dev}");
-        }
-        if version == Version::V12 {
-            assert_eq!(
-                props.rail_id,
-                Some(dev as i16),
-                "{version} device {dev} railId"
-            );
-            assert_eq!(props.plane_id, Some(-1), "{version} device {dev} planeId");
-        }
-        for (other, second) in all.iter().enumerate().skip(dev as usize + 1) {
-            assert_ne!(
-                props.name, second.name,
-                "{version} devices {dev} and {other}"
-            );
-            assert_ne!(
-                (props.guid, props.port),
-                (second.guid, second.port),
-                "{version} devices {dev} and {other}: NCCL charges bandwidth per (guid, port)"
-            );
-        }
-    }
-}
-
-fn all_properties(net: &Net<'_>) -> Vec<Props> {
-    let count = net.devices().unwrap_or_else(|e| panic!("{e}"));
-    (0..count)
-        .map(|dev| net.get_properties(dev).unwrap_or_else(|e| panic!("{e}")))
-        .collect()
-}
-
 #[test]
 fn eight_pairs_each_pass_the_conformance_cases() {
     let sout = names(8, |i| format!("loop{}", 2 * i));
@@ -244,7 +167,10 @@ fn four_pairs_each_pass_the_conformance_cases() {
     let sout = names(4, |i| format!("loop{}", 2 * i));
     let sup = names(4, |i| format!("loop{}", 2 * i + 1));
     let dir = probes_dir("four");
-    run_child("child_four_pairs", &with_probes(loopback_env(&sout, &sup), &dir));
+    run_child(
+        "child_four_pairs",
+        &with_probes(loopback_env(&sout, &sup), &dir),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -418,168 +344,4 @@ fn child_one_pair() {
         }
         net.finalize(ctx).unwrap();
     }
-}
-
-/// Each bad pair of lists, and what the error must name.
-const BAD_LISTS: [(&str, &str, &str); 7] = [
-    ("loop0,loop2,loop0", "loop1", "loop0 appears twice"),
-    (
-        "loop0,loop2,loop4",
-        "loop1,loop3",
-        "not 3 SOUT NIC(s) and 2 SUP NIC(s)",
-    ),
-    ("loop0,loop2", "loop1,loop2", "loop2 appears twice"),
-    ("loop0,,loop2", "loop1", "item 2 is empty"),
-    ("loop0,loop99", "loop1", "no loopback device named `loop99`"),
-    ("loop0", "loop0:1", "loop0 port 1 twice"),
-    ("loop0", "auto", "SOUT NIC loop0 has no PCI path"),
-];
-
-#[test]
-fn bad_lists_fail_init_naming_the_item() {
-    let output = run_child(
-        "child_bad_lists",
-        &[("MPIB_FABRIC", "loopback"), ("MPIB_PROBES", "0")],
-    );
-    // The error reaches NCCL's log (here stderr: the driver passes no logger).
-    for (sout, sup, named) in BAD_LISTS {
-        assert!(
-            output.contains(named),
-            "{sout} / {sup}: no `{named}` in\n{output}"
-        );
-    }
-}
-
-#[test]
-#[ignore = "runs in a child process started by bad_lists_fail_init_naming_the_item"]
-fn child_bad_lists() {
-    if !child::is_child("child_bad_lists") {
-        return;
-    }
-    let plugin = load();
-    let net = plugin.net(Version::V12).unwrap();
-    for (sout, sup, _) in BAD_LISTS {
-        let vars = [("MPIB_HCA_SOUT", Some(sout)), ("MPIB_HCA_SUP", Some(sup))];
-        match net.init_with_env(0xBAD, &vars) {
-            Ok(_) => panic!("init succeeded with MPIB_HCA_SOUT={sout} MPIB_HCA_SUP={sup}"),
-            Err(e) => assert!(e.code().is_some_and(|c| c != 0), "{sout} / {sup}: {e}"),
-        }
-    }
-}
-
-/// A fake sysfs tree: `class/infiniband/NAME/device` links into `devices/pci.../BDF`, each
-/// function with its `numa_node`.
-struct FakeSysfs {
-    root: PathBuf,
-}
-
-impl FakeSysfs {
-    fn new(tag: &str) -> FakeSysfs {
-        let root = std::env::temp_dir().join(format!("mpib-sysfs-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("class/infiniband")).unwrap();
-        FakeSysfs { root }
-    }
-
-    /// Places NIC `name` at `pci_path` (below `devices/`) on `numa_node`.
-    fn place(&self, name: &str, pci_path: &str, numa_node: i32) -> &FakeSysfs {
-        let function = self.root.join("devices").join(pci_path);
-        std::fs::create_dir_all(&function).unwrap();
-        std::fs::write(function.join("numa_node"), format!("{numa_node}\n")).unwrap();
-        let class = self.root.join("class/infiniband").join(name);
-        std::fs::create_dir_all(&class).unwrap();
-        std::os::unix::fs::symlink(&function, class.join("device")).unwrap();
-        self
-    }
-
-    fn path(&self) -> &Path {
-        &self.root
-    }
-}
-
-impl Drop for FakeSysfs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-/// Two switches under one host bridge on node 0 (loop4 and loop1 behind the first, loop0 and
-/// loop5 behind the second), and loop2 and loop3 on node 1.
-fn two_socket_node(tag: &str) -> FakeSysfs {
-    let sysfs = FakeSysfs::new(tag);
-    let switch_a = "pci0000:00/0000:00:01.0/0000:01:00.0";
-    let switch_b = "pci0000:00/0000:00:02.0/0000:10:00.0";
-    let far = "pci0000:80/0000:80:01.0/0000:81:00.0";
-    sysfs
-        .place("loop4", &format!("{switch_a}/0000:02:08.0/0000:03:00.0"), 0)
-        .place("loop1", &format!("{switch_a}/0000:02:10.0/0000:04:00.0"), 0)
-        .place("loop0", &format!("{switch_b}/0000:11:08.0/0000:12:00.0"), 0)
-        .place("loop5", &format!("{switch_b}/0000:11:10.0/0000:13:00.0"), 0)
-        .place("loop2", &format!("{far}/0000:82:00.0/0000:83:00.0"), 1)
-        .place("loop3", &format!("{far}/0000:82:04.0/0000:84:00.0"), 1);
-    sysfs
-}
-
-#[test]
-fn auto_pairs_by_pci_distance_in_pci_order() {
-    let sysfs = two_socket_node("auto");
-    let root = sysfs.path().to_str().unwrap().to_string();
-    let mut env = loopback_env("loop0,loop4", "auto:loop5,loop1,loop3");
-    env.push(("MPIB_SYSFS", &root));
-    run_child("child_auto", &env);
-}
-
-#[test]
-#[ignore = "runs in a child process started by auto_pairs_by_pci_distance_in_pci_order"]
-fn child_auto() {
-    if !child::is_child("child_auto") {
-        return;
-    }
-    let plugin = load();
-    let net = plugin.net(Version::V12).unwrap();
-    let ctx = net.init(0xA).unwrap_or_else(|e| panic!("{e}"));
-    let all = all_properties(&net);
-    let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(
-        names,
-        ["loop4+loop1", "loop0+loop5"],
-        "SOUT PCI order, same switch"
-    );
-    let path = |dev: usize| all[dev].pci_path.clone().unwrap_or_default();
-    assert!(
-        path(0).ends_with("/0000:03:00.0"),
-        "the SOUT NIC's pciPath: {}",
-        path(0)
-    );
-    assert!(path(1).ends_with("/0000:12:00.0"), "{}", path(1));
-    check_identities(Version::V12, &all);
-    conformance_on(&net, 1, 0);
-    net.finalize(ctx).unwrap();
-}
-
-#[test]
-fn auto_never_pairs_across_numa_nodes() {
-    let sysfs = two_socket_node("numa");
-    let root = sysfs.path().to_str().unwrap().to_string();
-    let mut env = loopback_env("loop2", "auto:loop1,loop5");
-    env.push(("MPIB_SYSFS", &root));
-    let output = run_child("child_cross_numa", &env);
-    assert!(
-        output.contains("SOUT NIC loop2") && output.contains("never pairs across NUMA nodes"),
-        "the error names the NIC:\n{output}"
-    );
-}
-
-#[test]
-#[ignore = "runs in a child process started by auto_never_pairs_across_numa_nodes"]
-fn child_cross_numa() {
-    if !child::is_child("child_cross_numa") {
-        return;
-    }
-    let plugin = load();
-    let net = plugin.net(Version::V12).unwrap();
-    let error = net
-        .init(0xC)
-        .expect_err("loop2 has no SUP candidate on NUMA node 1");
-    assert!(error.code().is_some_and(|c| c != 0), "{error}");
 }
