@@ -1,5 +1,5 @@
 //! MPIB: a multi-rail NCCL net plugin that fuses a scale-out NIC (SOUT) and a scale-up NIC (SUP)
-//! into one NCCL device.
+//! into one NCCL device, one device per such pair of a node ([`pairing`]).
 //!
 //! Layers, from the C ABI down (see `docs/ARCHITECTURE.md`):
 //! * [`ffi`]: the exported `ncclNetPlugin_v7` ... `_v12` tables, thin per-version adapters, the

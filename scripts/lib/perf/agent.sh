@@ -50,22 +50,12 @@ single() {
   column "$log" gbps | tr '\n' ' '
 }
 
-# with_agent POLICY LOG [ARGS...]: mpib-perf in advanced mode against a fresh mpib-agent.
-with_agent() {
-  local policy=$1 log=$2 dir rc
+# agent_perf POLICY LOG [ARGS...]: mpib-perf in advanced mode against a fresh mpib-agent.
+. "$(dirname "$0")/with-agent.sh"
+agent_perf() {
+  local policy=$1 log=$2
   shift 2
-  dir=$(mktemp -d "${TMPDIR:-/tmp}/mpib-perf-agent.XXXXXX")
-  mkdir -p "$dir/probes"
-  "$bin/mpib-agent" --policy "$policy" --hint-path "$dir/hints" --socket "$dir/agent.sock" \
-    --probes-dir "$dir/probes" --metrics-listen off > "$log.agent" 2>&1 &
-  local agent=$!
-  for _ in $(seq 100); do [ -S "$dir/agent.sock" ] && break; sleep 0.05; done
-  MPIB_FABRIC=loopback MPIB_MODE=1 MPIB_LOOPBACK_RAILS=$RAILS MPIB_HINT_PATH=$dir/hints \
-    MPIB_AGENT_SOCKET=$dir/agent.sock MPIB_PROBES_DIR=$dir/probes perf "$log" --warmup 0 "$@"
-  rc=$?
-  kill "$agent" 2>/dev/null; wait "$agent" 2>/dev/null
-  rm -rf "$dir"
-  return "$rc"
+  MPIB_FABRIC=loopback MPIB_LOOPBACK_RAILS=$RAILS with_agent "$policy" "$log" perf "$log" --warmup 0 "$@"
 }
 
 # series LOG: "at_ms gbps" per row.
@@ -94,7 +84,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   sum_single=$(sum "$s0" "$s1")
   record independent sum_single "$rep" "$sum_single"
   log=$logs/independent-adaptive-$rep.csv
-  if with_agent adaptive "$log" --iters 64 --repeat 100; then
+  if agent_perf adaptive "$log" --iters 64 --repeat 100; then
     record independent reach_ms "$rep" "$(first_at "$log" "$(times "$sum_single" 0.95)")"
     record independent steady "$rep" "$(median_after "$log" 2000)"
   else
@@ -108,7 +98,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   record degraded best_after "$rep" "$best_after"
   RAILS="$rails;3s:sup=0.5GB/s"
   log=$logs/degraded-adaptive-$rep.csv
-  if with_agent adaptive "$log" --iters 64 --repeat 130; then
+  if agent_perf adaptive "$log" --iters 64 --repeat 130; then
     before=$(median_after "$log" 1500 2800)
     # The first row the slowdown shows in, then the first at 0.9 of the new best.
     dropped=$(series "$log" | awk -v b="$before" '$1 + 0 >= 2000 && $2 + 0 < 0.8 * b { print $1; found = 1; exit }
@@ -130,7 +120,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   record mixed best_single "$rep" "$(max "$m0" "$m1")"
   for policy in adaptive capacity; do
     log=$logs/mixed-$policy-$rep.csv
-    if with_agent "$policy" "$log" --iters 64 --repeat 60; then
+    if agent_perf "$policy" "$log" --iters 64 --repeat 60; then
       last=$(column "$log" at_ms | tail -n 1)
       record mixed "$policy" "$rep" "$(median_after "$log" "$(awk -v l="$last" 'BEGIN { print l / 2 }')")"
     else
@@ -150,7 +140,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   sum8=$(sum "$c0" "$c1")
   record comms8 sum_single "$rep" "$sum8"
   log=$logs/comms8-adaptive-$rep.csv
-  if with_agent adaptive "$log" --comms 8 --iters 8 --repeat 80; then
+  if agent_perf adaptive "$log" --comms 8 --iters 8 --repeat 80; then
     record comms8 reach_ms "$rep" "$(first_at "$log" "$(times "$sum8" 0.95)")"
     record comms8 steady "$rep" "$(median_after "$log" 2000)"
   else

@@ -53,23 +53,7 @@ median_after() {
 
 sum() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "fail"; else printf "%.6f", a + b }'; }
 
-# with_agent POLICY LOG SOUT SUP [ARGS...]: mpib-perf in advanced mode against a fresh mpib-agent.
-with_agent() {
-  local policy=$1 log=$2 dir rc
-  shift 2
-  dir=$(mktemp -d "${TMPDIR:-/tmp}/mpib-perf-devices.XXXXXX")
-  mkdir -p "$dir/probes"
-  "$bin/mpib-agent" --policy "$policy" --hint-path "$dir/hints" --socket "$dir/agent.sock" \
-    --probes-dir "$dir/probes" --metrics-listen off > "$log.agent" 2>&1 &
-  local agent=$!
-  for _ in $(seq 100); do [ -S "$dir/agent.sock" ] && break; sleep 0.05; done
-  MPIB_MODE=1 MPIB_HINT_PATH=$dir/hints MPIB_AGENT_SOCKET=$dir/agent.sock \
-    MPIB_PROBES_DIR=$dir/probes perf "$log" "$@" --warmup 0
-  rc=$?
-  kill "$agent" 2>/dev/null; wait "$agent" 2>/dev/null
-  rm -rf "$dir"
-  return "$rc"
-}
+. "$(dirname "$0")/with-agent.sh"
 
 for ((rep = 1; rep <= reps; rep++)); do
   # ---- one device alone: its two rails each alone, summed
@@ -103,7 +87,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
   for policy in capacity adaptive; do
     log=$logs/shared-$policy-$rep.csv
-    if with_agent "$policy" "$log" loop0,loop1 loop2 --dev 0,1 --iters 16 --repeat 100; then
+    if with_agent "$policy" "$log" perf "$log" loop0,loop1 loop2 --dev 0,1 --iters 16 --repeat 100 --warmup 0; then
       record shared "$policy" "$rep" "$(median_after "$log" 2000)"
     else
       record shared "$policy" "$rep" fail
