@@ -22,7 +22,8 @@ pub const ABI_MAJOR: u16 = 3;
 pub const ABI_MINOR: u16 = 0;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
-/// Rails described and counted by this layout (rail 0 = SOUT, rail 1 = SUP).
+/// Rails a connection uses, one NIC each (rail 0 = SOUT, rail 1 = SUP): the per-rail arrays of
+/// a connection slot and an event, and the kinds a NIC slot may serve.
 pub const MAX_RAILS: usize = 2;
 /// Rail index of the scale-out rail.
 pub const RAIL_SOUT: usize = 0;
@@ -120,7 +121,7 @@ pub(crate) struct DeviceDesc {
     pub(crate) _reserved: [u8; 62],
 }
 
-/// The file header (512 bytes). Immutable once `abi_version` is non-zero, except the atomics.
+/// The file header (4352 bytes). Immutable once `abi_version` is non-zero, except the atomics.
 #[repr(C, align(128))]
 pub(crate) struct Header {
     pub(crate) magic: [u8; 8],
@@ -149,7 +150,7 @@ pub(crate) struct Header {
     pub(crate) devices: [DeviceDesc; MAX_DEVICES],
 }
 
-/// One rail's values in one writer lane: `u64`s written only by the lane's thread (plain
+/// One NIC slot's values in one writer lane: `u64`s written only by the lane's thread (plain
 /// stores), or by read-modify-writes in the shared lane; 256 bytes. What each word means is
 /// declared in [`crate::declared`] and written into the file's declarations region.
 #[repr(C, align(128))]
@@ -157,14 +158,14 @@ pub(crate) struct RailCounters {
     pub(crate) values: [AtomicU64; RAIL_VALUE_SLOTS],
 }
 
-/// One rail's post-to-completion latency histogram (ns), 640 bytes.
+/// One NIC slot's post-to-completion latency histogram (ns), 640 bytes.
 #[repr(C, align(128))]
 pub(crate) struct LatencyBlock {
     pub(crate) hist: SeqHistogram<LATENCY_BUCKETS>,
     pub(crate) _pad: [u8; 112],
 }
 
-/// Everything about one rail in one writer lane: counters then latency, 896 bytes.
+/// Everything about one NIC slot in one writer lane: counters then latency, 896 bytes.
 #[repr(C, align(128))]
 pub(crate) struct RailBlock {
     pub(crate) counters: RailCounters,

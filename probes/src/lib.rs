@@ -1,4 +1,4 @@
-//! MPIB probes: per-rail telemetry in a versioned shared-memory file.
+//! MPIB probes: per-NIC telemetry in a versioned shared-memory file.
 //!
 //! The plugin (one writer per process) keeps its counters, connection table and slow-transfer
 //! events in a small file under `MPIB_PROBES_DIR` (default `/dev/shm/mpib`), mapped into its
@@ -7,32 +7,33 @@
 //! offsets (never pointers), counters written by plain stores from one thread each (a writer
 //! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 2.2, 187,136 bytes)
+//! # Layout (ABI 3.0, 391,680 bytes)
 //!
 //! ```text
 //! offset   size
-//!      0    512  Header
+//!      0   4352  Header
 //!                  0 magic "MPIBPROB"        8 abi_version u32 (major<<16|minor, written LAST)
 //!                 12 header_len u32         16 file_len u64
-//!                 24 writer_pid u32         28 rail_count u32
+//!                 24 writer_pid u32         28 rail_count u32 (NIC slots in use, 1..16)
 //!                 32 start_ns u64           40 heartbeat_ns u64 (atomic, refreshed)
 //!                 48 closed_ns u64 (atomic) 56 slow_threshold_ns u64
 //!                 64 sample_one_in u32      68 region_count u32
 //!                 72 regions[7] {offset u32, len u32, stride u32, count u32}
-//!                184 reserved[8]           192 host_name[64]
-//!                256 rails[2] {device[64], port u32, speed_mbps u32, reserved[56]}
-//!    512  28672  Rail blocks, 16 lanes x 2 rails x 896 (lane l, rail r at l * 2 + r;
-//!                rail 0 = SOUT, rail 1 = SUP)
+//!                184 device_count u32      188 reserved[4]       192 host_name[64]
+//!                256 rails[16] {device[64], port u32, speed_mbps u32, rail u8, reserved[55]}
+//!               2304 devices[16] {name[64], nics[2] u8 (SOUT, SUP NIC slots), reserved[62]}
+//!   4352 229376  Rail blocks, 16 lanes x 16 NIC slots x 896 (lane l, NIC slot n at l * 16 + n;
+//!                the slot's rail in its description: 0 = SOUT, 1 = SUP)
 //!                  +0   values[32] u64 (the lane's thread; meanings declared) -> 256
 //!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
-//!  29184    128  Process block: values[16] u64 (any thread; meanings declared)
-//!  29312   2048  Lane blocks, 16 x 128: owner u64, claims u64, transfers_by_mask[4] u64
-//!  31360   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
-//!                peer ipv4/port, direction, path class, mode, hint slot, opened/closed ns,
-//!                bytes, busy ns and completed bytes per rail
-//!  39552    128  Event ring control: written u64 (total records ever written), writing u64
-//!  39680 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
-//! 170752  16384  Declarations, 64 x 256: what each value word means (name, kind, unit, help,
+//! 233728    128  Process block: values[16] u64 (any thread; meanings declared)
+//! 233856   2048  Lane blocks, 16 x 128: owner u64, claims u64, transfers_by_mask[4] u64
+//! 235904   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
+//!                peer ipv4/port, direction, path class, mode, device, hint slot, opened/closed
+//!                ns, bytes, busy ns and completed bytes per rail
+//! 244096    128  Event ring control: written u64 (total records ever written), writing u64
+//! 244224 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
+//! 375296  16384  Declarations, 64 x 256: what each value word means (name, kind, unit, help,
 //!                slot, lane merge rule), written before the version ([`declared`])
 //! ```
 //!
