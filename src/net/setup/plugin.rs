@@ -262,23 +262,27 @@ fn open(settings: &Settings) -> Result<Opened> {
     let started = std::time::Instant::now();
     let fabric: Arc<dyn Fabric> = crate::fabric::select(settings)?;
     let fused = devices::open(&fabric, settings)?;
+    // "opened mlx5_0+mlx5_1 on the verbs fabric ...": the form scripts/nccl/check_lib.py reads
+    // (the device names, comma-separated, are one word).
+    let names: Vec<String> = fused.devices.iter().map(|d| d.label()).collect();
+    let speeds: Vec<String> = fused
+        .nics
+        .iter()
+        .map(|nic| {
+            let info = nic.device.info();
+            match fused.devices.len() {
+                1 => format!("{} {} Mbps", nic.rail, info.speed_mbps),
+                _ => format!("{} {} {} Mbps", nic.rail, info.name, info.speed_mbps),
+            }
+        })
+        .collect();
     info!(
         log::INIT,
-        "opened {} device(s) on the {} fabric in {} ms: {}",
-        fused.devices.len(),
+        "opened {} on the {} fabric in {} ms: {}",
+        names.join(","),
         fabric.name(),
         started.elapsed().as_millis(),
-        fused
-            .nics
-            .iter()
-            .map(|nic| format!(
-                "{} {} {} Mbps",
-                nic.rail,
-                nic.device.info().name,
-                nic.device.info().speed_mbps
-            ))
-            .collect::<Vec<_>>()
-            .join(", ")
+        speeds.join(", ")
     );
     let telemetry = Arc::new(Telemetry::open(settings, &fused.nics, &fused.devices));
     let housekeeper = Housekeeper::start(Watched {
