@@ -48,16 +48,17 @@ pub const CONNECTION_SLOTS: usize = 64;
 pub const EVENT_CAPACITY: usize = 1024;
 /// Payload words of an event record (after its sequence word).
 pub const EVENT_WORDS: usize = 15;
-/// Latency histogram buckets per rail.
+/// Latency histogram buckets per rail block (one histogram per NIC slot and lane).
 pub const LATENCY_BUCKETS: usize = 64;
 /// Bytes of the header (512 in 2.x files).
 pub const HEADER_LEN: usize = 4352;
 /// Bytes of the host and device name fields (NUL-padded UTF-8, not necessarily terminated).
 pub const NAME_LEN: usize = 64;
-/// Entries in the header's region table (6 in files of minor version 0, which have no
-/// declarations region).
+/// Entries in the header's region table (6 in 2.0 files, which had no declarations region; a
+/// 3.x reader requires all 7).
 pub const REGION_COUNT: usize = 7;
-/// Regions every file of this major has.
+/// Regions before the declarations region (a 2.0 file's count); a 3.x reader requires all
+/// `REGION_COUNT`.
 pub(crate) const REQUIRED_REGIONS: usize = 6;
 /// Words of each rail block's value array ([`crate::declared`] gives each its meaning).
 pub const RAIL_VALUE_SLOTS: usize = 32;
@@ -76,7 +77,7 @@ pub(crate) const REGION_RING: usize = 3;
 pub(crate) const REGION_EVENTS: usize = 4;
 /// Region table index of the writer lanes' blocks.
 pub(crate) const REGION_LANES: usize = 5;
-/// Region table index of the value declarations (minor version 1 on).
+/// Region table index of the value declarations (2.1 on; every 3.x file has it).
 pub(crate) const REGION_DECLARATIONS: usize = 6;
 /// Region names, for error messages.
 pub(crate) const REGION_NAMES: [&str; REGION_COUNT] = [
@@ -99,7 +100,8 @@ pub(crate) struct RegionDesc {
     pub(crate) count: u32,
 }
 
-/// Static description of one NIC slot, for the collector's `rail`, `device` and `port` labels.
+/// Static description of one NIC slot, for the collector's `rail`, `device` and `port` labels;
+/// 128 bytes, 16 of them at header offset 256.
 #[repr(C)]
 pub(crate) struct RailDesc {
     pub(crate) device: [u8; NAME_LEN],
@@ -111,12 +113,13 @@ pub(crate) struct RailDesc {
     pub(crate) _reserved: [u8; 55],
 }
 
-/// One fused device (NCCL's net device): its name and its two NIC slots (3.0 on).
+/// One fused device (NCCL's net device): its name and its two NIC slots (3.0 on); 128 bytes,
+/// 16 of them at header offset 2304.
 #[repr(C)]
 pub(crate) struct DeviceDesc {
     /// NUL-padded name as NCCL sees it (`mlx5_0+mlx5_1`).
     pub(crate) name: [u8; NAME_LEN],
-    /// NIC slots of its SOUT and SUP NICs.
+    /// NIC slots of its SOUT and SUP NICs (the same slot twice for a device with one NIC).
     pub(crate) nics: [u8; MAX_RAILS],
     pub(crate) _reserved: [u8; 62],
 }
@@ -204,7 +207,8 @@ pub(crate) struct ConnSlot {
     pub(crate) direction: AtomicU8,
     pub(crate) path_class: AtomicU8,
     pub(crate) mode: AtomicU8,
-    /// The fused device's index among the header's devices (3.0 on).
+    /// The fused device's index among the header's devices (3.0 on); its NIC slots carry
+    /// `rail_*[0]` (SOUT) and `rail_*[1]` (SUP).
     pub(crate) device: AtomicU8,
     pub(crate) _pad: [u8; 2],
     pub(crate) hint_slot: AtomicU32,
@@ -250,7 +254,8 @@ pub(crate) struct DeclarationRecord {
 pub(crate) type EventSlot = SeqRecord<EVENT_WORDS>;
 
 pub(crate) const RAILS_OFF: usize = HEADER_LEN;
-/// Rail blocks, lane by lane: lane `l`'s block of NIC slot `n` is record `l * MAX_NICS + n`.
+/// Rail blocks, lane by lane: lane `l`'s block of NIC slot `n` is record `l * MAX_NICS + n`
+/// (256 blocks, 229,376 bytes).
 pub(crate) const RAILS_LEN: usize = WRITER_LANES * MAX_NICS * size_of::<RailBlock>();
 pub(crate) const PROCESS_OFF: usize = RAILS_OFF + RAILS_LEN;
 pub(crate) const PROCESS_LEN: usize = size_of::<ProcessBlock>();

@@ -39,8 +39,13 @@
 //!
 //! Every region starts on a 128-byte boundary; sizes and offsets are frozen by compile-time
 //! asserts (`layout.rs`). `docs/PROBES_LAYOUT.md` has the field tables, the event word layout
-//! and the versioning rules (major = incompatible change, refused by readers; minor = fields
-//! added in reserved space, regions appended, record kinds added).
+//! and the versioning rules (major = incompatible change, refused by readers; minor = values
+//! declared in free words, fields added in reserved space, record kinds added).
+//!
+//! Every NIC the plugin opened has one NIC slot (a rail block per lane and its description in
+//! the header, with the rail it serves), counted once however many fused devices share it;
+//! the header's device table names each fused device's SOUT and SUP NIC slots, and each
+//! connection and slow-transfer event names its device.
 //!
 //! # Quick start
 //!
@@ -70,13 +75,13 @@
 //! # Thread safety
 //!
 //! Any number of threads may count at once, exactly: each thread writes its own writer lane
-//! (a copy of the rail blocks and transfer counts, claimed on first use, released when the
-//! thread exits), so an update stays a plain load + store instead of a locked add, and readers
-//! sum the lanes. Threads beyond the owned lanes share the last one with locked adds. A
-//! connection handle is written by the thread that drives its comm; the event ring takes one
-//! thread at a time and gives a record up rather than wait (counted). Heartbeats and
-//! connection claims are safe from any thread. Readers never block writers. Details in
-//! [`counters`] and [`writer`].
+//! (a copy of the rail blocks and transfer counts, claimed on first use, taken over by another
+//! thread once its owner has exited), so an update stays a plain load + store instead of a
+//! locked add, and readers sum the lanes. Threads beyond the owned lanes share the last one
+//! with locked adds. A connection handle is written by the thread that drives its comm; the
+//! event ring takes one thread at a time and gives a record up rather than wait (counted).
+//! Heartbeats and connection claims are safe from any thread. Readers never block writers.
+//! Details in [`counters`] and [`writer`].
 //!
 //! # Disabled mode
 //!

@@ -233,7 +233,9 @@ impl ProbesFile {
     }
 
     /// The calling thread's handle of NIC slot `nic` (an index into [`WriterInfo::rails`]); a
-    /// disabled handle for any other index. For this thread only (module docs).
+    /// disabled handle past [`MAX_NICS`]. A slot the writer did not describe (from
+    /// `rails.len()` on) still has its block, which no reader reads. For this thread only
+    /// (module docs).
     #[inline]
     pub fn rail(&self, nic: usize) -> RailProbe<'_> {
         if nic >= MAX_NICS {
