@@ -102,7 +102,10 @@ fn share_link_rates(
                 .unwrap_or(1)
                 .max(1);
             let rate = speed / f64::from(count);
-            flow.sample.link_rate[*rail] = flow.sample.link_rate[*rail].max(rate);
+            if rate >= flow.sample.link_rate[*rail] {
+                flow.sample.link_rate[*rail] = rate;
+                flow.sharers[*rail] = count;
+            }
         }
     }
 }
@@ -133,6 +136,10 @@ pub struct FlowMeasurement {
     pub connections: usize,
     /// Intra-island connections among them.
     pub intra_island: usize,
+    /// Per rail, the flows with live connections on this flow's NIC (itself included; 0 when
+    /// unknown): its link rate is the NIC's speed divided by it, and so must a configured rate
+    /// be (`[rates]`, state.rs).
+    pub sharers: [u32; 2],
 }
 
 /// The reader of probes files and NIC counters, keeping the previous values.

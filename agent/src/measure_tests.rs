@@ -199,6 +199,11 @@ fn a_sup_nic_shared_by_two_devices_is_one_capacity() {
         crate::policy::capacity::share(flows[&0].sample.link_rate),
         Some(512)
     );
+    assert_eq!(
+        flows[&0].sharers,
+        [1, 2],
+        "what a configured [rates] value is divided by"
+    );
     let _third = claim(0, 2, 7002);
     let (flows, _) = measurer.measure(SECOND, &BTreeMap::new());
     assert_eq!(

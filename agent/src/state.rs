@@ -316,12 +316,7 @@ impl State {
         for (slot, pair) in slots {
             let mut measurement = measured.get(&slot).copied().unwrap_or_default();
             measurement.sample.interval_ns = interval_ns;
-            let rates = configured_rates(policies);
-            for (link, configured) in measurement.sample.link_rate.iter_mut().zip(rates) {
-                if configured > 0.0 {
-                    *link = configured;
-                }
-            }
+            apply_configured_rates(&mut measurement, configured_rates(policies));
             let entry = self.hints.entry(slot as usize);
             let Some(flow) = self.flows.get_mut(&slot) else {
                 continue;
@@ -395,6 +390,18 @@ fn same_policy(a: &FlowPolicy, b: &FlowPolicy) -> bool {
     }
 }
 
+/// Replaces a flow's measured link rates with the configured ones (`[rates]`, where set), each
+/// divided among the flows sharing the NIC as the measured speed was (measure.rs,
+/// `share_link_rates`): a configured rate is the NIC's, not the flow's.
+pub fn apply_configured_rates(measurement: &mut FlowMeasurement, rates: [f64; 2]) {
+    for (rail, configured) in rates.into_iter().enumerate() {
+        if configured > 0.0 {
+            let sharers = measurement.sharers[rail].max(1);
+            measurement.sample.link_rate[rail] = configured / f64::from(sharers);
+        }
+    }
+}
+
 /// Configured link rates, bytes per second (0 when not configured).
 pub fn configured_rates(policies: &Policies) -> [f64; 2] {
     [
@@ -424,5 +431,30 @@ pub fn choose(policies: &Policies, pair: Pair, intra: Option<bool>) -> FlowPolic
         PolicyKind::Static => FlowPolicy::Static(value.unwrap_or(0)),
         PolicyKind::Capacity => FlowPolicy::Capacity,
         PolicyKind::Adaptive => FlowPolicy::Adaptive(Box::new(Adaptive::new(&policies.adaptive))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{apply_configured_rates, FlowMeasurement};
+
+    /// A configured SUP rate on a NIC two flows share is split like the NIC's own speed;
+    /// a rate not configured keeps the measured one.
+    #[test]
+    fn a_configured_rate_is_shared_like_the_nics_speed() {
+        let mut measurement = FlowMeasurement {
+            sharers: [1, 2],
+            ..FlowMeasurement::default()
+        };
+        measurement.sample.link_rate = [1e9, 1e9];
+        apply_configured_rates(&mut measurement, [0.0, 4e9]);
+        assert_eq!(measurement.sample.link_rate, [1e9, 2e9]);
+        let mut unknown = FlowMeasurement::default();
+        apply_configured_rates(&mut unknown, [3e9, 0.0]);
+        assert_eq!(
+            unknown.sample.link_rate,
+            [3e9, 0.0],
+            "no sharers known: the whole rate"
+        );
     }
 }
