@@ -80,9 +80,10 @@ impl PeerWatch {
         devices: &crate::net::setup::resources::Devices,
         traffic_class: i32,
     ) -> Result<PeerWatch> {
-        let control = stream
-            .try_clone()
-            .map_err(|e| Error::system(format!("keeping the control connection to {peer}: {e}")))?;
+        let control = stream.try_clone().map_err(|e| {
+            let what = format!("keeping the control connection to {peer}");
+            crate::net::setup::descriptors::socket_error(&what, &e)
+        })?;
         let settings = crate::net::setup::resources::qp_settings(&ctx.settings, traffic_class);
         let path = control_path(stream, devices);
         Ok(PeerWatch::new(control, settings.retry_budget_ms(), path))

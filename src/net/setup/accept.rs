@@ -33,6 +33,7 @@ use crate::net::data::recv::{RecvComm, RecvData};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::descriptors::socket_error;
 use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::oob::{listen_on, local_address, ListenHandle, Transfer};
 use crate::net::setup::resolve::Resolutions;
@@ -129,7 +130,7 @@ impl ListenComm {
             match self.listener.accept() {
                 Ok((socket, _)) => self.pending = Some(Box::new(self.start(socket)?)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(Error::system(format!("accept on {}: {e}", self.address))),
+                Err(e) => return Err(socket_error(&format!("accept on {}", self.address), &e)),
             }
         }
         let result = match self.pending.as_mut() {

@@ -6,6 +6,7 @@
 pub(crate) mod accept;
 pub(crate) mod comm;
 pub(crate) mod connect;
+pub(crate) mod descriptors;
 pub(crate) mod devices;
 pub(crate) mod oob;
 pub(crate) mod plugin;

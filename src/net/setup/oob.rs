@@ -11,6 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use socket2::{Domain, Socket, Type};
 
 use crate::error::{Error, Result};
+use crate::net::setup::descriptors::socket_error;
 use crate::params::Settings;
 
 use crate::net::HANDLE_SIZE;
@@ -99,7 +100,7 @@ pub(crate) fn local_address(
 /// Creates a non-blocking listener on `address` (port chosen by the kernel).
 pub(crate) fn listen_on(address: Ipv4Addr) -> Result<(Socket, SocketAddrV4)> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)
-        .map_err(|e| Error::system(format!("socket: {e}")))?;
+        .map_err(|e| socket_error("listen: socket", &e))?;
     let bind = SocketAddr::V4(SocketAddrV4::new(address, 0));
     socket
         .bind(&bind.into())
@@ -117,7 +118,7 @@ pub(crate) fn listen_on(address: Ipv4Addr) -> Result<(Socket, SocketAddrV4)> {
 /// Starts a non-blocking connect from `local` (bound first) to `remote`.
 pub(crate) fn start_connect(local: Ipv4Addr, remote: SocketAddrV4) -> Result<TcpStream> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)
-        .map_err(|e| Error::system(format!("socket: {e}")))?;
+        .map_err(|e| socket_error("connect: socket", &e))?;
     socket
         .set_nonblocking(true)
         .and_then(|()| socket.bind(&SocketAddr::V4(SocketAddrV4::new(local, 0)).into()))

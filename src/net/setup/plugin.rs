@@ -19,6 +19,7 @@ use crate::params::Settings;
 use crate::net::data::send::MAX_TRANSFER;
 use crate::net::observe::housekeeper::{Housekeeper, Watched};
 use crate::net::observe::telemetry::Telemetry;
+use crate::net::setup::descriptors;
 use crate::net::setup::devices::{self, FusedDevice};
 use crate::net::{Properties, MAX_RECVS};
 
@@ -260,6 +261,7 @@ fn open(settings: &Settings) -> Result<Opened> {
     // Logged: the first open of a process is the slowest call of a run (on the rig, libibverbs'
     // first device list, which loads every provider library, takes 105-160 ms; RELIABILITY.md).
     let started = std::time::Instant::now();
+    descriptors::raise_soft_limit();
     let fabric: Arc<dyn Fabric> = crate::fabric::select(settings)?;
     let fused = devices::open(&fabric, settings)?;
     // "opened mlx5_0+mlx5_1 on the verbs fabric ...": the form scripts/nccl/check_lib.py reads

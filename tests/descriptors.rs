@@ -1,0 +1,90 @@
+//! File descriptors: the first `init` raises a low soft `RLIMIT_NOFILE` to the hard limit, and a
+//! process that runs out anyway is told so, with the limit and how to raise it (each connection
+//! keeps a control socket on each side). In a child process: both change the process's limits.
+
+use std::time::Duration;
+
+use mpib_driver::{child, Pair, Version};
+
+fn soft_and_hard() -> (u64, u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    (limit.rlim_cur, limit.rlim_max)
+}
+
+fn set_soft(soft: u64) {
+    let (_, hard) = soft_and_hard();
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: a valid rlimit, soft under hard.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+}
+
+fn open_descriptors() -> u64 {
+    std::fs::read_dir("/proc/self/fd").unwrap().count() as u64
+}
+
+#[test]
+fn init_raises_the_soft_limit_and_running_out_is_named() {
+    let env = [("MPIB_FABRIC", "loopback"), ("MPIB_PROBES", "0")];
+    let outcome = child::run_test("child_descriptors", &env, Duration::from_secs(120)).unwrap();
+    outcome.assert_success("child_descriptors");
+    assert!(
+        outcome
+            .output
+            .contains("this process is out of file descriptors (RLIMIT_NOFILE soft")
+            && outcome.output.contains("ulimit -n"),
+        "the error names the limit and how to raise it:\n{}",
+        outcome.output
+    );
+}
+
+#[test]
+#[ignore = "runs in a child process started by init_raises_the_soft_limit_and_running_out_is_named"]
+fn child_descriptors() {
+    if !child::is_child("child_descriptors") {
+        return;
+    }
+    let (_, hard) = soft_and_hard();
+    assert!(
+        hard > 256,
+        "the hard limit must leave room to lower the soft one"
+    );
+    set_soft(256);
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V12).unwrap();
+    let ctx = net.init(0xFD).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        soft_and_hard().0,
+        hard,
+        "init raised the soft limit to the hard one"
+    );
+    // Now leave room for a handful of descriptors only: connections must fail, naming why.
+    set_soft(open_descriptors() + 6);
+    let mut pairs = Vec::new();
+    let failure = loop {
+        match Pair::connect(&net) {
+            Ok(pair) => pairs.push(pair),
+            Err(e) => break e,
+        }
+        assert!(
+            pairs.len() < 16,
+            "16 pairs opened within 6 spare descriptors"
+        );
+    };
+    assert!(failure.code().is_some_and(|c| c != 0), "{failure}");
+    set_soft(hard);
+    for pair in pairs {
+        pair.close().unwrap();
+    }
+    net.finalize(ctx).unwrap();
+}
