@@ -12,10 +12,8 @@ fn soft_and_hard() -> (u64, u64) {
         rlim_max: 0,
     };
     // SAFETY: a valid out-parameter.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0);
     (limit.rlim_cur, limit.rlim_max)
 }
 
