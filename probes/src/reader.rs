@@ -463,14 +463,12 @@ fn file_info(header: &Header, version: u32) -> FileInfo {
         .iter()
         .map(|r| usize::from(r.rail))
         .collect();
-    let nic_count = header.rail_count as usize;
+    // `check_header` refused a device naming a slot past `rail_count`.
     let devices = header.devices[..header.device_count as usize]
         .iter()
         .map(|d| DeviceEntry {
             name: decode_name(&d.name),
-            nics: d
-                .nics
-                .map(|n| usize::from(n).min(nic_count.saturating_sub(1))),
+            nics: d.nics.map(usize::from),
         })
         .collect();
     FileInfo {

@@ -271,7 +271,7 @@ impl LoopbackFabric {
     pub fn new(faults: &str, rails: &str) -> Result<LoopbackFabric, FabricError> {
         let faults = Faults::parse(faults)?;
         let model = RateModel::parse(rails)?;
-        let speeds = Arc::new(RateModel::parse(rails)?);
+        let speeds = Arc::new(model.clone());
         let mut world = world();
         world.faults = faults;
         world.posted = [0, 0];

@@ -70,7 +70,7 @@ impl RailRates {
 
 /// The parsed schedule and the wire clocks. `phases` is empty when no rates were given: the
 /// fabric then moves data as fast as it can, as before.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RateModel {
     /// `(start, rates)` per phase, start in ns since the epoch, strictly increasing, first 0.
     phases: Vec<(u64, RailRates)>,
