@@ -54,8 +54,9 @@ impl Mr {
 
 /// The mutable state of one emulated NIC.
 pub(crate) struct DeviceState {
-    /// Memory registrations (a handful per comm; a linear scan is cheaper than hashing).
-    mrs: Vec<Mr>,
+    /// Memory registrations by lkey (each registration's rkey is its lkey + 1): a lookup per
+    /// executed WR must not grow with the thousands of registrations of thousands of comms.
+    mrs: std::collections::BTreeMap<u32, Mr>,
     /// Pending async events, oldest first.
     events: VecDeque<AsyncEvent>,
 }
@@ -63,7 +64,7 @@ pub(crate) struct DeviceState {
 impl DeviceState {
     /// A device with no registrations and no events.
     pub(crate) const EMPTY: DeviceState = DeviceState {
-        mrs: Vec::new(),
+        mrs: std::collections::BTreeMap::new(),
         events: VecDeque::new(),
     };
 
@@ -71,22 +72,27 @@ impl DeviceState {
     /// local NIC may always read its own registered memory).
     pub(crate) fn local_ok(&self, sge: &Sge) -> bool {
         self.mrs
-            .iter()
-            .any(|m| m.lkey == sge.lkey && m.covers(sge.addr, u64::from(sge.length)))
+            .get(&sge.lkey)
+            .is_some_and(|m| m.covers(sge.addr, u64::from(sge.length)))
     }
 
     /// Whether a remote peer may write `[addr, addr + len)` with `rkey`.
     pub(crate) fn remote_write_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
-        self.mrs
-            .iter()
-            .any(|m| m.rkey == rkey && m.access.remote_write && m.covers(addr, len))
+        self.by_rkey(rkey)
+            .is_some_and(|m| m.access.remote_write && m.covers(addr, len))
     }
 
     /// Whether `[addr, addr + len)` is inside a registration with `rkey` that allows remote reads.
     pub(crate) fn remote_read_ok(&self, addr: u64, len: u64, rkey: u32) -> bool {
+        self.by_rkey(rkey)
+            .is_some_and(|m| m.access.remote_read && m.covers(addr, len))
+    }
+
+    /// The registration whose rkey is `rkey`.
+    fn by_rkey(&self, rkey: u32) -> Option<&Mr> {
         self.mrs
-            .iter()
-            .any(|m| m.rkey == rkey && m.access.remote_read && m.covers(addr, len))
+            .get(&rkey.wrapping_sub(1))
+            .filter(|m| m.rkey == rkey)
     }
 
     /// Queues an async event (dropped when `MAX_EVENTS` are already pending).
@@ -205,7 +211,7 @@ impl RailDevice for LoopbackDevice {
             lkey,
             rkey: lkey + 1,
         };
-        world.devices[self.index].mrs.push(mr);
+        world.devices[self.index].mrs.insert(mr.lkey, mr);
         Ok(MemoryKeys {
             lkey: mr.lkey,
             rkey: mr.rkey,
@@ -230,12 +236,9 @@ impl RailDevice for LoopbackDevice {
     fn deregister(&self, keys: MemoryKeys) -> FabricResult<()> {
         let mut world = world();
         let mrs = &mut world.devices[self.index].mrs;
-        match mrs
-            .iter()
-            .position(|m| m.lkey == keys.lkey && m.rkey == keys.rkey)
-        {
-            Some(pos) => {
-                mrs.swap_remove(pos);
+        match mrs.get(&keys.lkey).filter(|m| m.rkey == keys.rkey) {
+            Some(_) => {
+                mrs.remove(&keys.lkey);
                 Ok(())
             }
             None => Err(self.error(
@@ -258,7 +261,7 @@ impl RailDevice for LoopbackDevice {
         let mut world = world();
         state.id = world.take_id();
         let id = state.id;
-        world.cqs.push(state);
+        world.cqs.insert(id, state);
         Ok(Box::new(LoopbackCq::new(id, self.index)))
     }
 
@@ -271,7 +274,7 @@ impl RailDevice for LoopbackDevice {
         let mut world = world();
         state.id = world.take_id();
         let id = state.id;
-        world.srqs.push(state);
+        world.srqs.insert(id, state);
         Ok(Box::new(LoopbackSrq::new(id, self.index)))
     }
 
@@ -385,6 +388,9 @@ fn create_qp_locked(
     let state = QpState::new(qpn, dev.index, dev.rail, cq, srq, caps)
         .ok_or_else(|| dev.error(verb, libc::ENOMEM, "cannot allocate the send queue"))?;
     world.next_qpn = next;
-    world.qps.push(state);
+    world.qps.insert(qpn, state);
+    // Room for every live QP in the busy list, taken now so that posting never allocates.
+    let spare = world.qps.len().saturating_sub(world.busy.len());
+    world.busy.reserve(spare);
     Ok(Box::new(LoopbackQp::new(qpn, dev.index)))
 }

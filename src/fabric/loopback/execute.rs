@@ -20,7 +20,9 @@ enum Step {
     Done(CompletionStatus),
 }
 
-/// Runs one progress pass over every QP of the world.
+/// Runs one progress pass over every QP of the world that has WRs in flight, in creation order
+/// (or the `reorder` order), as a pass over all of them would: executing a WR never queues one
+/// on another QP, so the QPs with work are known before the pass starts.
 pub(crate) fn progress(world: &mut World) {
     world.pass = world.pass.wrapping_add(1);
     // Without rates every WR is due (a WR admitted under an earlier model is not held back).
@@ -29,26 +31,36 @@ pub(crate) fn progress(world: &mut World) {
         return;
     }
     let now_ns = world.rates_now_ns().unwrap_or(u64::MAX);
-    let count = world.qps.len();
+    // Taken out and put back: the list keeps its capacity, so a pass never allocates.
+    let mut busy = std::mem::take(&mut world.busy);
     if world.faults.reorder {
-        for rail in [Rail::ScaleUp, Rail::ScaleOut] {
-            for index in (0..count).rev() {
-                if world.qps[index].rail == rail {
-                    run_qp(world, index, now_ns);
-                }
-            }
-        }
+        // SUP before SOUT, newest first within a rail.
+        busy.sort_unstable_by_key(|&qpn| {
+            let sout = world
+                .qp_index(qpn)
+                .is_some_and(|index| world.qps[index].rail == Rail::ScaleOut);
+            (sout, std::cmp::Reverse(qpn))
+        });
     } else {
-        for index in 0..count {
+        busy.sort_unstable();
+    }
+    for &qpn in &busy {
+        if let Some(index) = world.qp_index(qpn) {
             run_qp(world, index, now_ns);
         }
     }
+    busy.retain(|&qpn| {
+        world
+            .qp_index(qpn)
+            .is_some_and(|index| !world.qps[index].inflight.is_empty())
+    });
+    world.busy = busy;
 }
 
 /// Executes QP `index`'s ready WRs in order until its queue is empty, a WR is held back by
 /// `delay` or has not yet arrived under the rate model, a WR is blocked, or a WR fails (which
 /// flushes the rest).
-fn run_qp(world: &mut World, index: usize, now_ns: u64) {
+fn run_qp(world: &mut World, index: u32, now_ns: u64) {
     loop {
         let Some(head) = world.qps[index].inflight.front().copied() else {
             return;
@@ -72,7 +84,7 @@ fn run_qp(world: &mut World, index: usize, now_ns: u64) {
 
 /// Executes one WR: reachability, protection checks, the receive for an IMM, the copy, and the
 /// receiver's completion. Returns the sender-side status.
-fn execute(world: &mut World, index: usize, head: &InFlight) -> Step {
+fn execute(world: &mut World, index: u32, head: &InFlight) -> Step {
     use CompletionStatus::{LocalProtection, ReceiverNotReady, RemoteAccess, RetryExceeded};
     if head.inject_fail {
         return Step::Done(RetryExceeded);
@@ -157,7 +169,7 @@ fn execute(world: &mut World, index: usize, head: &InFlight) -> Step {
 
 /// Copies the WR's payload to its remote address (both ranges were checked against
 /// registrations, or the source is the QP's own inline slot).
-fn copy_payload(world: &World, index: usize, head: &InFlight) {
+fn copy_payload(world: &World, index: u32, head: &InFlight) {
     let wr = &head.wr;
     let Some(sge) = wr.sge else { return };
     let len = sge.length as usize;
@@ -194,7 +206,7 @@ fn copy_payload(world: &World, index: usize, head: &InFlight) {
 
 /// Completes an executed WR on the sender side: error completions are always generated, success
 /// ones only for signaled WRs; either way the send-queue accounting is updated.
-fn finish(world: &mut World, index: usize, head: &InFlight, status: CompletionStatus) {
+fn finish(world: &mut World, index: u32, head: &InFlight, status: CompletionStatus) {
     let generated = head.wr.signaled
         || !matches!(
             status,
@@ -222,7 +234,7 @@ fn finish(world: &mut World, index: usize, head: &InFlight, status: CompletionSt
 }
 
 /// Puts QP `index` in the error state and flushes every WR still queued behind the failed one.
-fn flush(world: &mut World, index: usize) {
+fn flush(world: &mut World, index: u32) {
     world.qps[index].error = true;
     while let Some(next) = world.qps[index].inflight.pop_front() {
         world.inflight_wrs -= 1;

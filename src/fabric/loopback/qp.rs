@@ -253,7 +253,7 @@ impl QueuePair for LoopbackQp {
 ///
 /// # Safety
 /// If `wr` is inline, its SGE range must be valid for reads of `wr.length()` bytes.
-unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
+unsafe fn enqueue(world: &mut World, index: u32, wr: &WorkRequest) {
     let rail = world.qps[index].rail.index();
     world.posted[rail] = world.posted[rail].saturating_add(1);
     world.inflight_wrs += 1;
@@ -289,6 +289,12 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
         }
     }
     qp.outstanding += 1;
+    if qp.inflight.is_empty() {
+        let qpn = qp.qpn;
+        // Capacity for every live QP was reserved when it was created: no allocation.
+        world.busy.push(qpn);
+    }
+    let qp = &mut world.qps[index];
     // Capacity is max_send_wr and in-flight <= outstanding <= max_send_wr: never grows.
     qp.inflight.push_back(InFlight {
         wr: *wr,
@@ -302,9 +308,15 @@ unsafe fn enqueue(world: &mut World, index: usize, wr: &WorkRequest) {
 impl Drop for LoopbackQp {
     fn drop(&mut self) {
         let mut world = world();
-        if let Some(index) = world.qp_index(self.qpn) {
-            let removed = world.qps.remove(index);
+        if let Some(removed) = world.qps.remove(self.qpn) {
             world.inflight_wrs -= removed.inflight.len();
+            let qpn = self.qpn;
+            world.busy.retain(|&busy| busy != qpn);
+            // The busy list keeps room for every live QP (posting relies on it).
+            let live = world.qps.len().max(world.busy.len());
+            if world.busy.capacity() > 64 && live < world.busy.capacity() / 4 {
+                world.busy.shrink_to(live * 2);
+            }
         }
     }
 }
