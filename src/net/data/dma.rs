@@ -18,11 +18,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
+/// Regions at least this large get an anonymous mapping of their own instead of heap memory:
+/// the kernel hands it out zeroed (nothing to clear; a page is resident only once the NIC or the
+/// plugin writes it — a connection that uses 3 of its 256 CTS slots holds 3 pages, not 32), and
+/// closing the connection returns it to the system at once instead of leaving a 128 KiB hole in
+/// the host process's heap (thousands of connections opened and closed fragmented it: issue 22,
+/// docs/PERFORMANCE.md "Thousands of connections").
+const OWN_MAPPING_BYTES: usize = 16 * 1024;
+
+/// Where a region's memory came from.
+enum Storage {
+    /// `alloc_zeroed` with this layout.
+    Heap(Layout),
+    /// `mmap` of this many bytes.
+    Mapped(usize),
+}
+
 /// A fixed array of `T` in NIC-shared memory.
 pub(crate) struct DmaRegion<T: Copy> {
     base: NonNull<T>,
     len: usize,
-    layout: Layout,
+    storage: Storage,
     _owns: PhantomData<T>,
 }
 
@@ -48,14 +64,40 @@ impl<T: Copy> DmaRegion<T> {
             .and_then(|l| l.align_to(align))
             .map_err(|e| Error::internal(format!("DMA region layout: {e}")))?;
         assert!(layout.size() > 0, "DMA regions are never empty");
-        // SAFETY: the layout has a non-zero size (asserted above).
-        let raw = unsafe { alloc_zeroed(layout) }.cast::<T>();
+        let (raw, storage) = if layout.size() >= OWN_MAPPING_BYTES && !cfg!(miri) {
+            // SAFETY: a fresh private anonymous mapping; no address hint, no file.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    layout.size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                return Err(Error::system(format!(
+                    "mmap of {} bytes for a NIC-shared region: {}",
+                    layout.size(),
+                    std::io::Error::last_os_error()
+                )));
+            }
+            // Page-aligned, so at least 64-byte aligned.
+            (raw.cast::<T>(), Storage::Mapped(layout.size()))
+        } else {
+            // SAFETY: the layout has a non-zero size (asserted above).
+            (
+                unsafe { alloc_zeroed(layout) }.cast::<T>(),
+                Storage::Heap(layout),
+            )
+        };
         let base = NonNull::new(raw)
             .ok_or_else(|| Error::system(format!("out of memory for {} bytes", layout.size())))?;
         Ok(DmaRegion {
             base,
             len,
-            layout,
+            storage,
             _owns: PhantomData,
         })
     }
@@ -115,8 +157,21 @@ impl<T: Copy> DmaRegion<T> {
 
 impl<T: Copy> Drop for DmaRegion<T> {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe { dealloc(self.base.as_ptr().cast(), self.layout) }
+        match self.storage {
+            // SAFETY: allocated in `zeroed` with exactly this layout.
+            Storage::Heap(layout) => unsafe { dealloc(self.base.as_ptr().cast(), layout) },
+            Storage::Mapped(bytes) => {
+                // SAFETY: mapped in `zeroed` with exactly this length; nothing refers to it
+                // any more (the registrations covering it were dropped first).
+                if unsafe { libc::munmap(self.base.as_ptr().cast(), bytes) } != 0 {
+                    warn!(
+                        crate::log::NET,
+                        "teardown: munmap of a {bytes}-byte NIC-shared region: {}",
+                        std::io::Error::last_os_error()
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -142,6 +197,21 @@ mod tests {
         assert_eq!(region.read(5), entry);
         assert_eq!(region.addr_of(5) - region.addr(), 5 * 64);
         assert_eq!(region.byte_len(), 16 * 64);
+    }
+
+    /// A CTS FIFO's worth has a mapping of its own, zeroed by the kernel, and works the same.
+    #[test]
+    fn a_large_region_is_its_own_zeroed_mapping() {
+        let region = DmaRegion::<CtsEntry>::zeroed(2048).unwrap();
+        assert!(matches!(region.storage, Storage::Mapped(131_072)));
+        assert_eq!(region.addr() % 4096, 0, "page-aligned");
+        assert_eq!(region.read(2047), CtsEntry::default());
+        let entry = CtsEntry {
+            idx: 7,
+            ..CtsEntry::default()
+        };
+        region.write(2047, entry);
+        assert_eq!(region.read(2047), entry);
     }
 
     #[test]
