@@ -1,0 +1,339 @@
+//! Thousands of connections in one process (issue 22): N connection pairs opened through the
+//! exported `ncclNetPlugin_v12` table on the loopback fabric, as NCCL's proxy opens one per peer
+//! and channel, then one verified 64 KiB transfer on every pair with all of them in flight, then
+//! everything closed again. Per N it reports:
+//!
+//! * connect time per pair (listen → connect/accept both up → closeListen), p50 / p99 / total;
+//! * what each open pair holds: resident memory, file descriptors, mappings (from /proc/self);
+//! * the transfer wave's time per transfer;
+//! * `test` on one pending receive with N − 1 idle connections around it, against N = 1;
+//! * after closing everything: resident memory before and after `malloc_trim(0)` against the
+//!   baseline, over `--cycles` open/close cycles (flat after trimming: no leak).
+//!
+//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults). Prints a table and one
+//! `row pairs=N ...` line per N for scripts. Needs 2 descriptors per pair: the first `init`
+//! raises the soft limit to the hard one.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Instant;
+
+use nccl_net_mpib::ffi::ncclNetPlugin_v12;
+use nccl_net_mpib::ffi::types::NetV12;
+
+mod common;
+#[path = "../tests/common/table.rs"]
+mod table;
+
+use common::median;
+use table::{check, TablePair};
+
+/// Bytes each pair moves in the transfer wave.
+const TRANSFER: usize = 64 * 1024;
+/// `test` calls timed on the one pending receive.
+const TEST_CALLS: usize = 200_000;
+
+/// Live heap bytes by allocation size class (`2^k` ..< `2^(k+1)` bytes), for `--heap`.
+static LIVE_HEAP: [AtomicI64; 40] = [const { AtomicI64::new(0) }; 40];
+
+fn size_class(size: usize) -> usize {
+    (usize::BITS - size.max(1).leading_zeros() - 1).min(39) as usize
+}
+
+/// The system allocator, keeping live bytes per size class.
+struct TrackingAllocator;
+
+// SAFETY: forwards to the system allocator unchanged; tracking is one relaxed atomic add.
+unsafe impl GlobalAlloc for TrackingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_HEAP[size_class(layout.size())].fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE_HEAP[size_class(layout.size())].fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_HEAP[size_class(layout.size())].fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        LIVE_HEAP[size_class(new_size)].fetch_add(new_size as i64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_HEAP[size_class(layout.size())].fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: TrackingAllocator = TrackingAllocator;
+
+fn live_heap() -> [i64; 40] {
+    std::array::from_fn(|k| LIVE_HEAP[k].load(Ordering::Relaxed))
+}
+
+/// Resident bytes, descriptors and mappings of this process.
+#[derive(Clone, Copy, Debug)]
+struct Footprint {
+    resident: u64,
+    descriptors: u64,
+    mappings: u64,
+}
+
+fn footprint() -> Footprint {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("statm resident field");
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let descriptors = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
+    Footprint {
+        resident: pages * page,
+        descriptors,
+        mappings: mappings as u64,
+    }
+}
+
+fn trim() {
+    // SAFETY: glibc's malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// The `pct`-th percentile of sorted `values`.
+fn percentile(sorted: &[f64], pct: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * pct / 100.0).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+/// One cycle's figures.
+struct Cycle {
+    connect_ns: Vec<f64>,
+    connect_total_s: f64,
+    open: Footprint,
+    transfer_ns: f64,
+    test_ns: f64,
+    closed_untrimmed: u64,
+    closed_trimmed: u64,
+    /// Live heap bytes per size class while the pairs were open.
+    heap_open: [i64; 40],
+}
+
+/// Opens `pairs` pairs, moves one verified transfer on each, times `test`, closes them all.
+fn cycle(net: &NetV12, pairs: usize) -> Cycle {
+    // Zeroed memory comes from the kernel untouched: the sinks count as resident only once the
+    // transfers wrote them, after the per-pair footprint was taken.
+    let mut source: Vec<u8> = (0..TRANSFER + pairs).map(|i| (i * 7 % 251) as u8).collect();
+    let mut sinks = vec![0u8; TRANSFER * pairs];
+    let started = Instant::now();
+    let mut connect_ns = Vec::with_capacity(pairs);
+    let mut opened: Vec<TablePair> = Vec::with_capacity(pairs);
+    for sink in sinks.chunks_mut(TRANSFER) {
+        let one = Instant::now();
+        // SAFETY: `source` and `sinks` outlive the pairs (closed below).
+        opened.push(unsafe { table::connect(net, None, &mut source, sink) });
+        connect_ns.push(one.elapsed().as_nanos() as f64);
+    }
+    let connect_total_s = started.elapsed().as_secs_f64();
+    let open = footprint();
+    let heap_open = live_heap();
+
+    let started = Instant::now();
+    let base = source.as_mut_ptr();
+    let sink_base = sinks.as_mut_ptr();
+    let requests: Vec<(*mut c_void, *mut c_void)> = opened
+        .iter()
+        .enumerate()
+        .map(|(i, pair)| {
+            // SAFETY: each pair's sink chunk and the source lie in its registrations.
+            unsafe {
+                let recv = table::irecv(
+                    net,
+                    pair,
+                    sink_base.add(i * TRANSFER),
+                    TRANSFER,
+                    1,
+                    null_mut(),
+                );
+                let send = table::isend(net, pair, base.add(i), TRANSFER, 1, null_mut());
+                (send, recv)
+            }
+        })
+        .collect();
+    for (send, recv) in requests {
+        // SAFETY: live requests of this table; every pair's transfer is already in flight.
+        let (sent, received) = unsafe { table::wait_both(net, send, recv) };
+        assert_eq!((sent, received), (TRANSFER as i32, TRANSFER as i32));
+    }
+    let transfer_ns = started.elapsed().as_nanos() as f64 / pairs as f64;
+    for (i, sink) in sinks.chunks(TRANSFER).enumerate() {
+        assert!(
+            sink == &source[i..i + TRANSFER],
+            "pair {i} of {pairs}: the received bytes differ from what was sent"
+        );
+    }
+
+    // `test` on one pending receive (pair 0) with the other pairs idle around it.
+    let test = net.test.unwrap();
+    // SAFETY: pair 0's sink lies in its registration.
+    let pending = unsafe { table::irecv(net, &opened[0], sink_base, 64, 2, null_mut()) };
+    let started = Instant::now();
+    for _ in 0..TEST_CALLS {
+        let (mut done, mut sizes) = (0, [0i32; 8]);
+        // SAFETY: a live request; outputs valid.
+        check(
+            unsafe { test(pending, &mut done, sizes.as_mut_ptr()) },
+            "test",
+        );
+        assert_eq!(done, 0, "nothing sends: the receive stays pending");
+    }
+    let test_ns = started.elapsed().as_nanos() as f64 / TEST_CALLS as f64;
+
+    for pair in opened {
+        // SAFETY: pairs from `table::connect`; pair 0 closes with a receive pending, as on
+        // NCCL's abort.
+        unsafe { table::close(net, pair) };
+    }
+    drop(sinks);
+    drop(source);
+    let closed_untrimmed = footprint().resident;
+    trim();
+    let closed_trimmed = footprint().resident;
+    connect_ns.sort_by(f64::total_cmp);
+    Cycle {
+        connect_ns,
+        connect_total_s,
+        open,
+        transfer_ns,
+        test_ns,
+        closed_untrimmed,
+        closed_trimmed,
+        heap_open,
+    }
+}
+
+/// Heap bytes per pair by allocation size class, largest first (`--heap`).
+fn print_heap(open: &[i64; 40], baseline: &[i64; 40], pairs: usize) {
+    let mut classes: Vec<(usize, f64)> = (0..40)
+        .map(|k| (k, (open[k] - baseline[k]) as f64 / pairs as f64))
+        .filter(|(_, bytes)| bytes.abs() >= 64.0)
+        .collect();
+    classes.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = classes.iter().map(|(_, b)| b).sum();
+    print!("        heap/pair {:.1} kB:", total / 1e3);
+    for (k, bytes) in classes {
+        print!(
+            " [{}..{}) {:.1} kB;",
+            1u64 << k,
+            1u64 << (k + 1),
+            bytes / 1e3
+        );
+    }
+    println!();
+}
+
+fn list_argument(name: &str, default: &[usize]) -> Vec<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn main() {
+    let pair_counts = list_argument("--pairs", &[1, 64, 1024, 8192]);
+    let cycles = common::argument("--cycles", 3).max(1);
+    std::env::set_var("MPIB_FABRIC", "loopback");
+    std::env::set_var("MPIB_MODE", "1");
+    std::env::set_var("MPIB_AGENT_SOCKET", "/nonexistent/mpib-agent.sock");
+    let probes = std::env::temp_dir().join(format!("mpib-scale-{}", std::process::id()));
+    std::env::set_var("MPIB_PROBES_DIR", &probes);
+    let net = &ncclNetPlugin_v12.0;
+    // One context held across cycles: the devices stay open, as in a job.
+    let mut holder: *mut c_void = null_mut();
+    let mut config = nccl_net_mpib::ffi::types::NetCommConfig { traffic_class: -1 };
+    // SAFETY: NCCL ABI call with valid pointers.
+    check(
+        unsafe { net.init.unwrap()(&mut holder, 1, &mut config, None, None) },
+        "init",
+    );
+    trim();
+    let baseline = footprint();
+    println!(
+        "baseline: {:.1} MB resident, {} descriptors, {} mappings",
+        baseline.resident as f64 / 1e6,
+        baseline.descriptors,
+        baseline.mappings
+    );
+    println!(
+        "{:>6} {:>5} {:>10} {:>10} {:>9} {:>10} {:>7} {:>8} {:>11} {:>9} {:>12} {:>12}",
+        "pairs",
+        "cycle",
+        "conn p50",
+        "conn p99",
+        "conn tot",
+        "RSS/pair",
+        "fd/pair",
+        "map/pair",
+        "xfer/pair",
+        "test ns",
+        "closed +MB",
+        "trimmed +MB"
+    );
+    let heap_baseline = live_heap();
+    let show_heap = std::env::args().any(|a| a == "--heap");
+    let mut one_test_ns = None;
+    for &pairs in &pair_counts {
+        let mut tests = Vec::new();
+        let mut connects = Vec::new();
+        let mut rss = Vec::new();
+        let mut trimmed = Vec::new();
+        for round in 0..cycles {
+            let c = cycle(net, pairs);
+            let per = |open: u64, base: u64| open.saturating_sub(base) as f64 / pairs as f64;
+            let p50 = percentile(&c.connect_ns, 50.0) / 1e6;
+            let p99 = percentile(&c.connect_ns, 99.0) / 1e6;
+            let rss_pair = per(c.open.resident, baseline.resident);
+            let growth = |after: u64| (after as f64 - baseline.resident as f64) / 1e6;
+            println!(
+                "{pairs:>6} {round:>5} {p50:>8.3}ms {p99:>8.3}ms {:>8.2}s {:>8.1}kB {:>7.2} {:>8.2} {:>9.1}us {:>9.1} {:>12.1} {:>12.1}",
+                c.connect_total_s,
+                rss_pair / 1e3,
+                per(c.open.descriptors, baseline.descriptors),
+                per(c.open.mappings, baseline.mappings),
+                c.transfer_ns / 1e3,
+                c.test_ns,
+                growth(c.closed_untrimmed),
+                growth(c.closed_trimmed),
+            );
+            if show_heap {
+                print_heap(&c.heap_open, &heap_baseline, pairs);
+            }
+            tests.push(c.test_ns);
+            connects.push(p50);
+            rss.push(rss_pair);
+            trimmed.push(growth(c.closed_trimmed));
+        }
+        let test_ns = median(tests);
+        let reference = *one_test_ns.get_or_insert(test_ns);
+        println!(
+            "row pairs={pairs} connect_p50_ms={:.3} rss_per_pair_kb={:.1} test_ns={test_ns:.1} test_vs_one={:.3} trimmed_growth_mb={:.1}",
+            median(connects),
+            median(rss) / 1e3,
+            test_ns / reference,
+            trimmed.last().copied().unwrap_or(0.0),
+        );
+    }
+    // SAFETY: the context from init above.
+    check(unsafe { net.finalize.unwrap()(holder) }, "finalize");
+    let _ = std::fs::remove_dir_all(&probes);
+}
