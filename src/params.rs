@@ -187,7 +187,8 @@ pub const PARAMS: &[Param] = &[
         name: "MPIB_LOOPBACK_FAULTS",
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
-              `starve=RAIL:N` (see docs/ARCHITECTURE.md).",
+              `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, and the NIC limits \
+              `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N` (see docs/ARCHITECTURE.md).",
     },
     Param {
         name: "MPIB_LOOPBACK_RAILS",

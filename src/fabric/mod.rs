@@ -65,6 +65,10 @@ pub struct DeviceInfo {
     pub pci_path: Option<String>,
     /// Largest number of QPs the device supports.
     pub max_qp: u32,
+    /// Largest number of completion queues (`max_cq`).
+    pub max_cq: u32,
+    /// Largest number of shared receive queues (`max_srq`).
+    pub max_srq: u32,
 }
 
 /// Completion status, a subset of `ibv_wc_status` with the values that matter to MPIB.

@@ -137,6 +137,14 @@ impl LoopbackDevice {
         LoopbackDevice { index, rail, info }
     }
 
+    /// Reports `limits` (max_qp, max_cq, max_srq) where set, instead of a ConnectX-5's.
+    pub(crate) fn limit(&mut self, limits: [Option<u32>; 3]) {
+        let [qp, cq, srq] = limits;
+        self.info.max_qp = qp.unwrap_or(self.info.max_qp);
+        self.info.max_cq = cq.unwrap_or(self.info.max_cq);
+        self.info.max_srq = srq.unwrap_or(self.info.max_srq);
+    }
+
     /// Shorthand for errors about this device.
     fn error(&self, verb: &'static str, errno: i32, detail: impl Into<String>) -> FabricError {
         fabric_error(verb, &self.info.name, None, errno, detail)
@@ -159,7 +167,11 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
         // "MPIBLOOP" followed by the device number: distinct per device, recognisable in logs.
         guid: 0x4d50_4942_4c4f_4f00 | u64::from(host),
         pci_path: None,
+        // A ConnectX-5's counts (`ibv_devinfo -v`), unless `MPIB_LOOPBACK_FAULTS` sets lower
+        // ones (`max_qp=RAIL:N`, ...) to reach them in a test.
         max_qp: 1 << 17,
+        max_cq: 1 << 24,
+        max_srq: 1 << 23,
     }
 }
 

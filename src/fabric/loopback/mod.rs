@@ -135,6 +135,7 @@ impl World {
                 starve: [None, None],
                 port_down: [None, None],
                 unresolved: [0, 0],
+                limits: [[None; 3]; 2],
             },
             unresolved: [0, 0],
             posted: [0, 0],
@@ -362,7 +363,9 @@ impl Fabric for LoopbackFabric {
             .sysfs
             .as_deref()
             .and_then(|root| crate::fabric::rdma_pci_path(root, device_name(index)));
-        Ok(Arc::new(LoopbackDevice::new(index, rail, speed, pci_path)))
+        let mut device = LoopbackDevice::new(index, rail, speed, pci_path);
+        device.limit(self.faults.limits[rail.index()]);
+        Ok(Arc::new(device))
     }
 }
 

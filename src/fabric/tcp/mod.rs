@@ -211,6 +211,9 @@ fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
         pci_path,
         // Each QP holds one descriptor.
         max_qp: u32::try_from(descriptors).unwrap_or(u32::MAX).max(1),
+        // Completion and receive queues are memory only, bounded by nothing but the host.
+        max_cq: u32::MAX,
+        max_srq: u32::MAX,
     }
 }
 

@@ -376,6 +376,8 @@ fn query_info(
         guid: u64::from_be(device_attr.node_guid),
         pci_path: crate::fabric::rdma_pci_path(options.sysfs, name),
         max_qp: u32::try_from(device_attr.max_qp).unwrap_or(0),
+        max_cq: u32::try_from(device_attr.max_cq).unwrap_or(0),
+        max_srq: u32::try_from(device_attr.max_srq).unwrap_or(0),
     };
     Ok((info, address))
 }

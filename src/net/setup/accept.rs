@@ -193,10 +193,22 @@ impl Acceptance {
                     let (reply, layout) = self.on_request(ctx, &request);
                     self.stage = match reply.refusal {
                         Some(_) => Stage::SendingReply(Transfer::outgoing(reply.encode())),
-                        None => {
-                            let builder = QueueBuilder::new(layout, receiver_sizing(&ctx.settings));
-                            Stage::Building(builder, Box::new(request), reply)
-                        }
+                        None => match QueueBuilder::new(
+                            layout,
+                            receiver_sizing(&ctx.settings),
+                            &self.device.budgets,
+                            ctx.settings.force_flush,
+                        ) {
+                            Ok(builder) => Stage::Building(builder, Box::new(request), reply),
+                            // Past a NIC's limits: the connector hears a refusal, not a closed
+                            // socket, and this accept fails with the limit named.
+                            Err(error) => {
+                                let mut reply = reply;
+                                reply.refusal = Some(Refusal::Internal);
+                                self.refusal = Some(error);
+                                Stage::SendingReply(Transfer::outgoing(reply.encode()))
+                            }
+                        },
                     };
                 }
                 Stage::Building(builder, request, reply) => {

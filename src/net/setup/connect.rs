@@ -142,7 +142,8 @@ impl Connector {
                         classify(*local.ip(), *self.remote.ip(), settings.island_prefix_len);
                     let layout =
                         QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
-                    let builder = QueueBuilder::new(layout, SENDER_SIZING);
+                    let builder =
+                        QueueBuilder::new(layout, SENDER_SIZING, &self.device.budgets, false)?;
                     self.stage = Stage::Building(class, builder);
                 }
                 Stage::Building(class, builder) => {

@@ -15,6 +15,7 @@ use crate::pairing::{device_order, sup_in_order, SupChoice};
 use crate::params::Settings;
 
 use crate::net::observe::health::DeviceHealth;
+use crate::net::setup::budget::NicBudget;
 use crate::net::setup::resources::Devices;
 
 /// One opened NIC.
@@ -25,6 +26,8 @@ pub(crate) struct Nic {
     pub rail: Rail,
     /// Its published async events.
     pub health: Arc<DeviceHealth>,
+    /// Its limits and what this process's connections hold of them.
+    pub budget: Arc<NicBudget>,
 }
 
 /// One fused NCCL device: a SOUT NIC and its SUP NIC.
@@ -35,6 +38,8 @@ pub(crate) struct FusedDevice {
     pub devices: Devices,
     /// The two NICs' published async events.
     pub health: [Arc<DeviceHealth>; 2],
+    /// The two NICs' limits and use (a shared SUP NIC's is one budget).
+    pub budgets: [Arc<NicBudget>; 2],
     /// The two NICs' indices among the opened NICs (their probes slots).
     pub nic_slots: [usize; 2],
     /// The fabric's default address for the control connection (`Fabric::control_address`).
@@ -209,6 +214,7 @@ fn fuse(
         .map(|device| (device, Rail::ScaleOut))
         .chain(sup.into_iter().map(|device| (device, Rail::ScaleUp)))
         .map(|(device, rail)| Nic {
+            budget: Arc::new(NicBudget::new(device.info(), rail)),
             device,
             rail,
             health: Arc::default(),
@@ -279,6 +285,7 @@ fn fused_device(
         index,
         devices: [Arc::clone(&sout.device), Arc::clone(&sup.device)],
         health: [Arc::clone(&sout.health), Arc::clone(&sup.health)],
+        budgets: [Arc::clone(&sout.budget), Arc::clone(&sup.budget)],
         nic_slots: slots,
         control_address: fabric.control_address(sout.device.as_ref()),
         sup_sharers: u32::try_from(sharers).unwrap_or(1),

@@ -1,9 +1,10 @@
 //! Bringing connections up: the process's NICs and fused devices (`plugin`, `devices`), `listen`/`connect`/`accept` and
 //! their handshake, the peer's control address (`oob`) and rail addresses (`resolve`), the
-//! comm-level description both ends agree on (`comm`), and the queue pairs and completion queues
-//! a connection owns (`resources`).
+//! comm-level description both ends agree on (`comm`), the queue pairs and completion queues
+//! a connection owns (`resources`) and what it takes of each NIC's limits (`budget`).
 
 pub(crate) mod accept;
+pub(crate) mod budget;
 pub(crate) mod comm;
 pub(crate) mod connect;
 pub(crate) mod descriptors;

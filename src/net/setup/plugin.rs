@@ -15,10 +15,12 @@ use crate::error::{Error, Result};
 use crate::fabric::Fabric;
 use crate::log;
 use crate::params::Settings;
+use crate::proto::qp_layout::QpLayout;
 
 use crate::net::data::send::MAX_TRANSFER;
 use crate::net::observe::housekeeper::{Housekeeper, Watched};
 use crate::net::observe::telemetry::Telemetry;
+use crate::net::setup::budget::{self, limits, Need};
 use crate::net::setup::descriptors;
 use crate::net::setup::devices::{self, FusedDevice};
 use crate::net::{Properties, MAX_RECVS};
@@ -55,8 +57,8 @@ pub(crate) struct Opened {
     force_flush: bool,
     /// The process's probes file.
     pub telemetry: Arc<Telemetry>,
-    /// QPs one comm holds on each rail's NIC at most (`maxComms`), from the opening settings.
-    qps_per_comm: [u32; 2],
+    /// What one comm holds of each rail's NIC at most (`maxComms`), from the opening settings.
+    per_comm: [Need; 2],
     /// Reads the devices' async events and checks the shared files, off the data path; stopped
     /// at the last `finalize`, even if a comm NCCL never closed still holds the rails.
     housekeeper: Mutex<Option<Housekeeper>>,
@@ -228,7 +230,7 @@ pub(crate) fn properties(dev: i32) -> Result<Properties> {
         speed: speed.min(i32::MAX as u64) as i32,
         port: i32::from(sout.port),
         latency: 0.0,
-        max_comms: max_comms([sout.max_qp, sup.max_qp / sharers], opened.qps_per_comm),
+        max_comms: budget::max_comms([limits(sout), limits(sup)], sharers, opened.per_comm),
         max_recvs: MAX_RECVS as i32,
         // The device itself, as NCCL's own plugins report a device they expose: NCCL reads a
         // plugin's vProps only for devices made by makeVDevice (docs/NCCL_NET_ABI.md §1.7).
@@ -247,14 +249,6 @@ pub(crate) fn properties(dev: i32) -> Result<Properties> {
         },
         plane_id: -1,
     })
-}
-
-/// Comms the device can hold: each takes `qps_per_comm[rail]` QPs of each rail's NIC (its QP
-/// layout at most, plus the flush QP), so the scarcer NIC decides (NCCL does not keep within
-/// it: a `connect` past it fails with the verbs error naming the NIC).
-fn max_comms(max_qp: [u32; 2], qps_per_comm: [u32; 2]) -> i32 {
-    let comms = |rail: usize| max_qp[rail] / qps_per_comm[rail].max(1);
-    comms(0).min(comms(1)).clamp(1, i32::MAX as u32) as i32
 }
 
 fn open(settings: &Settings) -> Result<Opened> {
@@ -295,30 +289,22 @@ fn open(settings: &Settings) -> Result<Opened> {
             .collect(),
         telemetry: Arc::clone(&telemetry),
     })?;
-    let flush = u32::from(settings.force_flush);
     Ok(Opened {
-        qps_per_comm: [
-            u32::from(settings.sout_qps) + flush,
-            u32::from(settings.sup_qps) + flush,
-        ],
+        // A receiving comm with both rails takes the most: what maxComms divides by.
+        per_comm: Need::of(
+            QpLayout::new(
+                settings.sout_qps,
+                settings.sup_qps,
+                crate::params::Mode::Advanced,
+                crate::proto::island::PathClass::IntraIsland,
+            ),
+            true,
+            settings.force_flush,
+        ),
         housekeeper: Mutex::new(Some(housekeeper)),
         _fabric: fabric,
         devices: fused.devices,
         force_flush: settings.force_flush,
         telemetry,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::max_comms;
-
-    #[test]
-    fn max_comms_is_what_the_scarcer_nic_holds() {
-        // 2 SOUT + 4 SUP QPs per comm: a SUP NIC of 1,000 QPs holds 250 comms.
-        assert_eq!(max_comms([1000, 1000], [2, 4]), 250);
-        assert_eq!(max_comms([100, 1_000_000], [3, 5]), 33);
-        assert_eq!(max_comms([1, 1], [2, 4]), 1, "never 0");
-        assert_eq!(max_comms([u32::MAX, u32::MAX], [1, 1]), i32::MAX);
-    }
 }

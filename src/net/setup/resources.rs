@@ -13,6 +13,7 @@ use crate::fabric::{
     QueuePair, Rail, RailDevice, RemoteQp, SharedReceiveQueue,
 };
 use crate::log;
+use crate::net::setup::budget::{Need, NicBudget, Reservation};
 use crate::proto::credits::SendQueueCredits;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::RailEndpoint;
@@ -133,6 +134,8 @@ pub(crate) struct QueuePairs {
     pub qps: Vec<Box<dyn QueuePair>>,
     /// Send-queue credits per QP.
     pub credits: Vec<SendQueueCredits>,
+    /// What the connection holds of its NICs' limits, given back with the QPs.
+    pub _reservation: Reservation,
 }
 
 /// Sizing of one side's queues.
@@ -156,18 +159,29 @@ pub(crate) struct QueueBuilder {
     queues: [Option<RailQueues>; 2],
     qps: Vec<Box<dyn QueuePair>>,
     credits: Vec<SendQueueCredits>,
+    reservation: Reservation,
 }
 
 impl QueueBuilder {
-    /// Nothing created yet.
-    pub(crate) fn new(layout: QpLayout, sizing: QueueSizing) -> QueueBuilder {
-        QueueBuilder {
+    /// Nothing created yet; what the connection will create is taken from the NICs' budgets
+    /// first (src/net/setup/budget.rs), or the connection is refused before anything exists.
+    /// `flush`: a receiver under `MPIB_FORCE_FLUSH` also creates a flush QP per rail.
+    pub(crate) fn new(
+        layout: QpLayout,
+        sizing: QueueSizing,
+        budgets: &[Arc<NicBudget>; 2],
+        flush: bool,
+    ) -> Result<QueueBuilder> {
+        let needs = Need::of(layout, sizing.srq_depth > 0, flush);
+        let reservation = Reservation::take(budgets, needs)?;
+        Ok(QueueBuilder {
+            reservation,
             layout,
             sizing,
             queues: [None, None],
             qps: Vec::with_capacity(layout.total()),
             credits: Vec::with_capacity(layout.total()),
-        }
+        })
     }
 
     /// Creates the next rail's CQ and SRQ, or the QPs of the rail whose QPs come next;
@@ -215,6 +229,7 @@ impl QueueBuilder {
         let qps = QueuePairs {
             qps: self.qps,
             credits: self.credits,
+            _reservation: self.reservation,
         };
         Ok((self.layout, self.queues, qps))
     }
