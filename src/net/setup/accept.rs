@@ -43,13 +43,16 @@ use crate::net::setup::resources::{
 };
 use crate::net::{Context, HANDLE_SIZE};
 
-/// Receiver queue sizes: CTS writes only on the send side; SRQ receives plus periodic CTS
-/// completions on each rail's CQ. The SRQ is as deep as its high-water mark
-/// (`MPIB_SRQ_HIGH_WATER`); the CQ never shallower than at the default marks, since the CTS
-/// completions share it.
-fn receiver_sizing(settings: &Settings) -> QueueSizing {
+/// Receiver queue sizes: CTS writes only, on the CTS QP alone (`cts_qp`; the other QPs only
+/// receive, so their send queues hold one entry: five of the six QPs of a default connection
+/// would otherwise each keep 512 send entries of NIC memory that nothing ever posts to); SRQ
+/// receives plus periodic CTS completions on each rail's CQ. The SRQ is as deep as its
+/// high-water mark (`MPIB_SRQ_HIGH_WATER`); the CQ never shallower than at the default marks,
+/// since the CTS completions share it.
+fn receiver_sizing(settings: &Settings, cts_qp: usize) -> QueueSizing {
     QueueSizing {
         send_queue: 512,
+        only_sender: Some(cts_qp),
         cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER),
         srq_depth: settings.srq_high_water,
     }
@@ -195,7 +198,10 @@ impl Acceptance {
                         Some(_) => Stage::SendingReply(Transfer::outgoing(reply.encode())),
                         None => match QueueBuilder::new(
                             layout,
-                            receiver_sizing(&ctx.settings),
+                            receiver_sizing(
+                                &ctx.settings,
+                                layout.cts_qp(ctx.settings.mode, reply.class),
+                            ),
                             &self.device.budgets,
                             ctx.settings.force_flush,
                         ) {

@@ -46,6 +46,7 @@ use crate::net::{Context, HANDLE_SIZE};
 /// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
 const SENDER_SIZING: QueueSizing = QueueSizing {
     send_queue: 1024,
+    only_sender: None,
     cq_depth: 1024,
     srq_depth: 0,
 };

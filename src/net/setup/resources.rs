@@ -143,6 +143,9 @@ pub(crate) struct QueuePairs {
 pub(crate) struct QueueSizing {
     /// Send-queue depth per QP.
     pub send_queue: u32,
+    /// When only one QP (by layout index) ever posts sends, that one: the others get a send
+    /// queue of one entry.
+    pub only_sender: Option<usize>,
     /// CQ entries per rail.
     pub cq_depth: u32,
     /// SRQ depth per rail (0: no SRQ, the sender side).
@@ -203,16 +206,19 @@ impl QueueBuilder {
             self.queues[rail.index()] = Some(RailQueues { srq, cq });
             return Ok(false);
         };
-        let caps = QpCapabilities {
-            max_send_wr: self.sizing.send_queue,
-            max_inline: 0,
-        };
         let end = self.layout.first(rail) + self.layout.count(rail);
-        for _ in index..end {
+        for index in index..end {
+            let send_queue = match self.sizing.only_sender {
+                Some(sender) if sender != index => 1,
+                _ => self.sizing.send_queue,
+            };
+            let caps = QpCapabilities {
+                max_send_wr: send_queue,
+                max_inline: 0,
+            };
             let qp = device.create_qp(rail_queues.cq.as_ref(), rail_queues.srq.as_deref(), caps)?;
             self.qps.push(qp);
-            self.credits
-                .push(SendQueueCredits::new(self.sizing.send_queue));
+            self.credits.push(SendQueueCredits::new(send_queue));
         }
         Ok(self.qps.len() == self.layout.total())
     }
