@@ -196,25 +196,7 @@ impl Acceptance {
                     let (reply, layout) = self.on_request(ctx, &request);
                     self.stage = match reply.refusal {
                         Some(_) => Stage::SendingReply(Transfer::outgoing(reply.encode())),
-                        None => match QueueBuilder::new(
-                            layout,
-                            receiver_sizing(
-                                &ctx.settings,
-                                layout.cts_qp(ctx.settings.mode, reply.class),
-                            ),
-                            &self.device.budgets,
-                            ctx.settings.force_flush,
-                        ) {
-                            Ok(builder) => Stage::Building(builder, Box::new(request), reply),
-                            // Past a NIC's limits: the connector hears a refusal, not a closed
-                            // socket, and this accept fails with the limit named.
-                            Err(error) => {
-                                let mut reply = reply;
-                                reply.refusal = Some(Refusal::Internal);
-                                self.refusal = Some(error);
-                                Stage::SendingReply(Transfer::outgoing(reply.encode()))
-                            }
-                        },
+                        None => self.start_building(ctx, layout, request, reply),
                     };
                 }
                 Stage::Building(builder, request, reply) => {
@@ -286,6 +268,28 @@ impl Acceptance {
                         Some(agent) => self.finish(ctx, agent).map(Some),
                     };
                 }
+            }
+        }
+    }
+
+    /// Takes the connection's share of the NICs' limits and starts creating its queues; past a
+    /// NIC's limits the connector hears a refusal, not a closed socket, and this accept fails
+    /// with the limit named (src/net/setup/budget.rs).
+    fn start_building(
+        &mut self,
+        ctx: &Arc<Context>,
+        layout: QpLayout,
+        request: ConnectRequest,
+        mut reply: ConnectReply,
+    ) -> Stage {
+        let settings = &ctx.settings;
+        let sizing = receiver_sizing(settings, layout.cts_qp(settings.mode, reply.class));
+        match QueueBuilder::new(layout, sizing, &self.device.budgets, settings.force_flush) {
+            Ok(builder) => Stage::Building(builder, Box::new(request), reply),
+            Err(error) => {
+                reply.refusal = Some(Refusal::Internal);
+                self.refusal = Some(error);
+                Stage::SendingReply(Transfer::outgoing(reply.encode()))
             }
         }
     }
