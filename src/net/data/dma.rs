@@ -18,20 +18,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 
-/// Regions at least this large get an anonymous mapping of their own instead of heap memory:
-/// the kernel hands it out zeroed (nothing to clear; a page is resident only once the NIC or the
-/// plugin writes it — a connection that uses 3 of its 256 CTS slots holds 3 pages, not 32), and
-/// closing the connection returns it to the system at once instead of leaving a 128 KiB hole in
-/// the host process's heap (thousands of connections opened and closed fragmented it: issue 22,
-/// docs/PERFORMANCE.md "Thousands of connections").
-const OWN_MAPPING_BYTES: usize = 16 * 1024;
+/// Regions at least this large (a CTS FIFO or its shadow: 128 KiB) are blocks of shared
+/// mappings (`super::blocks`): kernel-zeroed, resident only once written (a connection that used
+/// 3 of its 256 CTS slots holds 3 pages, not 32), given back to the system when the connection
+/// closes instead of leaving a hole in the host process's heap (issue 22).
+const BLOCK_AT_LEAST_BYTES: usize = 16 * 1024;
 
 /// Where a region's memory came from.
 enum Storage {
     /// `alloc_zeroed` with this layout.
     Heap(Layout),
-    /// `mmap` of this many bytes.
-    Mapped(usize),
+    /// A block of this many bytes from `super::blocks`.
+    Block(usize),
 }
 
 /// A fixed array of `T` in NIC-shared memory.
@@ -64,27 +62,13 @@ impl<T: Copy> DmaRegion<T> {
             .and_then(|l| l.align_to(align))
             .map_err(|e| Error::internal(format!("DMA region layout: {e}")))?;
         assert!(layout.size() > 0, "DMA regions are never empty");
-        let (raw, storage) = if layout.size() >= OWN_MAPPING_BYTES && !cfg!(miri) {
-            // SAFETY: a fresh private anonymous mapping; no address hint, no file.
-            let raw = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    layout.size(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if raw == libc::MAP_FAILED {
-                return Err(Error::system(format!(
-                    "mmap of {} bytes for a NIC-shared region: {}",
-                    layout.size(),
-                    std::io::Error::last_os_error()
-                )));
-            }
+        let (raw, storage) = if layout.size() >= BLOCK_AT_LEAST_BYTES && !cfg!(miri) {
+            let bytes = layout.size().next_multiple_of(page_size());
             // Page-aligned, so at least 64-byte aligned.
-            (raw.cast::<T>(), Storage::Mapped(layout.size()))
+            (
+                super::blocks::take(bytes)?.cast::<T>(),
+                Storage::Block(bytes),
+            )
         } else {
             // SAFETY: the layout has a non-zero size (asserted above).
             (
@@ -155,22 +139,22 @@ impl<T: Copy> DmaRegion<T> {
     }
 }
 
+/// The system's page size.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1)
+}
+
 impl<T: Copy> Drop for DmaRegion<T> {
     fn drop(&mut self) {
         match self.storage {
             // SAFETY: allocated in `zeroed` with exactly this layout.
             Storage::Heap(layout) => unsafe { dealloc(self.base.as_ptr().cast(), layout) },
-            Storage::Mapped(bytes) => {
-                // SAFETY: mapped in `zeroed` with exactly this length; nothing refers to it
-                // any more (the registrations covering it were dropped first).
-                if unsafe { libc::munmap(self.base.as_ptr().cast(), bytes) } != 0 {
-                    warn!(
-                        crate::log::NET,
-                        "teardown: munmap of a {bytes}-byte NIC-shared region: {}",
-                        std::io::Error::last_os_error()
-                    );
-                }
-            }
+            // Nothing refers to the block any more: the registrations covering it were
+            // dropped first.
+            Storage::Block(bytes) => super::blocks::give_back(self.base.as_ptr().cast(), bytes),
         }
     }
 }
@@ -199,11 +183,12 @@ mod tests {
         assert_eq!(region.byte_len(), 16 * 64);
     }
 
-    /// A CTS FIFO's worth has a mapping of its own, zeroed by the kernel, and works the same.
+    /// A CTS FIFO's worth is a block of a shared mapping, zeroed by the kernel, and works the
+    /// same.
     #[test]
-    fn a_large_region_is_its_own_zeroed_mapping() {
+    fn a_large_region_is_a_zeroed_block() {
         let region = DmaRegion::<CtsEntry>::zeroed(2048).unwrap();
-        assert!(matches!(region.storage, Storage::Mapped(131_072)));
+        assert!(matches!(region.storage, Storage::Block(131_072)));
         assert_eq!(region.addr() % 4096, 0, "page-aligned");
         assert_eq!(region.read(2047), CtsEntry::default());
         let entry = CtsEntry {

@@ -3,6 +3,7 @@
 //! optional read-back, `request` the handles NCCL holds, `memory` the registrations, `dma` the
 //! regions the NIC writes into.
 
+pub(crate) mod blocks;
 pub(crate) mod dma;
 pub(crate) mod flush;
 pub(crate) mod memory;
