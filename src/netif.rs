@@ -81,6 +81,27 @@ pub(crate) fn ipv4_interfaces() -> io::Result<Vec<Interface>> {
     Ok(found)
 }
 
+/// Asks the kernel to bind only the address now and pick the port at `connect`
+/// (`IP_BIND_ADDRESS_NO_PORT`, Linux 4.2). Binding port 0 picks a port no other socket of the host
+/// uses, searching the bound ports each time: with thousands of control sockets that search was
+/// most of `connect`'s time (issue 22; docs/PERFORMANCE.md "Thousands of connections: what each costs"), while a
+/// port picked at `connect` only has to be free for that destination. Where the option is
+/// unknown the bind works as before, only slower. Used by the control connection and the tcp
+/// fabric's rail sockets.
+pub(crate) fn bind_address_only(socket: std::os::fd::RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket descriptor and a c_int option value of the stated size.
+    let _ = unsafe {
+        libc::setsockopt(
+            socket,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

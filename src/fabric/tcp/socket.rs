@@ -54,6 +54,7 @@ pub(super) fn start_connect(
     user_timeout_ms: u32,
 ) -> io::Result<OwnedFd> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM.nonblocking().cloexec(), None)?;
+    crate::netif::bind_address_only(socket.as_raw_fd());
     socket.bind(&SocketAddr::V4(SocketAddrV4::new(local, 0)).into())?;
     // SAFETY: into_raw_fd hands over sole ownership of a valid descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(socket.into_raw_fd()) };

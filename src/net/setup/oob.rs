@@ -119,7 +119,7 @@ pub(crate) fn listen_on(address: Ipv4Addr) -> Result<(Socket, SocketAddrV4)> {
 pub(crate) fn start_connect(local: Ipv4Addr, remote: SocketAddrV4) -> Result<TcpStream> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)
         .map_err(|e| socket_error("connect: socket", &e))?;
-    bind_address_only(&socket);
+    crate::netif::bind_address_only(std::os::fd::AsRawFd::as_raw_fd(&socket));
     socket
         .set_nonblocking(true)
         .and_then(|()| socket.bind(&SocketAddr::V4(SocketAddrV4::new(local, 0)).into()))
@@ -131,26 +131,6 @@ pub(crate) fn start_connect(local: Ipv4Addr, remote: SocketAddrV4) -> Result<Tcp
     }
     socket.set_nodelay(true).ok();
     Ok(socket.into())
-}
-
-/// Asks the kernel to bind only the address now and pick the port at `connect`
-/// (`IP_BIND_ADDRESS_NO_PORT`, Linux 4.2). Binding port 0 picks a port no other socket of the host
-/// uses, searching the bound ports each time: with thousands of control sockets that search was
-/// most of `connect`'s time (issue 22; docs/PERFORMANCE.md "Thousands of connections"), while a
-/// port picked at `connect` only has to be free for that destination. Where the option is
-/// unknown the bind works as before, only slower.
-fn bind_address_only(socket: &Socket) {
-    let on: libc::c_int = 1;
-    // SAFETY: a valid socket descriptor and a c_int option value of the stated size.
-    let _ = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(socket),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
 }
 
 /// Whether a non-blocking connect finished: `Ok(true)` connected, `Ok(false)` still pending.
