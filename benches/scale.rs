@@ -10,7 +10,10 @@
 //! * after closing everything: resident memory before and after `malloc_trim(0)` against the
 //!   baseline, over `--cycles` open/close cycles (flat after trimming: no leak).
 //!
-//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults). Prints a table and one
+//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults). With
+//! `--fabric verbs` it runs on the NICs the environment names (`MPIB_HCA_SOUT`, `MPIB_HCA_SUP`,
+//! `MPIB_OOB_ADDR`: the rig's) instead of the loopback fabric, and prints what `rdma resource
+//! show` counts on each NIC while the pairs are open. Prints a table and one
 //! `row pairs=N ...` line per N for scripts. Needs 2 descriptors per pair: the first `init`
 //! raises the soft limit to the hard one.
 
@@ -81,6 +84,8 @@ fn live_heap() -> [i64; 40] {
 #[derive(Clone, Copy, Debug)]
 struct Footprint {
     resident: u64,
+    /// Pages pinned for the NIC (`VmPin`: registrations on verbs; 0 on loopback).
+    pinned: u64,
     descriptors: u64,
     mappings: u64,
 }
@@ -96,8 +101,20 @@ fn footprint() -> Footprint {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     let descriptors = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
     let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
+    let pinned = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("VmPin:"))?
+                .to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .unwrap_or(0)
+        * 1024;
     Footprint {
         resident: pages * page,
+        pinned,
         descriptors,
         mappings: mappings as u64,
     }
@@ -144,6 +161,13 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     }
     let connect_total_s = started.elapsed().as_secs_f64();
     let open = footprint();
+    if std::env::args().any(|a| a == "verbs") {
+        print_rdma_resources(pairs);
+        println!(
+            "        pinned: {:.1} kB per pair",
+            open.pinned as f64 / pairs as f64 / 1e3
+        );
+    }
     let heap_open = live_heap();
 
     let started = Instant::now();
@@ -240,6 +264,21 @@ fn print_heap(open: &[i64; 40], baseline: &[i64; 40], pairs: usize) {
     println!();
 }
 
+/// The kernel's count of verbs objects per NIC (`rdma resource show`), with the pairs open.
+fn print_rdma_resources(pairs: usize) {
+    match std::process::Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+    {
+        Ok(out) => {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                println!("        rdma with {pairs} pairs open: {}", line.trim());
+            }
+        }
+        Err(e) => println!("        rdma resource show: {e}"),
+    }
+}
+
 fn list_argument(name: &str, default: &[usize]) -> Vec<usize> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -252,7 +291,9 @@ fn list_argument(name: &str, default: &[usize]) -> Vec<usize> {
 fn main() {
     let pair_counts = list_argument("--pairs", &[1, 64, 1024, 8192]);
     let cycles = common::argument("--cycles", 3).max(1);
-    std::env::set_var("MPIB_FABRIC", "loopback");
+    if !std::env::args().any(|a| a == "verbs") {
+        std::env::set_var("MPIB_FABRIC", "loopback");
+    }
     std::env::set_var("MPIB_MODE", "1");
     std::env::set_var("MPIB_AGENT_SOCKET", "/nonexistent/mpib-agent.sock");
     let probes = std::env::temp_dir().join(format!("mpib-scale-{}", std::process::id()));
@@ -293,44 +334,41 @@ fn main() {
     let show_heap = std::env::args().any(|a| a == "--heap");
     let mut one_test_ns = None;
     for &pairs in &pair_counts {
-        let mut tests = Vec::new();
-        let mut connects = Vec::new();
-        let mut rss = Vec::new();
-        let mut trimmed = Vec::new();
+        // Each figure of the row is the median over the cycles.
+        let mut figures: Vec<[f64; 10]> = Vec::new();
         for round in 0..cycles {
             let c = cycle(net, pairs);
             let per = |open: u64, base: u64| open.saturating_sub(base) as f64 / pairs as f64;
-            let p50 = percentile(&c.connect_ns, 50.0) / 1e6;
-            let p99 = percentile(&c.connect_ns, 99.0) / 1e6;
-            let rss_pair = per(c.open.resident, baseline.resident);
             let growth = |after: u64| (after as f64 - baseline.resident as f64) / 1e6;
-            println!(
-                "{pairs:>6} {round:>5} {p50:>8.3}ms {p99:>8.3}ms {:>8.2}s {:>8.1}kB {:>7.2} {:>8.2} {:>9.1}us {:>9.1} {:>12.1} {:>12.1}",
+            let row = [
+                percentile(&c.connect_ns, 50.0) / 1e6,
+                percentile(&c.connect_ns, 99.0) / 1e6,
                 c.connect_total_s,
-                rss_pair / 1e3,
+                per(c.open.resident, baseline.resident) / 1e3,
                 per(c.open.descriptors, baseline.descriptors),
                 per(c.open.mappings, baseline.mappings),
                 c.transfer_ns / 1e3,
                 c.test_ns,
                 growth(c.closed_untrimmed),
                 growth(c.closed_trimmed),
+            ];
+            println!(
+                "{pairs:>6} {round:>5} {:>8.3}ms {:>8.3}ms {:>8.2}s {:>8.1}kB {:>7.2} {:>8.2} {:>9.1}us {:>9.1} {:>12.1} {:>12.1}",
+                row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9]
             );
             if show_heap {
                 print_heap(&c.heap_open, &heap_baseline, pairs);
             }
-            tests.push(c.test_ns);
-            connects.push(p50);
-            rss.push(rss_pair);
-            trimmed.push(growth(c.closed_trimmed));
+            figures.push(row);
         }
-        let test_ns = median(tests);
-        let reference = *one_test_ns.get_or_insert(test_ns);
+        let m: Vec<f64> = (0..10)
+            .map(|k| median(figures.iter().map(|row| row[k]).collect()))
+            .collect();
+        let reference = *one_test_ns.get_or_insert(m[7]);
         println!(
-            "row pairs={pairs} connect_p50_ms={:.3} rss_per_pair_kb={:.1} test_ns={test_ns:.1} test_vs_one={:.3} trimmed_growth_mb={:.1}",
-            median(connects),
-            median(rss) / 1e3,
-            test_ns / reference,
-            trimmed.last().copied().unwrap_or(0.0),
+            "row pairs={pairs} connect_p50_ms={:.3} connect_p99_ms={:.3} connect_total_s={:.2} rss_per_pair_kb={:.1} fds_per_pair={:.2} maps_per_pair={:.2} transfer_us={:.1} test_ns={:.1} test_vs_one={:.3} closed_mb={:.1} trimmed_mb={:.1} baseline_mb={:.1}",
+            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[7] / reference, m[8], m[9],
+            baseline.resident as f64 / 1e6,
         );
     }
     // SAFETY: the context from init above.
