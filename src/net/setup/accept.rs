@@ -48,12 +48,13 @@ use crate::net::{Context, HANDLE_SIZE};
 /// would otherwise each keep 512 send entries of NIC memory that nothing ever posts to); SRQ
 /// receives plus periodic CTS completions on each rail's CQ. The SRQ is as deep as its
 /// high-water mark (`MPIB_SRQ_HIGH_WATER`); the CQ never shallower than at the default marks,
-/// since the CTS completions share it.
+/// since the CTS completions share it. Depths are a power of two less one, as the sender's
+/// (`SENDER_SIZING`: providers' rings keep a slot spare).
 fn receiver_sizing(settings: &Settings, cts_qp: usize) -> QueueSizing {
     QueueSizing {
-        send_queue: 512,
+        send_queue: 511,
         only_sender: Some(cts_qp),
-        cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER),
+        cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER) - 1,
         srq_depth: settings.srq_high_water,
     }
 }

@@ -44,10 +44,14 @@ use crate::net::setup::resources::{
 use crate::net::{Context, HANDLE_SIZE};
 
 /// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
+/// A power of two less one: providers keep queues in power-of-two rings with one slot spare
+/// (rxe: `roundup_pow_of_two(entries + 1)`; mlx5's CQs alike), so asking for 1024 got a ring of
+/// 2048 and doubled the NIC memory of every QP and CQ a connection holds
+/// (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 const SENDER_SIZING: QueueSizing = QueueSizing {
-    send_queue: 1024,
+    send_queue: 1023,
     only_sender: None,
-    cq_depth: 1024,
+    cq_depth: 1023,
     srq_depth: 0,
 };
 
