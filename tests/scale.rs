@@ -3,7 +3,7 @@
 //! the memory the process keeps after each cycle checked for growth (a leak of a kilobyte per
 //! pair fails it); and a connection past a NIC's limits refused whole, with the limit, the NIC
 //! and the variable named, its objects given back when the others close. `benches/scale.rs`
-//! measures the same shape up to 16,384 pairs (docs/PERFORMANCE.md "Thousands of connections").
+//! measures the same shape up to 8,192 pairs (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 //! Each case runs in a child process: the plugin's devices and limits are fixed at its first
 //! `init`.
 

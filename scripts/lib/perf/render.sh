@@ -222,6 +222,32 @@ rig_table() { # rig_table SECTION: label, size, GB/s, p50, runs, runs with loss 
   done
 }
 
+# The scale bench's `row` lines as a table, and its verdicts at the largest N.
+scale_field() { # scale_field LINE NAME
+  sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<" $1"
+}
+scale_table() {
+  echo "| pairs | connect p50 | p99 | all pairs | resident per pair | descriptors per pair | transfer per pair (all in flight) | \`test\` beside N-1 idle | vs 1 pair | kept after closing | after \`malloc_trim\` |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  sed -n 's/^row //p' "$work/cost/scale.log" | while read -r line; do
+    f() { scale_field "$line" "$1"; }
+    echo "| $(f pairs) | $(f connect_p50_ms) ms | $(f connect_p99_ms) ms | $(f connect_total_s) s | $(f rss_per_pair_kb) kB | $(f fds_per_pair) | $(f transfer_us) µs | $(f test_ns) ns | $(f test_vs_one) | $(f closed_mb) MB | $(f trimmed_mb) MB |"
+  done
+}
+scale_verdicts() {
+  local last; last=$(sed -n 's/^row //p' "$work/cost/scale.log" | tail -1)
+  [ -n "$last" ] || return 0
+  local n p50 ratio rss trimmed base
+  n=$(scale_field "$last" pairs); p50=$(scale_field "$last" connect_p50_ms)
+  ratio=$(scale_field "$last" test_vs_one); rss=$(scale_field "$last" rss_per_pair_kb)
+  trimmed=$(scale_field "$last" trimmed_mb); base=$(scale_field "$last" baseline_mb)
+  verdict() { awk -v v="$1" -v t="$2" 'BEGIN { print (v + 0 <= t + 0) ? "met" : "**gap**" }'; }
+  echo "| $n connection pairs in one process (loopback): connect p50 | $p50 ms | | ≤ 1 ms | $(verdict "$p50" 1) |"
+  echo "| \`test\` on one pending receive beside $n idle pairs vs beside none | | $ratio | ≤ 1.1 | $(verdict "$ratio" 1.1) |"
+  echo "| Resident memory per pair, fabric model included ($n pairs, one transfer each) | $rss kB | | ≤ 300 kB | $(verdict "$rss" 300) |"
+  echo "| Kept after closing all $n and \`malloc_trim(0)\` (baseline $base MB) | $trimmed MB | $(awk -v t="$trimmed" -v b="$base" 'BEGIN { printf "%.3f", (b + t) / b }') | ≤ 1.05 | $(verdict "$(awk -v t="$trimmed" -v b="$base" 'BEGIN { print (b + t) / b }')" 1.05) |"
+}
+
 cost_table() {
   echo "| size | transfers/s, probes off | probes on | on/off | CPU ns/transfer, off | on | heap allocations/transfer |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
@@ -246,6 +272,7 @@ cost_table() {
   for z in $(sizes_of loopback-independent); do loopback_verdicts "$z"; done
   [ ! -s "$agent_medians" ] || agent_verdicts
   [ ! -s "$work/rig/records.tsv" ] || rig_verdicts
+  [ ! -s "$work/cost/scale.log" ] || scale_verdicts
   allocs=$(sed -n 's/^row .*allocs_per_transfer=\([0-9.]*\).*/\1/p' "$work/cost/bench.log" | sort -n | tail -1)
   echo "| Heap allocations per transfer (loopback, probes on and off, 64 B ... 64 KiB) | ${allocs:--} | | 0 | $(awk -v a="${allocs:-x}" 'BEGIN { print (a == "x") ? "not measured" : (a + 0 == 0 ? "met" : "**gap**") }') |"
   echo
@@ -325,6 +352,17 @@ cost_table() {
     echo "two processes' polling under emulation."
     echo
     rig_table latency
+    echo
+  fi
+  if [ -s "$work/cost/scale.log" ]; then
+    echo "## Thousands of connections in one process"
+    echo
+    echo "\`cargo bench --bench scale\`: N connection pairs through the v12 table on the loopback fabric"
+    echo "(advanced mode, probes on), one verified 64 KiB transfer on every pair with all in flight,"
+    echo "then everything closed; each figure the median over the cycles (what changed and the rig's"
+    echo "figures: \"Thousands of connections: what each costs\" below)."
+    echo
+    scale_table
     echo
   fi
   echo "## The plugin's own cost"
