@@ -10,7 +10,9 @@
 //! * after closing everything: resident memory before and after `malloc_trim(0)` against the
 //!   baseline, over `--cycles` open/close cycles (flat after trimming: no leak).
 //!
-//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults). With
+//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults); `--warm 300`
+//! adds 300 small transfers on every pair, one at a time, and prints what a pair holds once it
+//! has gone round its 256 CTS slots, as a busy connection has. With
 //! `--fabric verbs` it runs on the NICs the environment names (`MPIB_HCA_SOUT`, `MPIB_HCA_SUP`,
 //! `MPIB_OOB_ADDR`: the rig's) instead of the loopback fabric, and prints what `rdma resource
 //! show` counts on each NIC while the pairs are open. Prints a table and one
@@ -142,6 +144,8 @@ struct Cycle {
     closed_trimmed: u64,
     /// Live heap bytes per size class while the pairs were open.
     heap_open: [i64; 40],
+    /// Resident bytes after `--warm` transfers on every pair.
+    warm: Option<u64>,
 }
 
 /// Opens `pairs` pairs, moves one verified transfer on each, times `test`, closes them all.
@@ -205,6 +209,25 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
         );
     }
 
+    // `--warm K`: K more small transfers on every pair, one at a time, so that each connection
+    // goes round its CTS slots (256) and queues as a busy one does: what it holds then.
+    let warm_transfers = common::argument("--warm", 0);
+    let warm = (warm_transfers > 0).then(|| {
+        for (i, pair) in opened.iter().enumerate() {
+            for _ in 0..warm_transfers {
+                // SAFETY: each pair's sink chunk and the source lie in its registrations.
+                let (sent, received) = unsafe {
+                    let recv =
+                        table::irecv(net, pair, sink_base.add(i * TRANSFER), 64, 4, null_mut());
+                    let send = table::isend(net, pair, base.add(i), 64, 4, null_mut());
+                    table::wait_both(net, send, recv)
+                };
+                assert_eq!((sent, received), (64, 64));
+            }
+        }
+        footprint().resident
+    });
+
     // `test` on one pending receive (pair 0) with the other pairs idle around it.
     let test = net.test.unwrap();
     // SAFETY: pair 0's sink lies in its registration.
@@ -241,6 +264,7 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
         closed_untrimmed,
         closed_trimmed,
         heap_open,
+        warm,
     }
 }
 
@@ -358,6 +382,12 @@ fn main() {
             );
             if show_heap {
                 print_heap(&c.heap_open, &heap_baseline, pairs);
+            }
+            if let Some(warm) = c.warm {
+                println!(
+                    "        after --warm transfers on every pair: {:.1} kB resident per pair",
+                    per(warm, baseline.resident) / 1e3
+                );
             }
             figures.push(row);
         }
