@@ -37,7 +37,7 @@ use table::{check, TablePair};
 
 /// Bytes each pair moves in the transfer wave.
 const TRANSFER: usize = 64 * 1024;
-/// `test` calls timed on the one pending receive.
+/// `test` calls timed on the one pending receive (`--test-calls`).
 const TEST_CALLS: usize = 200_000;
 
 /// Live heap bytes by allocation size class (`2^k` ..< `2^(k+1)` bytes), for `--heap`.
@@ -233,7 +233,8 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     // SAFETY: pair 0's sink lies in its registration.
     let pending = unsafe { table::irecv(net, &opened[0], sink_base, 64, 2, null_mut()) };
     let started = Instant::now();
-    for _ in 0..TEST_CALLS {
+    let test_calls = common::argument("--test-calls", TEST_CALLS).max(1);
+    for _ in 0..test_calls {
         let (mut done, mut sizes) = (0, [0i32; 8]);
         // SAFETY: a live request; outputs valid.
         check(
@@ -242,7 +243,7 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
         );
         assert_eq!(done, 0, "nothing sends: the receive stays pending");
     }
-    let test_ns = started.elapsed().as_nanos() as f64 / TEST_CALLS as f64;
+    let test_ns = started.elapsed().as_nanos() as f64 / test_calls as f64;
 
     for pair in opened {
         // SAFETY: pairs from `table::connect`; pair 0 closes with a receive pending, as on
