@@ -80,11 +80,17 @@ impl NicBudget {
         let counts = need.counts();
         for kind in 0..KINDS.len() {
             let wanted = counts[kind];
-            let taken = self.used[kind].fetch_add(wanted, Ordering::Relaxed);
-            if taken.saturating_add(wanted) <= self.limits[kind] {
+            let limit = self.limits[kind];
+            // Taken only if it fits, so that two connections made at once on different threads
+            // never both see the other's share and are both refused.
+            let taken =
+                self.used[kind].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    used.checked_add(wanted).filter(|total| *total <= limit)
+                });
+            let Err(held) = taken else {
                 continue;
-            }
-            for (used, count) in self.used.iter().zip(counts).take(kind + 1) {
+            };
+            for (used, count) in self.used.iter().zip(counts).take(kind) {
                 used.fetch_sub(count, Ordering::Relaxed);
             }
             let advice = match kind {
@@ -92,13 +98,11 @@ impl NicBudget {
                 _ => String::new(),
             };
             return Err(Error::system(format!(
-                "the {} NIC {} holds {} of {} {} ({}): this connection needs {wanted} more; \
-                 {advice}spread the connections over more devices (MPIB_HCA_SOUT/MPIB_HCA_SUP), \
-                 or close some first",
+                "the {} NIC {} holds {held} of {limit} {} ({}): this connection needs {wanted} \
+                 more; {advice}spread the connections over more devices \
+                 (MPIB_HCA_SOUT/MPIB_HCA_SUP), or close some first",
                 self.rail,
                 self.name,
-                taken.min(self.limits[kind]),
-                self.limits[kind],
                 ["QPs", "CQs", "SRQs"][kind],
                 KINDS[kind],
             )));
@@ -236,6 +240,44 @@ mod tests {
             "QP counts do not help: {error}"
         );
         assert_eq!(sup.in_use(), [1, 1, 0]);
+    }
+
+    /// Connections made at once on several threads: exactly as many as fit are taken.
+    #[test]
+    fn threads_racing_for_the_last_qps_take_exactly_what_fits() {
+        let sout = budget([100, 1000, 1000]);
+        let sup = budget([1000, 1000, 1000]);
+        let budgets = [sout, sup];
+        let taken: Vec<Option<Reservation>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..40)
+                            .map(|_| {
+                                Reservation::take(&budgets, [need(1, 0, 0), need(1, 0, 0)]).ok()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect()
+        });
+        assert_eq!(
+            taken.iter().flatten().count(),
+            100,
+            "320 tries for 100 SOUT QPs"
+        );
+        assert_eq!(budgets[0].in_use(), [100, 0, 0]);
+        assert_eq!(
+            budgets[1].in_use(),
+            [100, 0, 0],
+            "a refused one gave its SUP QP back"
+        );
+        drop(taken);
+        assert_eq!(budgets[0].in_use(), [0, 0, 0]);
     }
 
     #[test]
