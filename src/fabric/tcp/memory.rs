@@ -8,6 +8,8 @@
 //! that the engine polls (CTS entries, completion records), are staged and then landed in
 //! ascending address order with atomic stores (src/fabric/landing.rs).
 
+use std::collections::BTreeMap;
+
 use crate::fabric::{Access, MemoryKeys};
 
 /// One registration.
@@ -37,55 +39,62 @@ pub(super) enum RemoteRight {
     Read,
 }
 
-/// The registrations of one rail (a handful per comm: a linear scan beats hashing).
+/// The registrations of one rail, by local key, with each remote key's local key beside: every
+/// write a peer sends is checked here, and a process of thousands of connections has thousands
+/// of registrations per rail (a scan made each check grow with them: issue 22).
 #[derive(Debug, Default)]
 pub(super) struct Registry {
-    entries: Vec<Registration>,
+    by_lkey: BTreeMap<u32, Registration>,
+    lkey_of_rkey: BTreeMap<u32, u32>,
 }
 
 impl Registry {
     /// Adds a registration.
     pub(super) fn add(&mut self, addr: u64, len: u64, access: Access, keys: MemoryKeys) {
-        self.entries.push(Registration {
-            addr,
-            len,
-            access,
-            keys,
-        });
+        self.by_lkey.insert(
+            keys.lkey,
+            Registration {
+                addr,
+                len,
+                access,
+                keys,
+            },
+        );
+        self.lkey_of_rkey.insert(keys.rkey, keys.lkey);
     }
 
     /// Removes the registration with exactly these keys; `false` when there is none.
     pub(super) fn remove(&mut self, keys: MemoryKeys) -> bool {
-        match self.entries.iter().position(|r| r.keys == keys) {
-            Some(index) => {
-                self.entries.swap_remove(index);
-                true
-            }
-            None => false,
+        if self.by_lkey.get(&keys.lkey).map(|r| r.keys) != Some(keys) {
+            return false;
         }
+        self.by_lkey.remove(&keys.lkey);
+        self.lkey_of_rkey.remove(&keys.rkey);
+        true
     }
 
     /// Whether `[addr, addr + len)` lies in a registration whose local key is `lkey`.
     pub(super) fn local(&self, lkey: u32, addr: u64, len: u64) -> bool {
-        len == 0
-            || self
-                .entries
-                .iter()
-                .any(|r| r.keys.lkey == lkey && r.covers(addr, len))
+        len == 0 || self.by_lkey.get(&lkey).is_some_and(|r| r.covers(addr, len))
     }
 
     /// Whether a peer may `right` `[addr, addr + len)` under `rkey`. A zero-byte write checks
     /// no key, as on hardware.
     pub(super) fn remote(&self, rkey: u32, addr: u64, len: u64, right: RemoteRight) -> bool {
-        len == 0
-            || self.entries.iter().any(|r| {
-                r.keys.rkey == rkey
-                    && r.covers(addr, len)
-                    && match right {
-                        RemoteRight::Write => r.access.remote_write,
-                        RemoteRight::Read => r.access.remote_read,
-                    }
-            })
+        if len == 0 {
+            return true;
+        }
+        let registration = self
+            .lkey_of_rkey
+            .get(&rkey)
+            .and_then(|lkey| self.by_lkey.get(lkey));
+        registration.is_some_and(|r| {
+            r.covers(addr, len)
+                && match right {
+                    RemoteRight::Write => r.access.remote_write,
+                    RemoteRight::Read => r.access.remote_read,
+                }
+        })
     }
 }
 
