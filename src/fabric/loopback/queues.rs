@@ -115,6 +115,7 @@ impl CompletionQueue for LoopbackCq {
             let Some(completion) = state.ring.pop_front() else {
                 break;
             };
+            super::execute::restart_if_empty(&mut state.ring);
             *slot = completion;
             count += 1;
         }
