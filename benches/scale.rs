@@ -135,6 +135,8 @@ fn percentile(sorted: &[f64], pct: f64) -> f64 {
 
 /// One cycle's figures.
 struct Cycle {
+    /// Pairs opened (fewer than asked when a limit stopped them).
+    opened: usize,
     connect_ns: Vec<f64>,
     connect_total_s: f64,
     open: Footprint,
@@ -148,6 +150,72 @@ struct Cycle {
     warm: Option<u64>,
 }
 
+/// Opens a pair per sink chunk until one fails (a limit): the pairs and each one's connect time.
+fn open_pairs(net: &NetV12, source: &mut [u8], sinks: &mut [u8]) -> (Vec<TablePair>, Vec<f64>) {
+    let pairs = sinks.len() / TRANSFER;
+    let mut connect_ns = Vec::with_capacity(pairs);
+    let mut opened: Vec<TablePair> = Vec::with_capacity(pairs);
+    for sink in sinks.chunks_mut(TRANSFER) {
+        let one = Instant::now();
+        // SAFETY: `source` and `sinks` outlive the pairs (the caller closes them first).
+        match unsafe { table::try_connect(net, None, source, sink) } {
+            Ok(pair) => opened.push(pair),
+            Err(why) => {
+                // Past a limit: what was opened is measured; the plugin's log line says why.
+                println!(
+                    "        pair {} of {pairs}: {why}; measuring the {} opened",
+                    opened.len() + 1,
+                    opened.len()
+                );
+                break;
+            }
+        }
+        connect_ns.push(one.elapsed().as_nanos() as f64);
+    }
+    (opened, connect_ns)
+}
+
+/// `--warm K`: K more small transfers on every pair, one at a time, so that each connection
+/// goes round its CTS slots (256) and queues as a busy one does; the resident bytes then.
+fn warm_up(net: &NetV12, opened: &[TablePair], base: *mut u8, sink_base: *mut u8) -> Option<u64> {
+    let warm_transfers = common::argument("--warm", 0);
+    (warm_transfers > 0).then(|| {
+        for (i, pair) in opened.iter().enumerate() {
+            for _ in 0..warm_transfers {
+                // SAFETY: each pair's sink chunk and the source lie in its registrations.
+                let (sent, received) = unsafe {
+                    let recv =
+                        table::irecv(net, pair, sink_base.add(i * TRANSFER), 64, 4, null_mut());
+                    let send = table::isend(net, pair, base.add(i), 64, 4, null_mut());
+                    table::wait_both(net, send, recv)
+                };
+                assert_eq!((sent, received), (64, 64));
+            }
+        }
+        footprint().resident
+    })
+}
+
+/// ns per `test` on one pending receive of `pair` (which stays pending: the pair closes with it,
+/// as on NCCL's abort), with the other pairs idle around it.
+fn time_test(net: &NetV12, pair: &TablePair, sink: *mut u8) -> f64 {
+    let test = net.test.unwrap();
+    // SAFETY: the pair's sink lies in its registration.
+    let pending = unsafe { table::irecv(net, pair, sink, 64, 2, null_mut()) };
+    let started = Instant::now();
+    let test_calls = common::argument("--test-calls", TEST_CALLS).max(1);
+    for _ in 0..test_calls {
+        let (mut done, mut sizes) = (0, [0i32; 8]);
+        // SAFETY: a live request; outputs valid.
+        check(
+            unsafe { test(pending, &mut done, sizes.as_mut_ptr()) },
+            "test",
+        );
+        assert_eq!(done, 0, "nothing sends: the receive stays pending");
+    }
+    started.elapsed().as_nanos() as f64 / test_calls as f64
+}
+
 /// Opens `pairs` pairs, moves one verified transfer on each, times `test`, closes them all.
 fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     // Zeroed memory comes from the kernel untouched: the sinks count as resident only once the
@@ -155,14 +223,9 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     let mut source: Vec<u8> = (0..TRANSFER + pairs).map(|i| (i * 7 % 251) as u8).collect();
     let mut sinks = vec![0u8; TRANSFER * pairs];
     let started = Instant::now();
-    let mut connect_ns = Vec::with_capacity(pairs);
-    let mut opened: Vec<TablePair> = Vec::with_capacity(pairs);
-    for sink in sinks.chunks_mut(TRANSFER) {
-        let one = Instant::now();
-        // SAFETY: `source` and `sinks` outlive the pairs (closed below).
-        opened.push(unsafe { table::connect(net, None, &mut source, sink) });
-        connect_ns.push(one.elapsed().as_nanos() as f64);
-    }
+    let (opened, mut connect_ns) = open_pairs(net, &mut source, &mut sinks);
+    assert!(!opened.is_empty(), "not even one pair opened");
+    let pairs = opened.len();
     let connect_total_s = started.elapsed().as_secs_f64();
     let open = footprint();
     if std::env::args().any(|a| a == "verbs") {
@@ -202,48 +265,16 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
         assert_eq!((sent, received), (TRANSFER as i32, TRANSFER as i32));
     }
     let transfer_ns = started.elapsed().as_nanos() as f64 / pairs as f64;
-    for (i, sink) in sinks.chunks(TRANSFER).enumerate() {
+    for (i, sink) in sinks.chunks(TRANSFER).take(opened.len()).enumerate() {
         assert!(
             sink == &source[i..i + TRANSFER],
             "pair {i} of {pairs}: the received bytes differ from what was sent"
         );
     }
 
-    // `--warm K`: K more small transfers on every pair, one at a time, so that each connection
-    // goes round its CTS slots (256) and queues as a busy one does: what it holds then.
-    let warm_transfers = common::argument("--warm", 0);
-    let warm = (warm_transfers > 0).then(|| {
-        for (i, pair) in opened.iter().enumerate() {
-            for _ in 0..warm_transfers {
-                // SAFETY: each pair's sink chunk and the source lie in its registrations.
-                let (sent, received) = unsafe {
-                    let recv =
-                        table::irecv(net, pair, sink_base.add(i * TRANSFER), 64, 4, null_mut());
-                    let send = table::isend(net, pair, base.add(i), 64, 4, null_mut());
-                    table::wait_both(net, send, recv)
-                };
-                assert_eq!((sent, received), (64, 64));
-            }
-        }
-        footprint().resident
-    });
+    let warm = warm_up(net, &opened, base, sink_base);
 
-    // `test` on one pending receive (pair 0) with the other pairs idle around it.
-    let test = net.test.unwrap();
-    // SAFETY: pair 0's sink lies in its registration.
-    let pending = unsafe { table::irecv(net, &opened[0], sink_base, 64, 2, null_mut()) };
-    let started = Instant::now();
-    let test_calls = common::argument("--test-calls", TEST_CALLS).max(1);
-    for _ in 0..test_calls {
-        let (mut done, mut sizes) = (0, [0i32; 8]);
-        // SAFETY: a live request; outputs valid.
-        check(
-            unsafe { test(pending, &mut done, sizes.as_mut_ptr()) },
-            "test",
-        );
-        assert_eq!(done, 0, "nothing sends: the receive stays pending");
-    }
-    let test_ns = started.elapsed().as_nanos() as f64 / test_calls as f64;
+    let test_ns = time_test(net, &opened[0], sink_base);
 
     for pair in opened {
         // SAFETY: pairs from `table::connect`; pair 0 closes with a receive pending, as on
@@ -257,6 +288,7 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     let closed_trimmed = footprint().resident;
     connect_ns.sort_by(f64::total_cmp);
     Cycle {
+        opened: pairs,
         connect_ns,
         connect_total_s,
         open,
@@ -361,9 +393,10 @@ fn main() {
     for &pairs in &pair_counts {
         // Each figure of the row is the median over the cycles.
         let mut figures: Vec<[f64; 10]> = Vec::new();
+        let mut opened = pairs;
         for round in 0..cycles {
             let c = cycle(net, pairs);
-            let per = |open: u64, base: u64| open.saturating_sub(base) as f64 / pairs as f64;
+            let per = |open: u64, base: u64| open.saturating_sub(base) as f64 / c.opened as f64;
             let growth = |after: u64| (after as f64 - baseline.resident as f64) / 1e6;
             let row = [
                 percentile(&c.connect_ns, 50.0) / 1e6,
@@ -382,8 +415,9 @@ fn main() {
                 row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9]
             );
             if show_heap {
-                print_heap(&c.heap_open, &heap_baseline, pairs);
+                print_heap(&c.heap_open, &heap_baseline, c.opened);
             }
+            opened = opened.min(c.opened);
             if let Some(warm) = c.warm {
                 println!(
                     "        after --warm transfers on every pair: {:.1} kB resident per pair",
@@ -397,7 +431,7 @@ fn main() {
             .collect();
         let reference = *one_test_ns.get_or_insert(m[7]);
         println!(
-            "row pairs={pairs} connect_p50_ms={:.3} connect_p99_ms={:.3} connect_total_s={:.2} rss_per_pair_kb={:.1} fds_per_pair={:.2} maps_per_pair={:.2} transfer_us={:.1} test_ns={:.1} test_vs_one={:.3} closed_mb={:.1} trimmed_mb={:.1} baseline_mb={:.1}",
+"row pairs={pairs} opened={opened} connect_p50_ms={:.3} connect_p99_ms={:.3} connect_total_s={:.2} rss_per_pair_kb={:.1} fds_per_pair={:.2} maps_per_pair={:.2} transfer_us={:.1} test_ns={:.1} test_vs_one={:.3} closed_mb={:.1} trimmed_mb={:.1} baseline_mb={:.1}",
             m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[7] / reference, m[8], m[9],
             baseline.resident as f64 / 1e6,
         );

@@ -36,6 +36,20 @@ pub unsafe fn connect(
     source: &mut [u8],
     sink: &mut [u8],
 ) -> TablePair {
+    // SAFETY: as the caller promises.
+    unsafe { try_connect(net, profiler, source, sink) }.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`connect`], or which call failed with which code, everything it had made closed again.
+///
+/// # Safety
+/// As for [`connect`].
+pub unsafe fn try_connect(
+    net: &NetV12,
+    profiler: Option<ProfilerCallback>,
+    source: &mut [u8],
+    sink: &mut [u8],
+) -> Result<TablePair, String> {
     let mut config = NetCommConfig { traffic_class: -1 };
     let mut pair = TablePair {
         ctx: null_mut(),
@@ -44,21 +58,43 @@ pub unsafe fn connect(
         send_memory: null_mut(),
         recv_memory: null_mut(),
     };
+    let mut listen: *mut c_void = null_mut();
+    // Closes what exists and says what failed.
+    let fail = |pair: &TablePair, listen: *mut c_void, what: &str, code: i32| {
+        // SAFETY: each object is closed once, only if it was made.
+        unsafe {
+            if !listen.is_null() {
+                net.close_listen.unwrap()(listen);
+            }
+            if !pair.send.is_null() {
+                net.close_send.unwrap()(pair.send);
+            }
+            if !pair.recv.is_null() {
+                net.close_recv.unwrap()(pair.recv);
+            }
+            if !pair.ctx.is_null() {
+                net.finalize.unwrap()(pair.ctx);
+            }
+        }
+        Err(format!("{what} returned ncclResult {code}"))
+    };
     // SAFETY: NCCL ABI calls with valid pointers.
     unsafe {
-        check(
-            net.init.unwrap()(&mut pair.ctx, 1, &mut config, None, profiler),
-            "init",
-        );
+        let code = net.init.unwrap()(&mut pair.ctx, 1, &mut config, None, profiler);
+        if code != 0 {
+            pair.ctx = null_mut();
+            return fail(&pair, listen, "init", code);
+        }
         let mut handle = [0u8; 128];
-        let mut listen: *mut c_void = null_mut();
-        check(
-            net.listen.unwrap()(pair.ctx, 0, handle.as_mut_ptr().cast(), &mut listen),
-            "listen",
-        );
+        let code = net.listen.unwrap()(pair.ctx, 0, handle.as_mut_ptr().cast(), &mut listen);
+        if code != 0 {
+            return fail(&pair, null_mut(), "listen", code);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while pair.send.is_null() || pair.recv.is_null() {
-            assert!(Instant::now() < deadline, "connect/accept did not finish");
+            if Instant::now() >= deadline {
+                return fail(&pair, listen, "connect/accept (10 s without finishing)", -1);
+            }
             if pair.send.is_null() {
                 let code = net.connect.unwrap()(
                     pair.ctx,
@@ -67,13 +103,15 @@ pub unsafe fn connect(
                     &mut pair.send,
                     null_mut(),
                 );
-                check(code, "connect");
+                if code != 0 {
+                    return fail(&pair, listen, "connect", code);
+                }
             }
             if pair.recv.is_null() {
-                check(
-                    net.accept.unwrap()(listen, &mut pair.recv, null_mut()),
-                    "accept",
-                );
+                let code = net.accept.unwrap()(listen, &mut pair.recv, null_mut());
+                if code != 0 {
+                    return fail(&pair, listen, "accept", code);
+                }
             }
         }
         check(net.close_listen.unwrap()(listen), "closeListen");
@@ -100,7 +138,7 @@ pub unsafe fn connect(
             "regMr",
         );
     }
-    pair
+    Ok(pair)
 }
 
 /// deregMr both, closeSend, closeRecv, finalize.

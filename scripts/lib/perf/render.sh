@@ -239,6 +239,8 @@ scale_verdicts() {
   [ -n "$last" ] || return 0
   local n p50 ratio rss trimmed base
   n=$(scale_field "$last" pairs); p50=$(scale_field "$last" connect_p50_ms)
+  local opened; opened=$(scale_field "$last" opened)
+  echo "| Connection pairs opened in one process (loopback) | ${opened:-?} of $n | | all | $([ "${opened:-0}" = "$n" ] && echo met || echo "**gap**") |"
   ratio=$(scale_field "$last" test_vs_one); rss=$(scale_field "$last" rss_per_pair_kb)
   trimmed=$(scale_field "$last" trimmed_mb); base=$(scale_field "$last" baseline_mb)
   verdict() { awk -v v="$1" -v t="$2" 'BEGIN { print (v + 0 <= t + 0) ? "met" : "**gap**" }'; }
