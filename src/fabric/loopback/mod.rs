@@ -57,6 +57,8 @@ mod rates;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
+mod tests_errors;
+#[cfg(test)]
 mod tests_faults;
 #[cfg(test)]
 mod tests_rates;
@@ -109,7 +111,7 @@ pub(crate) struct World {
     pub(crate) next_key: u32,
     /// Next CQ/SRQ identifier.
     pub(crate) next_id: u64,
-    /// Live QPs in creation order (progress walks them in this order), so sorted by number.
+    /// Live QPs by number, which is creation order (progress visits the busy ones in it).
     pub(crate) qps: Table<u32, QpState>,
     /// WRs queued on every QP, not yet executed (progress skips the walk at 0).
     pub(crate) inflight_wrs: usize,
@@ -154,17 +156,17 @@ impl World {
         }
     }
 
-    /// Position of the live QP numbered `qpn`.
+    /// `Some(qpn)`, the key [`World::qps`] is indexed by, while the QP numbered `qpn` lives.
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<u32> {
         self.qps.0.contains_key(&qpn).then_some(qpn)
     }
 
-    /// Position of the live CQ with identifier `id`.
+    /// `Some(id)`, the key [`World::cqs`] is indexed by, while the CQ `id` lives.
     pub(crate) fn cq_index(&self, id: u64) -> Option<u64> {
         self.cqs.0.contains_key(&id).then_some(id)
     }
 
-    /// Position of the live SRQ with identifier `id`.
+    /// `Some(id)`, the key [`World::srqs`] is indexed by, while the SRQ `id` lives.
     pub(crate) fn srq_index(&self, id: u64) -> Option<u64> {
         self.srqs.0.contains_key(&id).then_some(id)
     }
@@ -202,9 +204,6 @@ impl World {
 /// The one world of the process.
 static WORLD: Mutex<World> = Mutex::new(World::new());
 
-/// Locks the world. A poisoned lock (a test panicked while holding it) is recovered rather than
-/// propagated: the seam promises not to panic, and the world's invariants are re-checked by
-/// every operation that relies on them.
 /// The world's QPs, CQs or SRQs by number: looking one up, adding one and removing one cost
 /// O(log n), so a process of 100,000 QPs opens and closes connections as fast as one of ten (a
 /// sorted vector paid a shift of every later entry on each removal: issue 22). Iteration is in
@@ -246,6 +245,9 @@ impl<K: Ord + Copy, V> std::ops::IndexMut<K> for Table<K, V> {
     }
 }
 
+/// Locks the world. A poisoned lock (a test panicked while holding it) is recovered rather than
+/// propagated: the seam promises not to panic, and the world's invariants are re-checked by
+/// every operation that relies on them.
 pub(crate) fn world() -> MutexGuard<'static, World> {
     WORLD
         .lock()
