@@ -4,14 +4,19 @@
 //! bytes itself (loopback, tcp) checks the same at registration, so a bogus registration is an
 //! error there instead of a segfault when a peer's write lands.
 
+/// The system's page size (4096 where it cannot be read).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1)
+}
+
 /// Whether every page of `[addr, addr + len)` is mapped in this process. `ibv_reg_mr` pins the
 /// pages and fails with EFAULT on unmapped memory; checking here keeps a bogus registration
 /// from turning into a segfault at execution time. `mincore` has no side effects on the pages.
 pub(crate) fn mapped(addr: u64, len: u64) -> bool {
-    // SAFETY: sysconf has no preconditions.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .unwrap_or(4096)
-        .max(1);
+    let page = page_size() as u64;
     let Some(end) = addr.checked_add(len) else {
         return false;
     };

@@ -63,7 +63,9 @@ impl<T: Copy> DmaRegion<T> {
             .map_err(|e| Error::internal(format!("DMA region layout: {e}")))?;
         assert!(layout.size() > 0, "DMA regions are never empty");
         let (raw, storage) = if layout.size() >= BLOCK_AT_LEAST_BYTES && !cfg!(miri) {
-            let bytes = layout.size().next_multiple_of(page_size());
+            let bytes = layout
+                .size()
+                .next_multiple_of(crate::fabric::pages::page_size());
             // Page-aligned, so at least 64-byte aligned.
             (
                 super::blocks::take(bytes)?.cast::<T>(),
@@ -137,14 +139,6 @@ impl<T: Copy> DmaRegion<T> {
             }
         }
     }
-}
-
-/// The system's page size.
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .unwrap_or(4096)
-        .max(1)
 }
 
 impl<T: Copy> Drop for DmaRegion<T> {

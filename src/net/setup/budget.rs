@@ -62,7 +62,7 @@ impl NicBudget {
         NicBudget {
             name: info.name.clone(),
             rail,
-            limits: [info.max_qp, info.max_cq, info.max_srq],
+            limits: limits(info),
             used: Default::default(),
         }
     }
