@@ -228,7 +228,7 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     let pairs = opened.len();
     let connect_total_s = started.elapsed().as_secs_f64();
     let open = footprint();
-    if std::env::args().any(|a| a == "verbs") {
+    if on_verbs() {
         print_rdma_resources(pairs);
         println!(
             "        pinned: {:.1} kB per pair",
@@ -336,6 +336,13 @@ fn print_rdma_resources(pairs: usize) {
     }
 }
 
+/// `--fabric verbs`: the NICs the environment names instead of the loopback fabric.
+fn on_verbs() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .any(|w| w[0] == "--fabric" && w[1] == "verbs")
+}
+
 fn list_argument(name: &str, default: &[usize]) -> Vec<usize> {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -348,7 +355,7 @@ fn list_argument(name: &str, default: &[usize]) -> Vec<usize> {
 fn main() {
     let pair_counts = list_argument("--pairs", &[1, 64, 1024, 8192]);
     let cycles = common::argument("--cycles", 3).max(1);
-    if !std::env::args().any(|a| a == "verbs") {
+    if !on_verbs() {
         std::env::set_var("MPIB_FABRIC", "loopback");
     }
     std::env::set_var("MPIB_MODE", "1");

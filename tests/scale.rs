@@ -37,14 +37,21 @@ fn trimmed_resident_bytes() -> i64 {
     resident_bytes()
 }
 
-#[test]
-fn a_thousand_pairs_open_move_bytes_and_close_without_keeping_memory() {
+/// One NIC pair on loopback in advanced mode with no agent (every connection still makes both
+/// rails' QPs), plus `extra`.
+fn advanced_env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut env = loopback_env("loop0", "loop1");
     env.extend([
         ("MPIB_MODE", "1"),
         ("MPIB_AGENT_SOCKET", "/nonexistent/mpib-agent.sock"),
     ]);
-    let output = run_child("child_thousand_pairs", &env);
+    env.extend_from_slice(extra);
+    env
+}
+
+#[test]
+fn a_thousand_pairs_open_move_bytes_and_close_without_keeping_memory() {
+    let output = run_child("child_thousand_pairs", &advanced_env(&[]));
     for line in output.lines().filter(|l| l.starts_with("cycle")) {
         println!("{line}");
     }
@@ -133,13 +140,8 @@ fn child_thousand_pairs() {
 
 #[test]
 fn a_connection_past_a_nic_limit_is_refused_whole() {
-    let mut env = loopback_env("loop0", "loop1");
-    env.extend([
-        ("MPIB_MODE", "1"),
-        ("MPIB_AGENT_SOCKET", "/nonexistent/mpib-agent.sock"),
-        // Room for one pair's 4 + 4 SUP QPs (MPIB_SUP_QP=4 on each side).
-        ("MPIB_LOOPBACK_FAULTS", "max_qp=sup:8"),
-    ]);
+    // Room for one pair's 4 + 4 SUP QPs (MPIB_SUP_QP=4 on each side).
+    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", "max_qp=sup:8")]);
     let output = run_child("child_past_the_limit", &env);
     for line in output.lines().filter(|l| l.contains("max_qp")) {
         println!("{line}");
