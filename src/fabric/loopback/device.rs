@@ -271,8 +271,11 @@ impl RailDevice for LoopbackDevice {
         let mut state = CqState::new(self.index, depth)
             .ok_or_else(|| self.error(verb, libc::ENOMEM, "cannot allocate the CQ ring"))?;
         let mut world = world();
-        state.id = world.take_id();
-        let id = state.id;
+        let id = world
+            .cqs
+            .next_key()
+            .ok_or_else(|| self.error(verb, libc::ENOMEM, "CQ identifiers exhausted"))?;
+        state.id = id;
         world.cqs.insert(id, state);
         Ok(Box::new(LoopbackCq::new(id, self.index)))
     }
@@ -284,8 +287,11 @@ impl RailDevice for LoopbackDevice {
         let mut state = SrqState::new(self.rail, depth)
             .ok_or_else(|| self.error(verb, libc::ENOMEM, "cannot allocate the SRQ ring"))?;
         let mut world = world();
-        state.id = world.take_id();
-        let id = state.id;
+        let id = world
+            .srqs
+            .next_key()
+            .ok_or_else(|| self.error(verb, libc::ENOMEM, "SRQ identifiers exhausted"))?;
+        state.id = id;
         world.srqs.insert(id, state);
         Ok(Box::new(LoopbackSrq::new(id, self.index)))
     }
@@ -392,14 +398,14 @@ fn create_qp_locked(
     if world.cq_index(cq).is_none() || srq.is_some_and(|s| world.srq_index(s).is_none()) {
         return Err(dev.error(verb, libc::EINVAL, "the CQ or SRQ no longer exists"));
     }
-    let qpn = world.next_qpn;
-    let Some(next) = qpn.checked_add(1).filter(|n| *n <= 0x00ff_ffff) else {
-        // QP numbers are 24 bits on the wire.
+    let Some(qpn) = world.qps.next_key() else {
+        // QP numbers are 24 bits on the wire: about a million live QPs.
         return Err(dev.error(verb, libc::ENOMEM, "QP numbers exhausted"));
     };
-    let state = QpState::new(qpn, dev.index, dev.rail, cq, srq, caps)
+    let created = world.created_qps;
+    let state = QpState::new(qpn, created, dev.index, dev.rail, cq, srq, caps)
         .ok_or_else(|| dev.error(verb, libc::ENOMEM, "cannot allocate the send queue"))?;
-    world.next_qpn = next;
+    world.created_qps += 1;
     world.qps.insert(qpn, state);
     // Room for every live QP in the busy list, taken now so that posting never allocates.
     let spare = world.qps.len().saturating_sub(world.busy.len());

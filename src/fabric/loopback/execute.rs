@@ -35,25 +35,30 @@ pub(crate) fn progress(world: &mut World) {
     let mut busy = std::mem::take(&mut world.busy);
     if world.faults.reorder {
         // SUP before SOUT, newest first within a rail.
-        busy.sort_unstable_by_key(|&qpn| {
+        busy.sort_unstable_by_key(|&(created, qpn)| {
             let sout = world
-                .qp_index(qpn)
-                .is_some_and(|index| world.qps[index].rail == Rail::ScaleOut);
-            (sout, std::cmp::Reverse(qpn))
+                .qps
+                .get(qpn)
+                .is_some_and(|qp| qp.rail == Rail::ScaleOut);
+            (sout, std::cmp::Reverse(created))
         });
-    } else {
+    } else if busy.windows(2).any(|pair| pair[0] > pair[1]) {
+        // Usually one or two QPs, already in order: checked before sorting.
         busy.sort_unstable();
     }
-    for &qpn in &busy {
-        if let Some(index) = world.qp_index(qpn) {
-            run_qp(world, index, now_ns);
+    // Runs each and keeps those left with work, in one walk.
+    let mut kept = 0;
+    for next in 0..busy.len() {
+        let (_, qpn) = busy[next];
+        if world.qps.contains(qpn) {
+            run_qp(world, qpn, now_ns);
+            if world.qps.get(qpn).is_some_and(|qp| !qp.inflight.is_empty()) {
+                busy[kept] = busy[next];
+                kept += 1;
+            }
         }
     }
-    busy.retain(|&qpn| {
-        world
-            .qp_index(qpn)
-            .is_some_and(|index| !world.qps[index].inflight.is_empty())
-    });
+    busy.truncate(kept);
     world.busy = busy;
 }
 

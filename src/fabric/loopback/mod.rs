@@ -54,6 +54,7 @@ mod faults;
 mod qp;
 mod queues;
 mod rates;
+mod table;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]
@@ -71,6 +72,7 @@ use self::faults::Faults;
 use self::qp::QpState;
 use self::queues::{CqState, SrqState};
 use self::rates::RateModel;
+use self::table::Table;
 use super::{Fabric, FabricError, FabricResult, Rail, RailDevice};
 
 /// The device names, indexed by the device's position in [`World::devices`].
@@ -80,9 +82,6 @@ const DEVICE_NAMES: [&str; DEVICES] = [
 ];
 /// How many NICs the world has.
 const DEVICES: usize = 16;
-
-/// First QP number handed out; small numbers look like uninitialised fields in logs.
-const FIRST_QPN: u32 = 0x100;
 
 /// First memory key handed out; keys are never 0 so a zeroed key is always invalid.
 const FIRST_KEY: u32 = 0x10;
@@ -105,23 +104,21 @@ pub(crate) struct World {
     rates_spec: String,
     /// Time 0 of the rate model's clocks and schedule.
     rates_epoch: Option<Instant>,
-    /// Next QP number.
-    pub(crate) next_qpn: u32,
+    /// QPs created so far: each QP's place in creation order, the order progress runs them in.
+    pub(crate) created_qps: u64,
     /// Next memory key (an lkey; its rkey is the following number).
     pub(crate) next_key: u32,
-    /// Next CQ/SRQ identifier.
-    pub(crate) next_id: u64,
-    /// Live QPs by number, which is creation order (progress visits the busy ones in it).
+    /// Live QPs by number.
     pub(crate) qps: Table<u32, QpState>,
     /// WRs queued on every QP, not yet executed (progress skips the walk at 0).
     pub(crate) inflight_wrs: usize,
-    /// QP numbers of the QPs with WRs in flight (progress visits only these, so a pass costs
-    /// the same beside 10 idle QPs or 100,000). Its capacity is kept at least the QP count, so
-    /// posting never allocates.
-    pub(crate) busy: Vec<u32>,
-    /// Live completion queues, in creation order (so sorted by identifier).
+    /// The QPs with WRs in flight, as (place in creation order, QP number): progress visits
+    /// only these, so a pass costs the same beside 10 idle QPs or 100,000. Its capacity is kept
+    /// at least the QP count, so posting never allocates.
+    pub(crate) busy: Vec<(u64, u32)>,
+    /// Live completion queues by identifier.
     pub(crate) cqs: Table<u64, CqState>,
-    /// Live shared receive queues, in creation order (so sorted by identifier).
+    /// Live shared receive queues by identifier.
     pub(crate) srqs: Table<u64, SrqState>,
 }
 
@@ -145,9 +142,8 @@ impl World {
             rates: RateModel::new(),
             rates_spec: String::new(),
             rates_epoch: None,
-            next_qpn: FIRST_QPN,
+            created_qps: 0,
             next_key: FIRST_KEY,
-            next_id: 1,
             qps: Table::new(),
             inflight_wrs: 0,
             busy: Vec::new(),
@@ -158,17 +154,17 @@ impl World {
 
     /// `Some(qpn)`, the key [`World::qps`] is indexed by, while the QP numbered `qpn` lives.
     pub(crate) fn qp_index(&self, qpn: u32) -> Option<u32> {
-        self.qps.0.contains_key(&qpn).then_some(qpn)
+        self.qps.contains(qpn).then_some(qpn)
     }
 
     /// `Some(id)`, the key [`World::cqs`] is indexed by, while the CQ `id` lives.
     pub(crate) fn cq_index(&self, id: u64) -> Option<u64> {
-        self.cqs.0.contains_key(&id).then_some(id)
+        self.cqs.contains(id).then_some(id)
     }
 
     /// `Some(id)`, the key [`World::srqs`] is indexed by, while the SRQ `id` lives.
     pub(crate) fn srq_index(&self, id: u64) -> Option<u64> {
-        self.srqs.0.contains_key(&id).then_some(id)
+        self.srqs.contains(id).then_some(id)
     }
 
     /// Nanoseconds since the rate model took effect, or `None` when no rates are modelled (then
@@ -192,58 +188,10 @@ impl World {
         self.rates_spec = spec.to_string();
         self.rates_epoch = Some(Instant::now());
     }
-
-    /// A fresh CQ/SRQ identifier (u64: never wraps in practice).
-    pub(crate) fn take_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1);
-        id
-    }
 }
 
 /// The one world of the process.
 static WORLD: Mutex<World> = Mutex::new(World::new());
-
-/// The world's QPs, CQs or SRQs by number: looking one up, adding one and removing one cost
-/// O(log n), so a process of 100,000 QPs opens and closes connections as fast as one of ten (a
-/// sorted vector paid a shift of every later entry on each removal: issue 22). Iteration is in
-/// number order, which is creation order. Indexing a number that is not there panics, as
-/// indexing a vector past its end did: callers look the number up first.
-pub(crate) struct Table<K: Ord + Copy, V>(pub(crate) std::collections::BTreeMap<K, V>);
-
-impl<K: Ord + Copy, V> Table<K, V> {
-    const fn new() -> Self {
-        Table(std::collections::BTreeMap::new())
-    }
-
-    /// Adds `value` under `key`.
-    pub(crate) fn insert(&mut self, key: K, value: V) {
-        self.0.insert(key, value);
-    }
-
-    /// Removes and returns the entry of `key`.
-    pub(crate) fn remove(&mut self, key: K) -> Option<V> {
-        self.0.remove(&key)
-    }
-
-    /// Entries held.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-impl<K: Ord + Copy, V> std::ops::Index<K> for Table<K, V> {
-    type Output = V;
-    fn index(&self, key: K) -> &V {
-        &self.0[&key]
-    }
-}
-
-impl<K: Ord + Copy, V> std::ops::IndexMut<K> for Table<K, V> {
-    fn index_mut(&mut self, key: K) -> &mut V {
-        self.0.get_mut(&key).expect("a looked-up key is present")
-    }
-}
 
 /// Locks the world. A poisoned lock (a test panicked while holding it) is recovered rather than
 /// propagated: the seam promises not to panic, and the world's invariants are re-checked by

@@ -42,6 +42,8 @@ pub(crate) struct Peer {
 pub(crate) struct QpState {
     /// QP number.
     pub(crate) qpn: u32,
+    /// Its place in creation order (progress runs QPs in it).
+    pub(crate) created: u64,
     /// Owning device.
     pub(crate) device: usize,
     /// Rail of the device handle that created it.
@@ -74,6 +76,7 @@ impl QpState {
     /// The state of a new, unconnected QP, or `None` when its queues cannot be allocated.
     pub(crate) fn new(
         qpn: u32,
+        created: u64,
         device: usize,
         rail: Rail,
         cq: u64,
@@ -89,6 +92,7 @@ impl QpState {
         inline_buf.resize(inline_len, 0);
         Some(QpState {
             qpn,
+            created,
             device,
             rail,
             cq,
@@ -290,9 +294,9 @@ unsafe fn enqueue(world: &mut World, index: u32, wr: &WorkRequest) {
     }
     qp.outstanding += 1;
     if qp.inflight.is_empty() {
-        let qpn = qp.qpn;
+        let busy = (qp.created, qp.qpn);
         // Capacity for every live QP was reserved when it was created: no allocation.
-        world.busy.push(qpn);
+        world.busy.push(busy);
     }
     let qp = &mut world.qps[index];
     // Capacity is max_send_wr and in-flight <= outstanding <= max_send_wr: never grows.
@@ -311,7 +315,7 @@ impl Drop for LoopbackQp {
         if let Some(removed) = world.qps.remove(self.qpn) {
             world.inflight_wrs -= removed.inflight.len();
             let qpn = self.qpn;
-            world.busy.retain(|&busy| busy != qpn);
+            world.busy.retain(|&(_, busy)| busy != qpn);
             // The busy list keeps room for every live QP (posting relies on it).
             let live = world.qps.len().max(world.busy.len());
             if world.busy.capacity() > 64 && live < world.busy.capacity() / 4 {
