@@ -1,7 +1,8 @@
 //! Many connections in one process (issue 22), bounded so that the test command runs it: a
 //! thousand connection pairs opened, each moving verified bytes, closed, three times over, with
 //! the memory the process keeps after each cycle checked for growth (a leak of a kilobyte per
-//! pair fails it); and a connection past a NIC's limits refused whole, with the limit, the NIC
+//! pair fails it), the descriptors they hold checked (connections between two processes share
+//! one control connection: a descriptor per pair fails it); and a connection past a NIC's limits refused whole, with the limit, the NIC
 //! and the variable named, its objects given back when the others close. `benches/scale.rs`
 //! measures the same shape up to 8,192 pairs (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 //! Each case runs in a child process: the plugin's devices and limits are fixed at its first
@@ -29,6 +30,10 @@ fn resident_bytes() -> i64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: i64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
+}
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
 fn trimmed_resident_bytes() -> i64 {
@@ -73,6 +78,7 @@ fn child_thousand_pairs() {
         "init",
     );
     let baseline = trimmed_resident_bytes();
+    let descriptors = open_descriptors();
     let mut after = Vec::new();
     for cycle in 0..3 {
         let mut source: Vec<u8> = (0..BYTES + PAIRS).map(|i| (i % 251) as u8).collect();
@@ -83,6 +89,13 @@ fn child_thousand_pairs() {
             .map(|sink| unsafe { table::connect(net, None, &mut source, sink) })
             .collect();
         let open = resident_bytes();
+        // One control connection (both its ends, as this process is both peers) for them all.
+        let held = open_descriptors() - descriptors;
+        assert!(
+            held <= 4,
+            "cycle {cycle}: {PAIRS} pairs hold {held} descriptors: each has its own control \
+             connection instead of sharing its process pair's"
+        );
         let (base, sink_base) = (source.as_mut_ptr(), sinks.as_mut_ptr());
         let requests: Vec<_> = pairs
             .iter()

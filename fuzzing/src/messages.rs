@@ -6,7 +6,7 @@ use mpib_proto::agent_wire::{AgentRequest, AgentResponse, Header};
 use mpib_proto::cts::{match_tag, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
 use mpib_proto::imm::Imm;
 use mpib_proto::rail_mask::RailMask;
-use mpib_proto::wire::{decode_ready, ConnectReply, ConnectRequest};
+use mpib_proto::wire::{ConnectReply, ConnectRequest, LinkAnswer, Ready};
 
 /// The first `N` bytes of `data`, zero-padded: a decoder of fixed-size messages sees every
 /// prefix the fuzzer tries.
@@ -18,12 +18,13 @@ fn fixed<const N: usize>(data: &[u8]) -> [u8; N] {
 }
 
 /// The handshake a peer sends over the control socket: the first byte picks the message
-/// (connect request, connect reply, ready), the rest is the message.
+/// (connect request, connect reply, ready with its link proposal, the link answer to a ready),
+/// the rest is the message.
 pub fn handshake(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 3 {
+    match which % 4 {
         0 => {
             if let Ok(request) = ConnectRequest::decode(&fixed(rest)) {
                 assert_eq!(ConnectRequest::decode(&request.encode()), Ok(request));
@@ -34,8 +35,20 @@ pub fn handshake(data: &[u8]) {
                 assert_eq!(ConnectReply::decode(&reply.encode()), Ok(reply));
             }
         }
+        2 => {
+            if let Ok(ready) = Ready::decode(&fixed(rest)) {
+                assert_eq!(Ready::decode(&ready.encode()), Ok(ready));
+            }
+        }
         _ => {
-            let _ = decode_ready(&fixed(rest));
+            let ready = Ready::decode(&fixed(rest)).unwrap_or(Ready {
+                existing_link: 1,
+                fresh_link: 2,
+            });
+            let answer = rest.get(mpib_proto::wire::READY_LEN..).unwrap_or_default();
+            if let Ok(answer) = LinkAnswer::decode(&fixed(answer), &ready) {
+                assert!(answer.link == ready.fresh_link || answer.link == ready.existing_link);
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use mpib_proto::island::PathClass;
 use mpib_proto::mode::Mode;
 use mpib_proto::rail_mask::RailMask;
 use mpib_proto::wire::{
-    encode_ready, ConnectReply, ConnectRequest, RailEndpoint, MAX_QPS, RAIL_ENDPOINT_BYTES,
+    ConnectReply, ConnectRequest, LinkAnswer, RailEndpoint, Ready, MAX_QPS, RAIL_ENDPOINT_BYTES,
 };
 
 fn fuzz_dir() -> PathBuf {
@@ -61,6 +61,7 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         fifo_addr: 0x7f00_0000_1000,
         fifo_rkeys: [0x1234, 0x5678],
         conn_id: 0x0001_0002,
+        process: 0x5eed_0000_0000_0001,
     };
     let reply = ConnectReply {
         refusal: None,
@@ -72,11 +73,23 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         qp_nums: [33; MAX_QPS],
         records_addr: 0x7f00_0000_2000,
         records_rkeys: [0x9abc, 0xdef0],
+        conn_id: 0x0003_0004,
+        process: 0x5eed_0000_0000_0002,
+    };
+    let ready = Ready {
+        existing_link: 7,
+        fresh_link: 8,
     };
     vec![
         [&[0u8][..], &request.encode()].concat(),
         [&[1u8][..], &reply.encode()].concat(),
-        [&[2u8][..], &encode_ready()].concat(),
+        [&[2u8][..], &ready.encode()].concat(),
+        [
+            &[3u8][..],
+            &ready.encode(),
+            &LinkAnswer { link: 7 }.encode(),
+        ]
+        .concat(),
     ]
 }
 

@@ -25,13 +25,15 @@ use super::island::PathClass;
 /// "MPIBHSK1".
 pub const HANDSHAKE_MAGIC: u64 = 0x4D50_4942_4853_4B31;
 /// Bumped on any change of layout or meaning.
-pub const HANDSHAKE_VERSION: u32 = 2;
+pub const HANDSHAKE_VERSION: u32 = 3;
 /// Largest QP array of one connection (both rails).
 pub const MAX_QPS: usize = 32;
 /// Largest QP count on one rail.
 pub const MAX_QPS_PER_RAIL: u8 = 16;
 /// "MPIBRDY1": the connector's final "my QPs are ready" marker.
 pub const READY_MAGIC: u64 = 0x4D50_4942_5244_5931;
+/// "MPIBLNK1": the acceptor's answer to the ready marker: which control link it keeps.
+pub const LINK_MAGIC: u64 = 0x4D50_4942_4C4E_4B31;
 
 const HEADER_LEN: usize = 8 + 4;
 /// Bytes of a fabric's opaque endpoint ([`RailEndpoint::endpoint`]).
@@ -42,11 +44,14 @@ const KEYS_LEN: usize = 2 * 4;
 
 /// Bytes of an encoded [`ConnectRequest`].
 pub const CONNECT_REQUEST_LEN: usize =
-    HEADER_LEN + 8 + 4 + 4 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8;
+    HEADER_LEN + 8 + 4 + 4 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8 + 8;
 /// Bytes of an encoded [`ConnectReply`].
-pub const CONNECT_REPLY_LEN: usize = HEADER_LEN + 8 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN;
-/// Bytes of the ready marker.
-pub const READY_LEN: usize = 8;
+pub const CONNECT_REPLY_LEN: usize =
+    HEADER_LEN + 8 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8 + 8;
+/// Bytes of the ready marker and its link proposal.
+pub const READY_LEN: usize = 8 + 8 + 8;
+/// Bytes of the acceptor's link answer.
+pub const LINK_ANSWER_LEN: usize = 8 + 8;
 
 /// How to reach one rail of one end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -86,8 +91,12 @@ pub struct ConnectRequest {
     pub fifo_addr: u64,
     /// Remote keys of the FIFO, by rail index.
     pub fifo_rkeys: [u32; 2],
-    /// Connection identifier (agent registration, logs).
+    /// The connector's name for this connection on the shared control link: the acceptor puts
+    /// it in the notices it sends about its end (failed, closed).
     pub conn_id: u64,
+    /// The connector's process, a random number drawn once per process: with the link
+    /// identifier it names a control link between the two processes.
+    pub process: u64,
 }
 
 /// Why the acceptor refused a connection.
@@ -128,6 +137,30 @@ pub struct ConnectReply {
     pub records_addr: u64,
     /// Remote keys of the records, by rail index.
     pub records_rkeys: [u32; 2],
+    /// The acceptor's name for this connection on the shared control link.
+    pub conn_id: u64,
+    /// The acceptor's process (drawn once per process, as [`ConnectRequest::process`]).
+    pub process: u64,
+}
+
+/// The connector's ready marker: its QPs are at RTS, and which control link the connection
+/// should keep. Both ends must keep the same one, so the connector proposes and the acceptor
+/// answers ([`LinkAnswer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// A link from the connector to the acceptor's process the connector holds open (0: none):
+    /// the connection rides it if the acceptor holds it too.
+    pub existing_link: u64,
+    /// Otherwise this handshake's TCP connection becomes a new link with this identifier
+    /// (never 0).
+    pub fresh_link: u64,
+}
+
+/// The acceptor's answer: the link the connection rides, one of the proposal's two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkAnswer {
+    /// [`Ready::existing_link`] or [`Ready::fresh_link`].
+    pub link: u64,
 }
 
 /// A message that is not a valid handshake message.
@@ -302,6 +335,7 @@ impl ConnectRequest {
         writer.u64(self.fifo_addr);
         write_words(&mut writer, &self.fifo_rkeys);
         writer.u64(self.conn_id);
+        writer.u64(self.process);
         debug_assert_eq!(writer.position(), CONNECT_REQUEST_LEN);
         bytes
     }
@@ -327,6 +361,7 @@ impl ConnectRequest {
             fifo_addr: reader.u64(),
             fifo_rkeys: read_words(&mut reader),
             conn_id: reader.u64(),
+            process: reader.u64(),
         };
         debug_assert_eq!(reader.position(), CONNECT_REQUEST_LEN);
         Ok(request)
@@ -349,6 +384,8 @@ impl ConnectReply {
         write_words(&mut writer, &self.qp_nums);
         writer.u64(self.records_addr);
         write_words(&mut writer, &self.records_rkeys);
+        writer.u64(self.conn_id);
+        writer.u64(self.process);
         debug_assert_eq!(writer.position(), CONNECT_REPLY_LEN);
         bytes
     }
@@ -374,22 +411,73 @@ impl ConnectReply {
             qp_nums: read_words(&mut reader),
             records_addr: reader.u64(),
             records_rkeys: read_words(&mut reader),
+            conn_id: reader.u64(),
+            process: reader.u64(),
         };
         debug_assert_eq!(reader.position(), CONNECT_REPLY_LEN);
         Ok(reply)
     }
 }
 
-/// The ready marker the connector sends once its QPs are at RTS.
-pub fn encode_ready() -> [u8; READY_LEN] {
-    READY_MAGIC.to_le_bytes()
+impl Ready {
+    /// The message as sent.
+    pub fn encode(&self) -> [u8; READY_LEN] {
+        let mut bytes = [0u8; READY_LEN];
+        let mut writer = Writer::new(&mut bytes);
+        writer.u64(READY_MAGIC);
+        writer.u64(self.existing_link);
+        writer.u64(self.fresh_link);
+        bytes
+    }
+
+    /// Parse and validate a received ready marker.
+    pub fn decode(bytes: &[u8; READY_LEN]) -> Result<Ready, WireError> {
+        let mut reader = Reader::new(bytes);
+        let magic = reader.u64();
+        if magic != READY_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let ready = Ready {
+            existing_link: reader.u64(),
+            fresh_link: reader.u64(),
+        };
+        if ready.fresh_link == 0 {
+            return Err(bad("fresh_link", 0u64));
+        }
+        if ready.existing_link == ready.fresh_link {
+            return Err(bad("existing_link", ready.existing_link));
+        }
+        Ok(ready)
+    }
 }
 
-/// Check a received ready marker.
-pub fn decode_ready(bytes: &[u8; READY_LEN]) -> Result<(), WireError> {
-    match u64::from_le_bytes(*bytes) {
-        READY_MAGIC => Ok(()),
-        other => Err(WireError::BadMagic(other)),
+impl LinkAnswer {
+    /// The message as sent.
+    pub fn encode(&self) -> [u8; LINK_ANSWER_LEN] {
+        let mut bytes = [0u8; LINK_ANSWER_LEN];
+        let mut writer = Writer::new(&mut bytes);
+        writer.u64(LINK_MAGIC);
+        writer.u64(self.link);
+        bytes
+    }
+
+    /// Parse a received answer and check it picks one of `proposed`'s links.
+    pub fn decode(
+        bytes: &[u8; LINK_ANSWER_LEN],
+        proposed: &Ready,
+    ) -> Result<LinkAnswer, WireError> {
+        let mut reader = Reader::new(bytes);
+        let magic = reader.u64();
+        if magic != LINK_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let link = reader.u64();
+        let known = link == proposed.fresh_link
+            || (proposed.existing_link != 0 && link == proposed.existing_link);
+        if !known {
+            return Err(bad("link", link));
+        }
+        Ok(LinkAnswer { link })
     }
 }
 

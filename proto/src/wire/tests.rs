@@ -27,6 +27,7 @@ fn request() -> ConnectRequest {
         fifo_addr: 0x7F00_0000_1000,
         fifo_rkeys: [0x100, 0x200],
         conn_id: 0x1234_0001,
+        process: 0xABCD_0000_0000_0001,
     }
 }
 
@@ -42,14 +43,17 @@ fn reply() -> ConnectReply {
         qp_nums: request.qp_nums,
         records_addr: 0x7F00_0000_2000,
         records_rkeys: [0x300, 0x400],
+        conn_id: 0x5678_0002,
+        process: 0xABCD_0000_0000_0002,
     }
 }
 
 #[test]
 fn lengths() {
-    assert_eq!(CONNECT_REQUEST_LEN, 268);
-    assert_eq!(CONNECT_REPLY_LEN, 252);
-    assert_eq!(&encode_ready(), b"1YDRBIPM");
+    assert_eq!(CONNECT_REQUEST_LEN, 276);
+    assert_eq!(CONNECT_REPLY_LEN, 268);
+    assert_eq!(&READY.encode()[..8], b"1YDRBIPM");
+    assert_eq!(&LinkAnswer { link: 5 }.encode()[..8], b"1KNLBIPM");
     assert_eq!(&request().encode()[..8], b"1KSHBIPM");
 }
 
@@ -62,8 +66,43 @@ fn roundtrip_examples() {
         ..reply()
     };
     assert_eq!(ConnectReply::decode(&refused.encode()), Ok(refused));
-    assert_eq!(decode_ready(&encode_ready()), Ok(()));
-    assert_eq!(decode_ready(&[0; READY_LEN]), Err(WireError::BadMagic(0)));
+    assert_eq!(Ready::decode(&READY.encode()), Ok(READY));
+    assert_eq!(Ready::decode(&[0; READY_LEN]), Err(WireError::BadMagic(0)));
+    for link in [READY.existing_link, READY.fresh_link] {
+        let answer = LinkAnswer { link };
+        assert_eq!(LinkAnswer::decode(&answer.encode(), &READY), Ok(answer));
+    }
+}
+
+const READY: Ready = Ready {
+    existing_link: 7,
+    fresh_link: 9,
+};
+
+#[test]
+fn a_link_proposal_and_answer_must_make_sense() {
+    let no_fresh = Ready {
+        existing_link: 3,
+        fresh_link: 0,
+    };
+    assert!(Ready::decode(&no_fresh.encode()).is_err());
+    let same = Ready {
+        existing_link: 3,
+        fresh_link: 3,
+    };
+    assert!(Ready::decode(&same.encode()).is_err());
+    // An answer naming a link that was not proposed (or "none", 0) is refused.
+    let fresh_only = Ready {
+        existing_link: 0,
+        ..READY
+    };
+    for link in [0, 8, READY.existing_link] {
+        let answer = LinkAnswer { link };
+        assert!(
+            LinkAnswer::decode(&answer.encode(), &fresh_only).is_err(),
+            "{link}"
+        );
+    }
 }
 
 #[test]
@@ -209,12 +248,13 @@ proptest! {
         addrs in any::<([u8; 4], [u8; 4])>(),
         rails in [any_endpoint(), any_endpoint()],
         qp_nums in any_qp_nums(),
-        words in any::<(u64, [u32; 2], u64)>(),
+        words in any::<(u64, [u32; 2], u64, u64)>(),
     ) {
         let request = ConnectRequest {
             mode, class, prefix_len, sout_qps, sup_qps,
             connector_addr: addrs.0, acceptor_addr: addrs.1, rails, qp_nums,
             fifo_addr: words.0, fifo_rkeys: words.1, conn_id: words.2,
+            process: words.3,
         };
         prop_assert_eq!(ConnectRequest::decode(&request.encode()), Ok(request));
     }
@@ -225,11 +265,12 @@ proptest! {
         (mode, class, sout_qps, sup_qps) in any_layout(),
         rails in [any_endpoint(), any_endpoint()],
         qp_nums in any_qp_nums(),
-        records in any::<(u64, [u32; 2])>(),
+        records in any::<(u64, [u32; 2], u64, u64)>(),
     ) {
         let reply = ConnectReply {
             refusal: Refusal::from_code(refusal), mode, class, sout_qps, sup_qps, rails,
             qp_nums, records_addr: records.0, records_rkeys: records.1,
+            conn_id: records.2, process: records.3,
         };
         prop_assert_eq!(ConnectReply::decode(&reply.encode()), Ok(reply));
     }
@@ -254,6 +295,10 @@ proptest! {
         if let Ok(decoded) = ConnectReply::decode(&reply) {
             prop_assert_eq!(decoded.encode(), reply);
         }
-        let _ = decode_ready(&request[..READY_LEN].try_into().unwrap());
+        if let Ok(decoded) = Ready::decode(&request[..READY_LEN].try_into().unwrap()) {
+            prop_assert_eq!(&decoded.encode()[..], &request[..READY_LEN]);
+            let answer: [u8; LINK_ANSWER_LEN] = request[..LINK_ANSWER_LEN].try_into().unwrap();
+            let _ = LinkAnswer::decode(&answer, &decoded);
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The plugin's housekeeping thread: the upkeep that needs syscalls, kept off NCCL's data path.
 //!
 //! Every [`TICK`] it reads the rail devices' async event queues (a `read()` each on verbs) and
-//! publishes the fatal events ([`DeviceHealth`]); about once a second it checks that the probes
+//! publishes the fatal events ([`DeviceHealth`]); every 100 ms it reads and flushes the control
+//! links (`crate::net::observe::link::pump_all`); about once a second it checks that the probes
 //! file and the hint files this process maps are still the files at their paths and whole (a
 //! `stat` each, and the hint mappings' list under its lock). What it finds reaches the data path
 //! through atomics only, so `isend`, `irecv` and `test` do no syscall, take no lock and allocate
@@ -28,6 +29,9 @@ use crate::net::observe::telemetry::Telemetry;
 pub(crate) const TICK: Duration = Duration::from_millis(10);
 /// How often the shared files are checked, in ticks (about a second).
 const FILE_CHECK_TICKS: u32 = 100;
+/// How often the control links are read and flushed, in ticks (100 ms: as often as a waiting
+/// comm reads its own, `crate::net::observe::peer::CHECK_INTERVAL_NS`).
+const LINK_TICKS: u32 = 10;
 
 /// What the thread watches.
 pub(crate) struct Watched {
@@ -79,6 +83,8 @@ impl Drop for Housekeeper {
 /// The thread's loop: sleep a tick (or until asked to stop), then the upkeep that is due.
 fn run(watched: &Watched, stop: &Stop) {
     let mut ticks = 0u32;
+    // Room for the links of a typical process up front (it grows to the peak once, then stays).
+    let mut links = Vec::with_capacity(64);
     let mut requested = stop
         .requested
         .lock()
@@ -96,6 +102,10 @@ fn run(watched: &Watched, stop: &Stop) {
             health.poll(device.as_ref(), *rail);
         }
         ticks += 1;
+        if ticks % LINK_TICKS == 0 {
+            let now_ns = crate::net::data::request::now_ns();
+            crate::net::observe::link::pump_all(now_ns, &mut links);
+        }
         if ticks % FILE_CHECK_TICKS == 0 {
             watched.telemetry.check_file();
             crate::net::agent::hints::check_hint_files();

@@ -21,8 +21,8 @@ use crate::proto::qp_layout::QpLayout;
 use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::{SrqCredits, SRQ_HIGH_WATER};
 use crate::proto::wire::{
-    check_agreement, decode_ready, ConnectReply, ConnectRequest, Refusal, CONNECT_REPLY_LEN,
-    CONNECT_REQUEST_LEN, MAX_QPS, READY_LEN,
+    check_agreement, ConnectReply, ConnectRequest, LinkAnswer, Ready, Refusal, CONNECT_REPLY_LEN,
+    CONNECT_REQUEST_LEN, LINK_ANSWER_LEN, MAX_QPS, READY_LEN,
 };
 
 use crate::net::agent::registration::{
@@ -30,6 +30,8 @@ use crate::net::agent::registration::{
 };
 use crate::net::data::flush::Flusher;
 use crate::net::data::recv::{RecvComm, RecvData};
+use crate::net::data::request::now_ns;
+use crate::net::observe::link::{self, Attachment, Names};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
@@ -81,6 +83,9 @@ enum Stage {
     Resolving(Resolutions, Box<ConnectRequest>, ConnectReply),
     SendingReply(Transfer<CONNECT_REPLY_LEN>),
     ReceivingReady(Transfer<READY_LEN>),
+    /// The control link this side keeps, of the two the connector proposed
+    /// (src/net/observe/link.rs).
+    SendingAnswer(Transfer<LINK_ANSWER_LEN>),
     /// Advanced mode: the agent registration, polled once per call (never waited for).
     Registering(Option<PendingRegistration>),
 }
@@ -96,6 +101,10 @@ struct Acceptance {
     built: Option<(ConnectionInfo, RecvData)>,
     /// The connector's rail addresses, SOUT and SUP (the agent registration names both pairs).
     peer_rail_addresses: [IpAddr; 2],
+    /// Names on the control link: ours, the connector's, and the connector's process.
+    link_names: (u64, u64, u64),
+    /// This connection's share of its control link, once answered.
+    link: Option<Attachment>,
 }
 
 /// `listen` for fused device `device` on the context's OOB address.
@@ -179,6 +188,8 @@ impl ListenComm {
             refusal: None,
             built: None,
             peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
+            link_names: (link::fresh_name(), 0, 0),
+            link: None,
         })
     }
 }
@@ -245,8 +256,15 @@ impl Acceptance {
                     if !transfer.receive(&mut self.stream, &peer)? {
                         return Ok(None);
                     }
-                    decode_ready(transfer.bytes())
+                    let ready = Ready::decode(transfer.bytes())
                         .map_err(|e| Error::remote(format!("bad ready message: {e}")))?;
+                    let answer = self.answer_link(ctx, &ready)?;
+                    self.stage = Stage::SendingAnswer(Transfer::outgoing(answer.encode()));
+                }
+                Stage::SendingAnswer(transfer) => {
+                    if !transfer.send(&mut self.stream, &peer)? {
+                        return Ok(None);
+                    }
                     if ctx.settings.mode == Mode::Vanilla {
                         return self.finish(ctx, None).map(Some);
                     }
@@ -323,7 +341,11 @@ impl Acceptance {
             qp_nums: [0; MAX_QPS],
             records_addr: 0,
             records_rkeys: [0; 2],
+            conn_id: self.link_names.0,
+            process: link::process_id(),
         };
+        self.link_names.1 = request.conn_id;
+        self.link_names.2 = request.process;
         if let Err(refusal) = check_agreement(request, settings.mode, class, sout, sup) {
             reply.refusal = Some(refusal);
             self.refusal =
@@ -460,13 +482,30 @@ impl Acceptance {
         );
         let mut data = data;
         data.telemetry = ConnectionTelemetry::claim(&ctx.plugin.telemetry, &info, false);
-        data.peer = PeerWatch::of_control(
-            &self.stream,
-            self.peer,
-            ctx,
-            &self.device.devices,
-            ctx.traffic_class,
-        )?;
+        let share = self
+            .link
+            .take()
+            .ok_or_else(|| Error::internal("finish before the control link"))?;
+        data.peer = PeerWatch::of_control(share, &self.stream, &self.device.devices);
         Ok(RecvComm::new(info, data))
+    }
+
+    /// Keeps a share of the link the connector proposed if this side holds it, else this
+    /// handshake's connection as the new link; the answer names the one kept.
+    fn answer_link(&mut self, ctx: &Arc<Context>, ready: &Ready) -> Result<LinkAnswer> {
+        let settings = crate::net::setup::resources::qp_settings(&ctx.settings, ctx.traffic_class);
+        let (local, peer, connector) = self.link_names;
+        let names = Names { local, peer };
+        let budget_ms = settings.retry_budget_ms();
+        let share = link::answer(connector, ready, &self.stream, budget_ms, names, now_ns())
+            .map_err(|e| {
+                let what = format!("keeping the control connection to {}", self.peer);
+                crate::net::setup::descriptors::socket_error(&what, &e)
+            })?;
+        let answer = LinkAnswer {
+            link: share.link_id(),
+        };
+        self.link = Some(share);
+        Ok(answer)
     }
 }

@@ -1,7 +1,7 @@
-//! File descriptors: each connection keeps its control socket open on each side for as long as
-//! it lives (the peer watch, `crate::net::observe::peer`), and each pending `listen` holds one
-//! more, so a process of thousands of connections needs thousands of descriptors. Many systems
-//! start processes with a soft `RLIMIT_NOFILE` of 1,024 under a hard limit far above it; as Go's
+//! File descriptors: a process keeps one control connection per peer process, direction and
+//! path, shared by all its connections there (`crate::net::observe::link`), one listening socket per pending
+//! `listen`, and a few per handshake in progress; the host's own sockets and files come on top.
+//! Many systems start processes with a soft `RLIMIT_NOFILE` of 1,024 under a hard limit far above it; as Go's
 //! runtime does, the plugin raises the soft limit to the hard one when it opens, and says so.
 //! Running out anyway is reported as that, naming the limit and how to raise it, rather than as
 //! a bare "Too many open files".
@@ -39,7 +39,7 @@ pub(crate) fn raise_soft_limit() {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
         info!(
             log::INIT,
-            "raised this process's soft RLIMIT_NOFILE from {soft} to its hard limit {hard}: each connection holds a control socket on each side"
+            "raised this process's soft RLIMIT_NOFILE from {soft} to its hard limit {hard}: MPIB keeps a control connection per peer process and a listening socket per pending listen"
         );
     } else {
         warn!(
@@ -58,8 +58,8 @@ pub(crate) fn socket_error(what: &str, error: &io::Error) -> Error {
             let (soft, hard) = limits().unwrap_or((0, 0));
             Error::system(format!(
                 "{what}: {error}: this process is out of file descriptors (RLIMIT_NOFILE soft \
-                 {soft}, hard {hard}); MPIB holds a control socket per connection on each side \
-                 and one per pending listen: raise the limit (`ulimit -n`, LimitNOFILE= in a \
+                 {soft}, hard {hard}); MPIB holds a control connection per peer process, a \
+                 listening socket per pending listen and a few per handshake: raise the limit (`ulimit -n`, LimitNOFILE= in a \
                  systemd unit, or the container's nofile ulimit)"
             ))
         }
