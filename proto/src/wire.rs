@@ -237,11 +237,16 @@ fn write_header(writer: &mut Writer<'_>) {
     writer.u32(HANDSHAKE_VERSION);
 }
 
-fn read_header(reader: &mut Reader<'_>) -> Result<(), WireError> {
-    let magic = reader.u64();
-    if magic != HANDSHAKE_MAGIC {
-        return Err(WireError::BadMagic(magic));
+/// Reads a message's first word, which must be `expected`.
+fn read_magic(reader: &mut Reader<'_>, expected: u64) -> Result<(), WireError> {
+    match reader.u64() {
+        magic if magic == expected => Ok(()),
+        magic => Err(WireError::BadMagic(magic)),
     }
+}
+
+fn read_header(reader: &mut Reader<'_>) -> Result<(), WireError> {
+    read_magic(reader, HANDSHAKE_MAGIC)?;
     let version = reader.u32();
     if version != HANDSHAKE_VERSION {
         return Err(WireError::BadVersion(version));
@@ -433,10 +438,7 @@ impl Ready {
     /// Parse and validate a received ready marker.
     pub fn decode(bytes: &[u8; READY_LEN]) -> Result<Ready, WireError> {
         let mut reader = Reader::new(bytes);
-        let magic = reader.u64();
-        if magic != READY_MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
+        read_magic(&mut reader, READY_MAGIC)?;
         let ready = Ready {
             existing_link: reader.u64(),
             fresh_link: reader.u64(),
@@ -467,10 +469,7 @@ impl LinkAnswer {
         proposed: &Ready,
     ) -> Result<LinkAnswer, WireError> {
         let mut reader = Reader::new(bytes);
-        let magic = reader.u64();
-        if magic != LINK_MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
+        read_magic(&mut reader, LINK_MAGIC)?;
         let link = reader.u64();
         let known = link == proposed.fresh_link
             || (proposed.existing_link != 0 && link == proposed.existing_link);

@@ -298,7 +298,14 @@ impl LinkState {
                     since: now_ns,
                     text: String::from_utf8_lossy(text).into_owned(),
                 },
-                _ => Heard::Closed { since: now_ns },
+                2 => Heard::Closed { since: now_ns },
+                other => {
+                    // Both ends speak one handshake version: another kind is not a notice.
+                    let why = format!("carried a notice of unknown kind {other}");
+                    self.ended = Some((now_ns, why));
+                    self.input.clear();
+                    return;
+                }
             };
             if let Some(slot) = self.heard.get_mut(&comm) {
                 // A failure report is kept over a later close (it says why).

@@ -226,3 +226,20 @@ fn pumping_every_link_files_notices_nobody_asked_for() {
         Some(Heard::Failed { .. })
     ));
 }
+
+#[test]
+fn a_notice_of_an_unknown_kind_ends_the_link() {
+    let path = test_path();
+    let (a, a_peer) = link_comm(path, path.peer_process);
+    let mut stream = a.link.lock().stream.try_clone().unwrap();
+    let mut frame = NOTICE_MAGIC.to_vec();
+    frame.push(9);
+    frame.extend_from_slice(&a_peer.local.to_le_bytes());
+    frame.extend_from_slice(&0u16.to_le_bytes());
+    stream.write_all(&frame).unwrap();
+    let heard = wait_for(&a_peer, |h| !matches!(h, Heard::Nothing));
+    assert!(
+        matches!(&heard, Heard::LinkEnded { why, .. } if why.contains("unknown kind 9")),
+        "{heard:?}"
+    );
+}

@@ -112,16 +112,11 @@ impl PeerWatch {
 
     fn check_now(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<()> {
         self.next_check_ns = now_ns.saturating_add(CHECK_INTERVAL_NS);
-        if matches!(
-            self.heard,
-            Heard::Nothing | Heard::Closed { .. } | Heard::LinkEnded { .. }
-        ) {
+        // The link keeps what it heard with its time (a failure report over a close, a notice
+        // over the link's end), so its answer replaces ours; a failure is final.
+        if !matches!(self.heard, Heard::Failed { .. }) {
             if let Some(link) = &self.link {
-                // A failure report may follow a close on the wire: it says more, so it wins.
-                let heard = link.hear(now_ns);
-                if !matches!(heard, Heard::Nothing) && !same_kind(&heard, &self.heard) {
-                    self.heard = heard;
-                }
+                self.heard = link.hear(now_ns);
             }
         }
         let since = match &self.heard {
@@ -156,11 +151,6 @@ impl PeerWatch {
             Heard::Nothing => return Ok(()),
         }))
     }
-}
-
-/// Whether `a` and `b` say the same kind of thing (a repeated reading keeps its first time).
-fn same_kind(a: &Heard, b: &Heard) -> bool {
-    std::mem::discriminant(a) == std::mem::discriminant(b)
 }
 
 /// " (over the sout rail (mlx5_0))" when `stream`'s local address is a rail device's address,

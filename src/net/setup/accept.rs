@@ -101,8 +101,9 @@ struct Acceptance {
     built: Option<(ConnectionInfo, RecvData)>,
     /// The connector's rail addresses, SOUT and SUP (the agent registration names both pairs).
     peer_rail_addresses: [IpAddr; 2],
-    /// Names on the control link: ours, the connector's, and the connector's process.
-    link_names: (u64, u64, u64),
+    /// Names on the control link (ours, the connector's) and the connector's process.
+    link_names: Names,
+    connector_process: u64,
     /// This connection's share of its control link, once answered.
     link: Option<Attachment>,
 }
@@ -188,7 +189,11 @@ impl ListenComm {
             refusal: None,
             built: None,
             peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
-            link_names: (link::fresh_name(), 0, 0),
+            link_names: Names {
+                local: link::fresh_name(),
+                peer: 0,
+            },
+            connector_process: 0,
             link: None,
         })
     }
@@ -341,11 +346,11 @@ impl Acceptance {
             qp_nums: [0; MAX_QPS],
             records_addr: 0,
             records_rkeys: [0; 2],
-            conn_id: self.link_names.0,
+            conn_id: self.link_names.local,
             process: link::process_id(),
         };
-        self.link_names.1 = request.conn_id;
-        self.link_names.2 = request.process;
+        self.link_names.peer = request.conn_id;
+        self.connector_process = request.process;
         if let Err(refusal) = check_agreement(request, settings.mode, class, sout, sup) {
             reply.refusal = Some(refusal);
             self.refusal =
@@ -494,8 +499,7 @@ impl Acceptance {
     /// handshake's connection as the new link; the answer names the one kept.
     fn answer_link(&mut self, ctx: &Arc<Context>, ready: &Ready) -> Result<LinkAnswer> {
         let settings = crate::net::setup::resources::qp_settings(&ctx.settings, ctx.traffic_class);
-        let (local, peer, connector) = self.link_names;
-        let names = Names { local, peer };
+        let (connector, names) = (self.connector_process, self.link_names);
         let budget_ms = settings.retry_budget_ms();
         let share = link::answer(connector, ready, &self.stream, budget_ms, names, now_ns())
             .map_err(|e| {
