@@ -82,13 +82,13 @@ pub const PARAMS: &[Param] = &[
     },
     Param {
         name: "MPIB_SRQ_LOW_WATER",
-        default: "64",
-        doc: "A receive comm refills a rail's shared receive queue when fewer receives than this remain posted.",
+        default: "8",
+        doc: "Receives a receive comm takes from a rail's shared receive queue beyond what its outstanding receives need.",
     },
     Param {
         name: "MPIB_SRQ_HIGH_WATER",
         default: "512",
-        doc: "Depth of each shared receive queue after a refill; also the most receives a comm keeps outstanding.",
+        doc: "The most receives a receive comm holds of a rail's shared receive queue, and so keeps outstanding.",
     },
     Param {
         name: "MPIB_AGENT_TAG",
@@ -188,7 +188,7 @@ pub const PARAMS: &[Param] = &[
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
               `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, and the NIC limits \
-              `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N` (see docs/ARCHITECTURE.md).",
+              `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N` (see docs/ARCHITECTURE.md).",
     },
     Param {
         name: "MPIB_LOOPBACK_RAILS",
@@ -393,11 +393,11 @@ impl Settings {
     }
 }
 
-/// MPIB_SRQ_LOW_WATER and MPIB_SRQ_HIGH_WATER: a high mark of 1..=16384 receives (the SRQ
-/// depth verbs devices commonly allow), a low mark no higher than it.
+/// MPIB_SRQ_LOW_WATER and MPIB_SRQ_HIGH_WATER: a high mark of 1..=16384 receives (what one
+/// shared queue of a verbs device commonly holds), a low mark (the batch) no higher than it.
 fn srq_water_marks(get: &impl Fn(&str) -> Option<String>) -> Result<(u32, u32), ParamError> {
     let high = parse_int(get, "MPIB_SRQ_HIGH_WATER", 512, 1, 16_384)?;
-    let low = parse_int(get, "MPIB_SRQ_LOW_WATER", 64.min(high), 0, 16_384)?;
+    let low = parse_int(get, "MPIB_SRQ_LOW_WATER", 8.min(high), 0, 16_384)?;
     if low > high {
         let value = get("MPIB_SRQ_LOW_WATER").unwrap_or_default();
         let expected = format!("at most MPIB_SRQ_HIGH_WATER ({high})");

@@ -115,8 +115,9 @@ fn users_and_groups_are_resolved_at_init() {
 #[test]
 fn srq_water_marks_are_checked_against_each_other() {
     let marks = |vars: &[(&str, &str)]| settings(vars).map(|s| (s.srq_low_water, s.srq_high_water));
-    assert_eq!(marks(&[]).unwrap(), (64, 512));
-    assert_eq!(marks(&[("MPIB_SRQ_HIGH_WATER", "16")]).unwrap(), (16, 16));
+    assert_eq!(marks(&[]).unwrap(), (8, 512));
+    assert_eq!(marks(&[("MPIB_SRQ_HIGH_WATER", "16")]).unwrap(), (8, 16));
+    assert_eq!(marks(&[("MPIB_SRQ_HIGH_WATER", "4")]).unwrap(), (4, 4));
     let e = marks(&[("MPIB_SRQ_LOW_WATER", "8"), ("MPIB_SRQ_HIGH_WATER", "4")]).unwrap_err();
     assert_eq!(e.name, "MPIB_SRQ_LOW_WATER");
     assert!(e.to_string().contains("MPIB_SRQ_HIGH_WATER (4)"), "{e}");

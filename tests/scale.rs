@@ -2,7 +2,8 @@
 //! thousand connection pairs opened, each moving verified bytes, closed, three times over, with
 //! the memory the process keeps after each cycle checked for growth (a leak of a kilobyte per
 //! pair fails it), the descriptors they hold checked (connections between two processes share
-//! one control connection: a descriptor per pair fails it); and a connection past a NIC's limits refused whole, with the limit, the NIC
+//! one control connection: a descriptor per pair fails it), the NICs allowed two SRQs each (the
+//! receive connections share their NIC's receive queues, 512 to a queue); and a connection past a NIC's limits refused whole, with the limit, the NIC
 //! and the variable named, its objects given back when the others close. `benches/scale.rs`
 //! measures the same shape up to 8,192 pairs (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 //! Each case runs in a child process: the plugin's devices and limits are fixed at its first
@@ -56,7 +57,11 @@ fn advanced_env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
 
 #[test]
 fn a_thousand_pairs_open_move_bytes_and_close_without_keeping_memory() {
-    let output = run_child("child_thousand_pairs", &advanced_env(&[]));
+    // Two SRQs per NIC: the 1,024 receive connections share them (512 to a queue), cycle after
+    // cycle; with a queue each, or with a queue kept past its connections, the third would be
+    // refused.
+    let limits = [("MPIB_LOOPBACK_FAULTS", "max_srq=sout:2,max_srq=sup:2")];
+    let output = run_child("child_thousand_pairs", &advanced_env(&limits));
     for line in output.lines().filter(|l| l.starts_with("cycle")) {
         println!("{line}");
     }

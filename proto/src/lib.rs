@@ -28,6 +28,7 @@ pub mod send_slots;
 pub mod signal;
 pub mod split;
 pub mod srq;
+pub mod srq_shared;
 pub mod wire;
 pub mod work;
 pub mod wr_id;

@@ -5,11 +5,13 @@
 //! Pure: the engine posts the CTS write and the SRQ receives itself, from what this returns.
 //!
 //! * A receive is posted only while fewer slots are outstanding than the smallest SRQ
-//!   high-water mark: each outstanding slot may bring one IMM per rail, and an IMM that finds
-//!   its SRQ empty stalls the sender (RNR). Before its CTS goes out, every SRQ is refilled to
-//!   hold a receive per outstanding slot ([`RecvSlots::refill_needed`]).
-//! * An IMM consumes one SRQ receive of its rail, names its slot, and teaches or checks the
-//!   slot's rail mask; the slot completes when every rail of the mask has delivered.
+//!   high-water mark, and only once the connection holds a receive of each rail's shared queue
+//!   per outstanding slot, this one included ([`RecvSlots::wanted`], [`RecvSlots::covers`]):
+//!   each outstanding slot may bring one IMM per rail, and an IMM that finds the queue empty
+//!   stalls the sender (RNR).
+//! * An IMM consumes one receive the connection holds on its rail, names its slot, and teaches
+//!   or checks the slot's rail mask; the slot completes when every rail of the mask has
+//!   delivered.
 
 use std::fmt;
 
@@ -151,8 +153,8 @@ impl RecvSlots {
         self.srq[rail.index()].as_ref()
     }
 
-    /// Slots that may be outstanding at once: the smallest high-water mark of the rails that
-    /// have an SRQ (with `refill_needed`, every outstanding slot then has a receive on each).
+    /// Slots that may be outstanding at once: the smallest high-water mark (most held) of the
+    /// rails that have an SRQ.
     #[inline]
     pub fn capacity(&self) -> u32 {
         self.srq
@@ -175,21 +177,49 @@ impl RecvSlots {
         Ok(())
     }
 
-    /// Receives `rail`'s SRQ needs so that each of `in_flight` slots has one there (refills to
-    /// the high-water mark under the low-water mark or under `in_flight`); 0 without an SRQ.
-    /// The engine posts them and reports with [`RecvSlots::on_posted`].
+    /// Receives to take from `rail`'s shared queue so that the connection holds one for each
+    /// of `in_flight` slots (and a batch more); 0 without an SRQ or when covered. The engine takes
+    /// them and reports with [`RecvSlots::on_granted`].
     #[inline]
-    pub fn refill_needed(&mut self, rail: Rail, in_flight: u32) -> u32 {
+    pub fn wanted(&self, rail: Rail, in_flight: u32) -> u32 {
         self.srq[rail.index()]
-            .as_mut()
-            .map_or(0, |credits| credits.refill_needed_for(in_flight))
+            .as_ref()
+            .map_or(0, |credits| credits.wanted(in_flight))
     }
 
-    /// `n` receives were posted on `rail`'s SRQ.
+    /// A take on `rail` for `asked` receives granted `n`.
     #[inline]
-    pub fn on_posted(&mut self, rail: Rail, n: u32) {
+    pub fn on_granted(&mut self, rail: Rail, n: u32, asked: u32) {
         if let Some(credits) = self.srq[rail.index()].as_mut() {
-            credits.on_posted(n);
+            credits.on_granted(n, asked);
+        }
+    }
+
+    /// Whether every rail with an SRQ holds a receive for each of `in_flight` slots: a CTS for
+    /// the `in_flight`-th goes out only then.
+    #[inline]
+    pub fn covers(&self, in_flight: u32) -> bool {
+        self.srq
+            .iter()
+            .flatten()
+            .all(|credits| credits.covers(in_flight))
+    }
+
+    /// Receives `rail` holds beyond what its outstanding slots need (see
+    /// [`SrqCredits::excess`]); the engine gives them back and reports with
+    /// [`RecvSlots::on_given_back`].
+    #[inline]
+    pub fn excess(&self, rail: Rail) -> u32 {
+        self.srq[rail.index()]
+            .as_ref()
+            .map_or(0, |credits| credits.excess(self.outstanding))
+    }
+
+    /// `n` receives of `rail` went back to the shared queue.
+    #[inline]
+    pub fn on_given_back(&mut self, rail: Rail, n: u32) {
+        if let Some(credits) = self.srq[rail.index()].as_mut() {
+            credits.on_given_back(n);
         }
     }
 
@@ -219,6 +249,11 @@ impl RecvSlots {
         }
         if count == 0 || usize::from(count) > MAX_RECVS {
             return Err(RecvSlotError::Invariant("a receive has 1..=8 buffers"));
+        }
+        if !self.covers(self.outstanding + 1) {
+            return Err(RecvSlotError::Invariant(
+                "a CTS goes out only when every rail holds a receive for it",
+            ));
         }
         let slot = slot_of(self.fifo_head);
         self.slots[slot] = RecvSlot {

@@ -11,8 +11,8 @@ fn imm(slot: u8, mask: RailMask, size_q: u32) -> Imm {
 
 fn fill(slots: &mut RecvSlots, in_flight: u32) {
     for rail in Rail::ALL {
-        let n = slots.refill_needed(rail, in_flight);
-        slots.on_posted(rail, n);
+        let n = slots.wanted(rail, in_flight);
+        slots.on_granted(rail, n, n);
     }
 }
 
@@ -47,7 +47,7 @@ fn a_receive_completes_when_every_rail_of_its_mask_delivered() {
         })
     );
     assert_eq!(slots.outstanding(), 0);
-    assert_eq!(slots.srq(Rail::ScaleOut).unwrap().posted(), 7);
+    assert_eq!(slots.srq(Rail::ScaleOut).unwrap().held(), 4);
 }
 
 #[test]
@@ -120,4 +120,27 @@ fn the_head_waits_for_the_receive_256_earlier() {
         slots.posted(request, 1).unwrap();
     }
     assert_eq!(slots.can_post(), Err(RecvBlocked::SlotBusy));
+}
+
+#[test]
+fn a_cts_goes_out_only_for_a_receive_every_rail_holds() {
+    let mut slots = slots(8);
+    assert!(!slots.covers(1));
+    assert_eq!(
+        slots.posted(1, 1),
+        Err(RecvSlotError::Invariant(
+            "a CTS goes out only when every rail holds a receive for it"
+        ))
+    );
+    let wanted = slots.wanted(Rail::ScaleOut, 1);
+    slots.on_granted(Rail::ScaleOut, wanted, wanted);
+    slots.on_granted(Rail::ScaleUp, 0, 5);
+    assert!(
+        !slots.covers(1),
+        "a short take on one rail blocks the receive"
+    );
+    assert_eq!(slots.srq(Rail::ScaleUp).unwrap().short_takes(), 1);
+    fill(&mut slots, 1);
+    assert_eq!(slots.posted(1, 1), Ok(0));
+    assert_eq!(slots.excess(Rail::ScaleOut), 0);
 }

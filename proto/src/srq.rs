@@ -1,40 +1,44 @@
-//! Receive credits for one rail's shared receive queue (docs/PROTOCOL.md §8).
+//! What one receive connection holds of its rail's shared receive queue (docs/PROTOCOL.md §8).
 //!
-//! Why: with an SRQ every RDMA_WRITE_WITH_IMM on any QP of the rail consumes one generic
-//! receive. If the SRQ runs dry the sender hits RNR and stalls, so the receiver keeps the depth
-//! between a low and a high water mark: when fewer than `low` remain it tops up to `high` in one
-//! batch (cheap: one post call), checked in `irecv` (primary) and in `test` (safety, for long
-//! compute phases). The hit and refill counters feed telemetry: frequent low-water hits mean the
-//! marks are too tight for the traffic.
+//! Why: every RDMA_WRITE_WITH_IMM on any QP of the rail consumes one generic receive of the
+//! shared queue ([`crate::srq_shared`]), and an IMM that finds it empty stalls its sender (RNR).
+//! A connection therefore posts a receive (its CTS) only when it *holds* a receive of the queue
+//! for each of its outstanding receives, counting every IMM of its own against its holding.
+//! When its holding falls short of what it has outstanding, it takes the shortfall and a batch
+//! (`low`, `MPIB_SRQ_LOW_WATER`) more from the queue's ledger; it never holds more than `high`
+//! (`MPIB_SRQ_HIGH_WATER`, which so also bounds its outstanding receives), and gives back what it
+//! holds beyond two batches over its outstanding receives, so that an idle connection keeps no
+//! more than a batch. The counters feed telemetry: takes that came back short mean the shared
+//! queue had nothing more to grant.
 //!
-//! A receive completion when the count is zero means a receive was consumed that we never
-//! posted: the accounting is broken, which is a protocol error, not something to clamp away.
+//! An IMM when the holding is zero means a receive was consumed that was never granted: the
+//! accounting is broken, which is a protocol error, not something to clamp away.
 
 use std::fmt;
 
-/// Default low-water mark (`MPIB_SRQ_LOW_WATER`, docs/PROTOCOL.md §8).
-pub const SRQ_LOW_WATER: u32 = 64;
-/// Default high-water mark: the SRQ depth after a refill.
+/// Default batch a connection takes beyond its shortfall (`MPIB_SRQ_LOW_WATER`).
+pub const SRQ_LOW_WATER: u32 = 8;
+/// Default most receives a connection holds (`MPIB_SRQ_HIGH_WATER`).
 pub const SRQ_HIGH_WATER: u32 = 512;
 
-/// Posted-receive accounting of one SRQ.
+/// One connection's holding of one rail's shared receive queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqCredits {
-    posted: u32,
+    held: u32,
     low: u32,
     high: u32,
-    low_water_hits: u64,
-    refills: u64,
+    short_takes: u64,
+    takes: u64,
 }
 
-/// A completion consumed a receive that was never posted.
+/// A completion consumed a receive that was never granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqUnderflow;
 
 impl fmt::Display for SrqUnderflow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
-            "SRQ receive completion with no posted receive left (receive accounting broken)",
+            "SRQ receive completion with no granted receive left (receive accounting broken)",
         )
     }
 }
@@ -42,99 +46,109 @@ impl fmt::Display for SrqUnderflow {
 impl std::error::Error for SrqUnderflow {}
 
 impl SrqCredits {
-    /// Empty SRQ with the given marks; `low <= high` (a larger `low` is treated as `high`).
+    /// Nothing held; takes `low` beyond a shortfall and holds at most `high` (`low <= high`; a
+    /// larger `low` is treated as `high`).
     #[inline]
     pub const fn new(low: u32, high: u32) -> Self {
         debug_assert!(low <= high);
         SrqCredits {
-            posted: 0,
+            held: 0,
             low: if low > high { high } else { low },
             high,
-            low_water_hits: 0,
-            refills: 0,
+            short_takes: 0,
+            takes: 0,
         }
     }
 
-    /// Receives currently posted and not consumed.
+    /// Receives held and not consumed.
     #[inline]
-    pub const fn posted(&self) -> u32 {
-        self.posted
+    pub const fn held(&self) -> u32 {
+        self.held
     }
 
-    /// Refill threshold.
+    /// The batch taken beyond a shortfall.
     #[inline]
     pub const fn low_water(&self) -> u32 {
         self.low
     }
 
-    /// Depth after a refill.
+    /// Most receives held.
     #[inline]
     pub const fn high_water(&self) -> u32 {
         self.high
     }
 
-    /// Receives to post now: `high - posted` when `posted < low` (counting a low-water hit),
-    /// else 0.
+    /// Receives to ask the shared queue for while `in_flight` receives (the one about to be
+    /// posted included) may each still bring an IMM: 0 when the holding covers them, else the
+    /// shortfall and a batch, within the most held.
     #[inline]
-    pub fn refill_needed(&mut self) -> u32 {
-        if self.posted < self.low {
-            self.low_water_hits += 1;
-            self.high - self.posted
+    pub fn wanted(&self, in_flight: u32) -> u32 {
+        let needed = in_flight.min(self.high);
+        if self.held >= needed {
+            0
+        } else {
+            needed.saturating_add(self.low).min(self.high) - self.held
+        }
+    }
+
+    /// Whether the holding covers `in_flight` receives.
+    #[inline]
+    pub const fn covers(&self, in_flight: u32) -> bool {
+        self.held >= in_flight
+    }
+
+    /// Receives to give back with `in_flight` outstanding: down to one batch over them once the
+    /// holding exceeds two.
+    #[inline]
+    pub fn excess(&self, in_flight: u32) -> u32 {
+        let keep = in_flight.saturating_add(self.low);
+        if self.held > keep.saturating_add(self.low) {
+            self.held - keep
         } else {
             0
         }
     }
 
-    /// Receives to post before a new CTS goes out while `in_flight` slots (this one included) may
-    /// still each bring one IMM on this rail: refills to `high` whenever `posted` is under the
-    /// low-water mark or under `in_flight`. The count of posted receives only drops when their
-    /// completions are polled, so without the second condition a burst of receives posted with
-    /// no `test` in between could bring more IMMs than the SRQ still holds (an RNR stall).
+    /// A take for `asked` receives granted `n` (counted short when `n < asked`). Holding more
+    /// than `high` is a caller bug.
     #[inline]
-    pub fn refill_needed_for(&mut self, in_flight: u32) -> u32 {
-        let floor = in_flight.min(self.high);
-        if self.posted < self.low {
-            self.refill_needed()
-        } else if self.posted < floor {
-            self.high - self.posted
-        } else {
-            0
-        }
-    }
-
-    /// `n` receives were posted successfully (possibly fewer than asked, when the post failed
-    /// part way); counts a refill when `n > 0`. Posting beyond `high` is a caller bug.
-    #[inline]
-    pub fn on_posted(&mut self, n: u32) {
+    pub fn on_granted(&mut self, n: u32, asked: u32) {
         debug_assert!(
-            self.posted.saturating_add(n) <= self.high,
-            "posted {} + {n} receives exceeds the high-water mark {}",
-            self.posted,
+            self.held.saturating_add(n) <= self.high,
+            "holding {} + {n} receives exceeds the most held {}",
+            self.held,
             self.high
         );
-        if n > 0 {
-            self.posted = self.posted.saturating_add(n);
-            self.refills += 1;
+        self.takes += 1;
+        if n < asked {
+            self.short_takes += 1;
         }
+        self.held = self.held.saturating_add(n);
     }
 
-    /// One receive completion consumed one posted receive.
+    /// `n` receives went back to the shared queue.
+    #[inline]
+    pub fn on_given_back(&mut self, n: u32) {
+        self.held = self.held.saturating_sub(n);
+    }
+
+    /// One receive completion consumed one held receive.
     #[inline]
     pub fn on_consumed(&mut self) -> Result<(), SrqUnderflow> {
-        self.posted = self.posted.checked_sub(1).ok_or(SrqUnderflow)?;
+        self.held = self.held.checked_sub(1).ok_or(SrqUnderflow)?;
         Ok(())
     }
 
-    /// Times a check found the SRQ below the low-water mark.
+    /// Takes that granted fewer receives than asked.
     #[inline]
-    pub const fn low_water_hits(&self) -> u64 {
-        self.low_water_hits
+    pub const fn short_takes(&self) -> u64 {
+        self.short_takes
     }
 
-    /// Refill batches posted.
+    /// Takes.
     #[inline]
-    pub const fn refills(&self) -> u64 {
-        self.refills
+    pub const fn takes(&self) -> u64 {
+        self.takes
     }
 }
 
@@ -150,92 +164,69 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn initial_fill_then_threshold() {
+    fn a_shortfall_takes_a_batch_more_and_an_idle_holding_gives_back() {
         let mut srq = SrqCredits::default();
-        assert_eq!((srq.low_water(), srq.high_water()), (64, 512));
-        assert_eq!(srq.refill_needed(), 512);
-        srq.on_posted(512);
-        assert_eq!(
-            (srq.posted(), srq.refills(), srq.low_water_hits()),
-            (512, 1, 1)
-        );
-        for _ in 0..448 {
-            srq.on_consumed().unwrap();
-        }
-        assert_eq!(srq.refill_needed(), 0); // exactly at low: no refill
-        srq.on_consumed().unwrap();
-        assert_eq!(srq.refill_needed(), 449);
-        assert_eq!(srq.low_water_hits(), 2);
+        assert_eq!((srq.low_water(), srq.high_water()), (8, 512));
+        assert_eq!(srq.wanted(1), 9);
+        srq.on_granted(9, 9);
+        assert!(srq.covers(9) && !srq.covers(10));
+        assert_eq!(srq.wanted(9), 0, "covered: nothing to take");
+        assert_eq!(srq.wanted(10), 9);
+        srq.on_granted(5, 9);
+        assert_eq!((srq.held(), srq.takes(), srq.short_takes()), (14, 2, 1));
+        assert_eq!(srq.excess(0), 0, "within two batches");
+        assert_eq!(srq.wanted(600), 512 - 14, "never beyond the most held");
+        srq.on_granted(512 - 14, 512 - 14);
+        assert_eq!(srq.excess(4), 512 - 12);
+        srq.on_given_back(srq.excess(4));
+        assert_eq!(srq.held(), 12);
     }
 
     #[test]
     fn underflow_detected() {
         let mut srq = SrqCredits::new(1, 2);
         assert_eq!(srq.on_consumed(), Err(SrqUnderflow));
-        assert_eq!(srq.posted(), 0);
-        srq.on_posted(1);
+        assert_eq!(srq.held(), 0);
+        srq.on_granted(1, 1);
         assert_eq!(srq.on_consumed(), Ok(()));
         assert_eq!(srq.on_consumed(), Err(SrqUnderflow));
-        assert!(SrqUnderflow.to_string().contains("no posted receive"));
-    }
-
-    #[test]
-    fn empty_post_is_not_a_refill() {
-        let mut srq = SrqCredits::new(1, 4);
-        srq.on_posted(0);
-        assert_eq!(srq.refills(), 0);
+        assert!(SrqUnderflow.to_string().contains("no granted receive"));
     }
 
     proptest! {
+        /// Whatever the sequence, a full grant covers what is in flight (up to the most held),
+        /// the holding stays within the most held, and giving back keeps what is in flight.
         #[test]
-        fn stays_within_marks(
+        fn a_grant_covers_what_is_in_flight(
             low in 0u32..64,
-            extra in 0u32..64,
-            ops in proptest::collection::vec((any::<bool>(), any::<bool>(), 0u32..100), 0..300),
+            extra in 1u32..600,
+            ops in proptest::collection::vec((0u8..3, 0u32..700), 0..200),
         ) {
             let high = low + extra;
             let mut srq = SrqCredits::new(low, high);
-            for (consume, complete_post, partial_percent) in ops {
-                if consume {
-                    let before = srq.posted();
-                    match srq.on_consumed() {
-                        Ok(()) => prop_assert_eq!(srq.posted(), before - 1),
-                        Err(SrqUnderflow) => prop_assert_eq!(before, 0),
+            for (op, in_flight) in ops {
+                match op {
+                    0 => {
+                        let wanted = srq.wanted(in_flight);
+                        srq.on_granted(wanted, wanted);
+                        prop_assert!(srq.covers(in_flight.min(high)));
                     }
-                } else {
-                    let posted = srq.posted();
-                    let needed = srq.refill_needed();
-                    prop_assert_eq!(needed, if posted < low { high - posted } else { 0 });
-                    if complete_post {
-                        srq.on_posted(needed);
-                        if posted < low {
-                            prop_assert_eq!(srq.posted(), high);
+                    1 => {
+                        let before = srq.held();
+                        let n = srq.excess(in_flight);
+                        srq.on_given_back(n);
+                        prop_assert!(n == 0 || srq.held() >= in_flight.min(before));
+                    }
+                    _ => {
+                        let before = srq.held();
+                        match srq.on_consumed() {
+                            Ok(()) => prop_assert_eq!(srq.held(), before - 1),
+                            Err(SrqUnderflow) => prop_assert_eq!(before, 0),
                         }
-                    } else {
-                        // A post that failed part way.
-                        srq.on_posted(needed * partial_percent / 100);
                     }
                 }
-                prop_assert!(srq.posted() <= high);
+                prop_assert!(srq.held() <= high);
             }
-        }
-    }
-
-    proptest! {
-        /// After a refill for `in_flight` slots, the SRQ holds at least that many receives (up to
-        /// its high-water mark) and never more than the mark.
-        #[test]
-        fn a_refill_covers_every_slot_in_flight(consumed in 0u32..512, in_flight in 0u32..600) {
-            let mut credits = SrqCredits::new(SRQ_LOW_WATER, SRQ_HIGH_WATER);
-            credits.on_posted(SRQ_HIGH_WATER);
-            for _ in 0..consumed {
-                credits.on_consumed().unwrap();
-            }
-            let needed = credits.refill_needed_for(in_flight);
-            credits.on_posted(needed);
-            prop_assert!(credits.posted() >= in_flight.min(SRQ_HIGH_WATER));
-            prop_assert!(credits.posted() >= SRQ_LOW_WATER);
-            prop_assert!(credits.posted() <= SRQ_HIGH_WATER);
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct DeviceInfo {
     pub max_cq: u32,
     /// Largest number of shared receive queues (`max_srq`).
     pub max_srq: u32,
+    /// Largest number of receives one shared receive queue holds (`max_srq_wr`).
+    pub max_srq_wr: u32,
 }
 
 /// Completion status, a subset of `ibv_wc_status` with the values that matter to MPIB.

@@ -21,6 +21,7 @@ use mpib_proto::rail_mask::RailMask;
 use mpib_proto::recv_slots::{ImmOutcome, RecvBuffer, RecvSlots};
 use mpib_proto::send_slots::{Head, SendBuffer, SendProgress, SendSlots};
 use mpib_proto::srq::SrqCredits;
+use mpib_proto::srq_shared::{SharedSrqLedger, SHARED_SRQ_FLOOR};
 use mpib_proto::work::{SendOpcode, WorkRequest};
 
 /// Sender data buffers start here; receiver buffers at [`RECV_BASE`].
@@ -86,6 +87,9 @@ pub struct Pair {
     receiver: RecvSlots,
     next_receive: usize,
     srq_posted: [u32; 2],
+    /// Each rail's shared receive queue's ledger, and what the receiver last settled there.
+    ledgers: [SharedSrqLedger; 2],
+    settled: [u32; 2],
     rails: [VecDeque<WorkRequest>; 2],
     cut: [bool; 2],
     cts: VecDeque<(usize, CtsEntry)>,
@@ -151,6 +155,8 @@ impl Pair {
             receiver: RecvSlots::new([Some(credits); 2]),
             next_receive: 0,
             srq_posted: [0; 2],
+            ledgers: [ledger(srq_high); 2],
+            settled: [0; 2],
             rails: [VecDeque::new(), VecDeque::new()],
             cut: [false; 2],
             cts: VecDeque::new(),
@@ -249,17 +255,33 @@ impl Pair {
         }
         self.refill(self.receiver.outstanding());
         if self.next_receive < self.groups.len() && self.receiver.can_post().is_ok() {
-            self.refill(self.receiver.outstanding() + 1);
-            self.post_receive()?;
+            let in_flight = self.receiver.outstanding() + 1;
+            self.refill(in_flight);
+            if self.receiver.covers(in_flight) {
+                self.post_receive()?;
+            }
         }
         Ok(())
     }
 
+    /// As the engine does: settles what the receiver's IMMs consumed, gives back an idle
+    /// holding, and takes what `in_flight` receives need from the rail's shared queue, whose
+    /// posts land on the wire's queue before any CTS that relies on them.
     fn refill(&mut self, in_flight: u32) {
         for rail in Rail::ALL {
-            let n = self.receiver.refill_needed(rail, in_flight);
-            self.srq_posted[rail.index()] += n;
-            self.receiver.on_posted(rail, n);
+            let i = rail.index();
+            let held = |receiver: &RecvSlots| receiver.srq(rail).map_or(0, SrqCredits::held);
+            let ledger = &mut self.ledgers[i];
+            ledger.settle(self.settled[i], held(&self.receiver));
+            let excess = self.receiver.excess(rail);
+            ledger.give_back(held(&self.receiver), excess);
+            self.receiver.on_given_back(rail, excess);
+            let want = self.receiver.wanted(rail, in_flight);
+            let granted = ledger.take(held(&self.receiver), want);
+            self.srq_posted[i] += granted.post;
+            ledger.on_posted(granted.post);
+            self.receiver.on_granted(rail, granted.receives, want);
+            self.settled[i] = held(&self.receiver);
         }
     }
 
@@ -446,4 +468,11 @@ impl Pair {
         };
         &mut memory[(addr - base) as usize..][..length]
     }
+}
+
+/// A rail's shared queue as the engine sizes it for one connection holding up to `high`.
+fn ledger(high: u32) -> SharedSrqLedger {
+    let mut ledger = SharedSrqLedger::new(4 * high, SHARED_SRQ_FLOOR.min(high));
+    ledger.join().expect("an empty ledger admits a member");
+    ledger
 }

@@ -137,12 +137,14 @@ impl LoopbackDevice {
         LoopbackDevice { index, rail, info }
     }
 
-    /// Reports `limits` (max_qp, max_cq, max_srq) where set, instead of a ConnectX-5's.
-    pub(crate) fn limit(&mut self, limits: [Option<u32>; 3]) {
-        let [qp, cq, srq] = limits;
+    /// Reports `limits` (max_qp, max_cq, max_srq, max_srq_wr) where set, instead of a
+    /// ConnectX-5's; an SRQ deeper than `max_srq_wr` is then refused, as a NIC refuses it.
+    pub(crate) fn limit(&mut self, limits: [Option<u32>; 4]) {
+        let [qp, cq, srq, srq_wr] = limits;
         self.info.max_qp = qp.unwrap_or(self.info.max_qp);
         self.info.max_cq = cq.unwrap_or(self.info.max_cq);
         self.info.max_srq = srq.unwrap_or(self.info.max_srq);
+        self.info.max_srq_wr = srq_wr.unwrap_or(self.info.max_srq_wr).min(MAX_SRQ_WR);
     }
 
     /// Shorthand for errors about this device.
@@ -172,6 +174,7 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
         max_qp: 1 << 17,
         max_cq: 1 << 24,
         max_srq: 1 << 23,
+        max_srq_wr: MAX_SRQ_WR,
     }
 }
 
@@ -282,8 +285,8 @@ impl RailDevice for LoopbackDevice {
 
     fn create_srq(&self, depth: u32) -> FabricResult<Box<dyn SharedReceiveQueue>> {
         let verb = "ibv_create_srq";
-        let depth =
-            check_depth(depth, MAX_SRQ_WR).map_err(|d| self.error(verb, libc::EINVAL, d))?;
+        let depth = check_depth(depth, self.info.max_srq_wr)
+            .map_err(|d| self.error(verb, libc::EINVAL, d))?;
         let mut state = SrqState::new(self.rail, depth)
             .ok_or_else(|| self.error(verb, libc::ENOMEM, "cannot allocate the SRQ ring"))?;
         let mut world = world();

@@ -20,7 +20,7 @@ use crate::native_thread::NativeThread;
 
 /// Largest CQ, SRQ and send queue (the ConnectX limits the other fabrics use too).
 const MAX_CQE: u32 = (1 << 22) - 1;
-const MAX_SRQ_WR: u32 = (1 << 15) - 1;
+pub(super) const MAX_SRQ_WR: u32 = (1 << 15) - 1;
 const MAX_QP_WR: u32 = 1 << 15;
 
 /// QP numbers are unique in the process (a peer names our QP by number in its hello).

@@ -214,6 +214,7 @@ fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
         // Completion and receive queues are memory only, bounded by nothing but the host.
         max_cq: u32::MAX,
         max_srq: u32::MAX,
+        max_srq_wr: device::MAX_SRQ_WR,
     }
 }
 

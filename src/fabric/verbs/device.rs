@@ -378,6 +378,7 @@ fn query_info(
         max_qp: u32::try_from(device_attr.max_qp).unwrap_or(0),
         max_cq: u32::try_from(device_attr.max_cq).unwrap_or(0),
         max_srq: u32::try_from(device_attr.max_srq).unwrap_or(0),
+        max_srq_wr: u32::try_from(device_attr.max_srq_wr).unwrap_or(0),
     };
     Ok((info, address))
 }

@@ -1,5 +1,5 @@
 //! The receive comm's data path (`irecv`, `test` on receive requests): post a CTS into the
-//! sender's FIFO, keep every rail's SRQ above its low-water mark, and complete requests by mask
+//! sender's FIFO once every rail holds a receive of its shared queue for it, and complete requests by mask
 //! learning over the IMMs of the active rails (docs/PROTOCOL.md §8).
 //!
 //! Allocation-free, lock-free and integer-only: all state is preallocated at accept time.
@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fabric::{
     Completion, CompletionOpcode, CompletionStatus, Rail, SendOpcode, Sge, WorkRequest,
 };
+use crate::net::setup::receives::SETTLE_EVERY;
 use crate::proto::completion::MaskError;
 use crate::proto::cts::{self, CompletionRecord, CtsEntry, MAX_RECVS};
 use crate::proto::imm::Imm;
@@ -25,7 +26,7 @@ use crate::proto::recv_slots::{
 };
 use crate::proto::signal::CtsSignalPolicy;
 use crate::proto::srq::SrqCredits;
-use crate::proto::wr_id::{receive_wr_id, WrId, WrKind};
+use crate::proto::wr_id::{WrId, WrKind};
 
 use crate::net::data::flush::Flusher;
 use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
@@ -66,7 +67,7 @@ pub(crate) struct RecvData {
 }
 
 impl RecvData {
-    /// State for a freshly accepted comm; `srq` must already be filled to the high-water mark.
+    /// State for a freshly accepted comm, holding no receive yet (`srq`: each rail's marks).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qps: QueuePairs,
@@ -111,43 +112,79 @@ impl RecvData {
         }
     }
 
-    /// Posts generic receives on every rail whose SRQ is under its low-water mark. The first
-    /// fill (at accept) is not counted as a low-water hit.
+    /// Publishes the marks every rail's holding follows.
+    pub(crate) fn announce_marks(&mut self) {
+        for rail in Rail::ALL {
+            if let Some(credits) = self.slots.srq(rail) {
+                let (low, high) = (credits.low_water(), credits.high_water());
+                let probe = self.telemetry.rail(rail);
+                probe.set(SRQ_LOW_WATER, u64::from(low));
+                probe.set(SRQ_HIGH_WATER, u64::from(high));
+            }
+        }
+    }
+
+    /// Gives back what the outstanding receives do not need and settles what the IMMs consumed
+    /// (the `test` path: nothing to take).
     pub(crate) fn refill(&mut self) -> Result<()> {
         self.refill_for(self.slots.outstanding())
     }
 
-    /// Refills so that every rail's SRQ holds a receive for each of `in_flight` slots.
+    /// Makes every rail hold a receive of its shared queue for each of `in_flight` slots (see
+    /// `proto::srq`): takes the shortfall and a batch, gives back an idle excess, and settles
+    /// consumption every `SETTLE_EVERY` IMMs. Touches the shared queue only when one of those is
+    /// due: most calls compare a few integers.
     fn refill_for(&mut self, in_flight: u32) -> Result<()> {
         for rail in Rail::ALL {
-            let Some(srq) = self.queues[rail.index()]
+            let Some(member) = self.queues[rail.index()]
                 .as_mut()
                 .and_then(|q| q.srq.as_mut())
             else {
                 continue;
             };
-            let first_fill = self.slots.srq(rail).is_some_and(|c| c.refills() == 0);
-            let needed = self.slots.refill_needed(rail, in_flight);
-            if needed == 0 {
-                continue;
-            }
-            srq.post_receives(needed, receive_wr_id(rail))?;
-            self.slots.on_posted(rail, needed);
-            let Some(credits) = self.slots.srq(rail) else {
+            let Some(held) = self.slots.srq(rail).map(|credits| credits.held()) else {
                 continue;
             };
+            let want = self.slots.wanted(rail, in_flight);
+            let excess = self.slots.excess(rail);
             let probe = self.telemetry.rail(rail);
-            if first_fill {
-                let (low, high) = (credits.low_water(), credits.high_water());
-                probe.set(SRQ_LOW_WATER, u64::from(low));
-                probe.set(SRQ_HIGH_WATER, u64::from(high));
-            } else {
-                probe.inc(SRQ_REFILLS);
-                probe.inc(SRQ_LOW_WATER_HITS);
+            if want > 0 {
+                let taken = member.take(held, want)?;
+                self.slots.on_granted(rail, taken.receives, want);
+                if taken.posted {
+                    probe.inc(SRQ_REFILLS);
+                }
+                if taken.receives < want {
+                    probe.inc(SRQ_LOW_WATER_HITS);
+                }
+                probe.set(SRQ_DEPTH, u64::from(taken.queue_depth));
+            } else if excess > 0 {
+                member.give_back(held, excess);
+                self.slots.on_given_back(rail, excess);
+            } else if member.unsettled(held) >= SETTLE_EVERY {
+                probe.set(SRQ_DEPTH, u64::from(member.settle(held)));
             }
-            probe.set(SRQ_DEPTH, u64::from(credits.posted()));
         }
         Ok(())
+    }
+}
+
+impl Drop for RecvData {
+    /// The QPs go first: once they are destroyed no IMM of this connection can consume a shared
+    /// receive, and what it holds goes back to its queues, less what its outstanding receives
+    /// may have consumed unseen (src/net/setup/receives.rs).
+    fn drop(&mut self) {
+        self.qps.qps.clear();
+        let outstanding = self.slots.outstanding();
+        for rail in Rail::ALL {
+            let member = self.queues[rail.index()]
+                .as_mut()
+                .and_then(|q| q.srq.take());
+            if let Some(member) = member {
+                let held = self.slots.srq(rail).map_or(0, |credits| credits.held());
+                member.leave(held, outstanding);
+            }
+        }
     }
 }
 
@@ -217,7 +254,13 @@ impl RecvComm {
                 return Ok(None);
             }
         }
-        data.refill_for(data.slots.outstanding() + 1)?;
+        let in_flight = data.slots.outstanding() + 1;
+        data.refill_for(in_flight)?;
+        if !data.slots.covers(in_flight) {
+            // The shared queue had nothing more to grant beyond this connection's floor, which
+            // its outstanding receives use: one of them completing frees it. No request.
+            return Ok(None);
+        }
         if data.qps.credits[data.cts_qp].available() == 0 {
             // CTS credits come back with the periodic signalled CTS completion: reap it here too,
             // so a caller that only retries `irecv` still makes progress.
@@ -442,9 +485,6 @@ impl RecvComm {
                 return self.protocol_error(data, rail, mask_error, e.to_string());
             }
         };
-        if let Some(credits) = data.slots.srq(rail) {
-            probe.set(SRQ_DEPTH, u64::from(credits.posted()));
-        }
         if imm.size_bytes().is_some() {
             // Fast path: the IMM's own write carried this rail's bytes.
             probe.add(RAIL_RX_BYTES, u64::from(completion.byte_len));

@@ -47,17 +47,17 @@ use crate::net::{Context, HANDLE_SIZE};
 
 /// Receiver queue sizes: CTS writes only, on the CTS QP alone (`cts_qp`; the other QPs only
 /// receive, so their send queues hold one entry: five of the six QPs of a default connection
-/// would otherwise each keep 512 send entries of NIC memory that nothing ever posts to); SRQ
-/// receives plus periodic CTS completions on each rail's CQ. The SRQ is as deep as its
-/// high-water mark (`MPIB_SRQ_HIGH_WATER`); the CQ never shallower than at the default marks,
-/// since the CTS completions share it. Depths are a power of two less one, as the sender's
-/// (`SENDER_SIZING`: providers' rings keep a slot spare).
+/// would otherwise each keep 512 send entries of NIC memory that nothing ever posts to); the
+/// completions of the receives it holds of the rail's shared queue (at most
+/// `MPIB_SRQ_HIGH_WATER`) plus periodic CTS completions on each rail's CQ, never shallower than
+/// at the default marks, since the CTS completions share it. Depths are a power of two less
+/// one, as the sender's (`SENDER_SIZING`: providers' rings keep a slot spare).
 fn receiver_sizing(settings: &Settings, cts_qp: usize) -> QueueSizing {
     QueueSizing {
         send_queue: 511,
         only_sender: Some(cts_qp),
         cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER) - 1,
-        srq_depth: settings.srq_high_water,
+        receiving: true,
     }
 }
 
@@ -217,7 +217,7 @@ impl Acceptance {
                     };
                 }
                 Stage::Building(builder, request, reply) => {
-                    if !builder.step(&self.device.devices)? {
+                    if !builder.step(&self.device.devices, &self.device.receives)? {
                         return Ok(None);
                     }
                     let (request, mut reply) = (**request, *reply);
@@ -399,9 +399,10 @@ impl Acceptance {
         if settings.force_flush {
             data.flusher = Some(Flusher::create(devices, layout, &data.queues, settings)?);
         }
-        // Receives are posted before the peer can send anything (it waits for our reply), so an
-        // IMM never finds an empty SRQ at start-up (torchcomms #3345 saw RNR from posting late).
-        data.refill()?;
+        // No receive is held yet: each `irecv` takes what its CTS needs from the shared queues,
+        // which post them before the CTS goes out, so an IMM never finds a queue empty
+        // (torchcomms #3345 saw RNR from posting late).
+        data.announce_marks();
         let info = ConnectionInfo {
             devices: devices.clone(),
             device_index: self.device.index,

@@ -22,7 +22,8 @@ pub(crate) struct Need {
     pub qps: u32,
     /// Completion queues.
     pub cqs: u32,
-    /// Shared receive queues.
+    /// Shared receive queues (a connection takes none: the queues it shares take theirs when
+    /// they are created, src/net/setup/receives.rs).
     pub srqs: u32,
 }
 
@@ -32,7 +33,8 @@ impl Need {
     }
 
     /// What a connection of `layout` takes from each rail's NIC: its QPs there, one CQ, and on
-    /// the receiving side one SRQ and (with flush QPs) one more QP.
+    /// the receiving side with flush QPs one more QP. Its receives come from a queue shared with
+    /// hundreds of others, counted when that queue is made.
     pub(crate) fn of(layout: QpLayout, receiving: bool, flush: bool) -> [Need; 2] {
         Rail::ALL.map(|rail| {
             let qps = layout.count(rail) as u32;
@@ -42,7 +44,7 @@ impl Need {
             Need {
                 qps: qps + u32::from(receiving && flush),
                 cqs: 1,
-                srqs: u32::from(receiving),
+                srqs: 0,
             }
         })
     }
@@ -97,8 +99,12 @@ impl NicBudget {
                 0 => format!("lower {variable} (QPs per connection on this rail), "),
                 _ => String::new(),
             };
+            let who = match kind {
+                2 if wanted == 1 && counts[0] == 0 => "a new shared receive queue",
+                _ => "this connection",
+            };
             return Err(Error::system(format!(
-                "the {} NIC {} holds {held} of {limit} {} ({}): this connection needs {wanted} \
+                "the {} NIC {} holds {held} of {limit} {} ({}): {who} needs {wanted} \
                  more; {advice}spread the connections over more devices \
                  (MPIB_HCA_SOUT/MPIB_HCA_SUP), or close some first",
                 self.rail,
@@ -108,6 +114,18 @@ impl NicBudget {
             )));
         }
         Ok(())
+    }
+
+    /// Takes one shared receive queue (src/net/setup/receives.rs), held until the hold drops.
+    pub(crate) fn take_queue(self: &Arc<Self>) -> Result<QueueHold> {
+        let need = Need {
+            srqs: 1,
+            ..Need::default()
+        };
+        self.take(need, "")?;
+        Ok(QueueHold {
+            budget: Arc::clone(self),
+        })
     }
 
     fn give_back(&self, need: Need) {
@@ -146,6 +164,20 @@ impl Drop for Reservation {
         for (budget, need) in &self.taken {
             budget.give_back(*need);
         }
+    }
+}
+
+/// One shared receive queue's share of its NIC's `max_srq`, given back on drop.
+pub(crate) struct QueueHold {
+    budget: Arc<NicBudget>,
+}
+
+impl Drop for QueueHold {
+    fn drop(&mut self) {
+        self.budget.give_back(Need {
+            srqs: 1,
+            ..Need::default()
+        });
     }
 }
 
@@ -189,6 +221,7 @@ mod tests {
             max_qp: limits[0],
             max_cq: limits[1],
             max_srq: limits[2],
+            max_srq_wr: 32_767,
         };
         Arc::new(NicBudget::new(&info, Rail::ScaleUp))
     }
@@ -299,10 +332,10 @@ mod tests {
     }
 
     #[test]
-    fn a_receiver_takes_an_srq_and_the_flush_qp_per_rail_it_uses() {
+    fn a_receiver_takes_the_flush_qp_per_rail_it_uses_and_no_queue_of_its_own() {
         let layout = QpLayout::new(2, 4, crate::proto::mode::Mode::Advanced, PATH);
         let [sout, sup] = Need::of(layout, true, true);
-        assert_eq!((sout, sup), (need(3, 1, 1), need(5, 1, 1)));
+        assert_eq!((sout, sup), (need(3, 1, 0), need(5, 1, 0)));
         let [sout, sup] = Need::of(layout, false, true);
         assert_eq!((sout, sup), (need(2, 1, 0), need(4, 1, 0)));
     }

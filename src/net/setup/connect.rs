@@ -56,7 +56,7 @@ const SENDER_SIZING: QueueSizing = QueueSizing {
     send_queue: 1023,
     only_sender: None,
     cq_depth: 1023,
-    srq_depth: 0,
+    receiving: false,
 };
 
 enum Stage {
@@ -165,7 +165,7 @@ impl Connector {
                     self.stage = Stage::Building(class, builder);
                 }
                 Stage::Building(class, builder) => {
-                    if !builder.step(&self.device.devices)? {
+                    if !builder.step(&self.device.devices, &self.device.receives)? {
                         return Ok(None);
                     }
                     let class = *class;

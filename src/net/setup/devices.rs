@@ -16,6 +16,7 @@ use crate::params::Settings;
 
 use crate::net::observe::health::DeviceHealth;
 use crate::net::setup::budget::NicBudget;
+use crate::net::setup::receives::SharedReceives;
 use crate::net::setup::resources::Devices;
 
 /// One opened NIC.
@@ -28,6 +29,8 @@ pub(crate) struct Nic {
     pub health: Arc<DeviceHealth>,
     /// Its limits and what this process's connections hold of them.
     pub budget: Arc<NicBudget>,
+    /// The receive queues its receive connections share.
+    pub receives: Arc<SharedReceives>,
 }
 
 /// One fused NCCL device: a SOUT NIC and its SUP NIC.
@@ -40,6 +43,8 @@ pub(crate) struct FusedDevice {
     pub health: [Arc<DeviceHealth>; 2],
     /// The two NICs' limits and use (a shared SUP NIC's is one budget).
     pub budgets: [Arc<NicBudget>; 2],
+    /// The two NICs' shared receive queues (a shared SUP NIC's serve every device on it).
+    pub receives: [Arc<SharedReceives>; 2],
     /// The two NICs' indices among the opened NICs (their probes slots).
     pub nic_slots: [usize; 2],
     /// The fabric's default address for the control connection (`Fabric::control_address`).
@@ -213,11 +218,19 @@ fn fuse(
         .into_iter()
         .map(|device| (device, Rail::ScaleOut))
         .chain(sup.into_iter().map(|device| (device, Rail::ScaleUp)))
-        .map(|(device, rail)| Nic {
-            budget: Arc::new(NicBudget::new(device.info(), rail)),
-            device,
-            rail,
-            health: Arc::default(),
+        .map(|(device, rail)| {
+            let budget = Arc::new(NicBudget::new(device.info(), rail));
+            Nic {
+                receives: Arc::new(SharedReceives::new(
+                    Arc::clone(&device),
+                    Arc::clone(&budget),
+                    rail,
+                )),
+                budget,
+                device,
+                rail,
+                health: Arc::default(),
+            }
         })
         .collect();
     let bus_ids: Vec<Option<String>> = nics[..sout_count]
@@ -286,6 +299,7 @@ fn fused_device(
         devices: [Arc::clone(&sout.device), Arc::clone(&sup.device)],
         health: [Arc::clone(&sout.health), Arc::clone(&sup.health)],
         budgets: [Arc::clone(&sout.budget), Arc::clone(&sup.budget)],
+        receives: [Arc::clone(&sout.receives), Arc::clone(&sup.receives)],
         nic_slots: slots,
         control_address: fabric.control_address(sout.device.as_ref()),
         sup_sharers: u32::try_from(sharers).unwrap_or(1),

@@ -1,7 +1,8 @@
 //! Bringing connections up: the process's NICs and fused devices (`plugin`, `devices`), `listen`/`connect`/`accept` and
 //! their handshake, the peer's control address (`oob`) and rail addresses (`resolve`), the
 //! comm-level description both ends agree on (`comm`), the queue pairs and completion queues
-//! a connection owns (`resources`) and what it takes of each NIC's limits (`budget`).
+//! a connection owns (`resources`), what it takes of each NIC's limits (`budget`) and the
+//! receive queues receive connections share per NIC (`receives`).
 
 pub(crate) mod accept;
 pub(crate) mod budget;
@@ -11,5 +12,6 @@ pub(crate) mod descriptors;
 pub(crate) mod devices;
 pub(crate) mod oob;
 pub(crate) mod plugin;
+pub(crate) mod receives;
 pub(crate) mod resolve;
 pub(crate) mod resources;

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::fabric::{
     Access, CompletionQueue, CqSettings, Endpoint, MemoryKeys, QpCapabilities, QpSettings,
-    QueuePair, Rail, RailDevice, RemoteQp, SharedReceiveQueue,
+    QueuePair, Rail, RailDevice, RemoteQp,
 };
 use crate::log;
 use crate::net::setup::budget::{Need, NicBudget, Reservation};
+use crate::net::setup::receives::{Membership, SharedReceives};
 use crate::proto::credits::SendQueueCredits;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::RailEndpoint;
@@ -120,10 +121,11 @@ impl<T: Copy> RegisteredRegion<T> {
     }
 }
 
-/// Completion queue (and, on the receiver, shared receive queue) of one rail.
+/// Completion queue (and, on the receiver, its place in a shared receive queue) of one rail.
 pub(crate) struct RailQueues {
-    /// Shared receive queue (receiver only). Declared before `cq`: dropped first.
-    pub srq: Option<Box<dyn SharedReceiveQueue>>,
+    /// The shared receive queue the connection's QPs on this rail take receives from (receiver
+    /// only; src/net/setup/receives.rs).
+    pub srq: Option<Membership>,
     /// Completion queue.
     pub cq: Box<dyn CompletionQueue>,
 }
@@ -148,8 +150,8 @@ pub(crate) struct QueueSizing {
     pub only_sender: Option<usize>,
     /// CQ entries per rail.
     pub cq_depth: u32,
-    /// SRQ depth per rail (0: no SRQ, the sender side).
-    pub srq_depth: u32,
+    /// Whether the QPs take receives from the NICs' shared receive queues (the receiver).
+    pub receiving: bool,
 }
 
 /// Creates a connection's queues a step at a time: one rail's CQ (and SRQ), then that rail's
@@ -159,8 +161,10 @@ pub(crate) struct QueueSizing {
 pub(crate) struct QueueBuilder {
     layout: QpLayout,
     sizing: QueueSizing,
-    queues: [Option<RailQueues>; 2],
+    /// Declared before `queues`: a handshake that fails destroys its QPs before it leaves the
+    /// shared receive queues (which an IMM could otherwise still reach).
     qps: Vec<Box<dyn QueuePair>>,
+    queues: [Option<RailQueues>; 2],
     credits: Vec<SendQueueCredits>,
     reservation: Reservation,
 }
@@ -175,7 +179,7 @@ impl QueueBuilder {
         budgets: &[Arc<NicBudget>; 2],
         flush: bool,
     ) -> Result<QueueBuilder> {
-        let needs = Need::of(layout, sizing.srq_depth > 0, flush);
+        let needs = Need::of(layout, sizing.receiving, flush);
         let reservation = Reservation::take(budgets, needs)?;
         Ok(QueueBuilder {
             reservation,
@@ -187,9 +191,13 @@ impl QueueBuilder {
         })
     }
 
-    /// Creates the next rail's CQ and SRQ, or the QPs of the rail whose QPs come next;
-    /// `Ok(true)` once everything exists.
-    pub(crate) fn step(&mut self, devices: &Devices) -> Result<bool> {
+    /// Creates the next rail's CQ (and joins its shared receive queue), or the QPs of the rail
+    /// whose QPs come next; `Ok(true)` once everything exists.
+    pub(crate) fn step(
+        &mut self,
+        devices: &Devices,
+        receives: &[Arc<SharedReceives>; 2],
+    ) -> Result<bool> {
         let index = self.qps.len();
         let Some(rail) = self.layout.rail_of(index) else {
             return Ok(true);
@@ -199,9 +207,9 @@ impl QueueBuilder {
             let cq = device.create_cq(CqSettings {
                 depth: self.sizing.cq_depth,
             })?;
-            let srq = match self.sizing.srq_depth {
-                0 => None,
-                depth => Some(device.create_srq(depth)?),
+            let srq = match self.sizing.receiving {
+                false => None,
+                true => Some(receives[rail.index()].join()?),
             };
             self.queues[rail.index()] = Some(RailQueues { srq, cq });
             return Ok(false);
@@ -216,7 +224,11 @@ impl QueueBuilder {
                 max_send_wr: send_queue,
                 max_inline: 0,
             };
-            let qp = device.create_qp(rail_queues.cq.as_ref(), rail_queues.srq.as_deref(), caps)?;
+            let cq = rail_queues.cq.as_ref();
+            let qp = match &rail_queues.srq {
+                Some(member) => member.with_queue(|srq| device.create_qp(cq, Some(srq), caps))?,
+                None => device.create_qp(cq, None, caps)?,
+            };
             self.qps.push(qp);
             self.credits.push(SendQueueCredits::new(send_queue));
         }

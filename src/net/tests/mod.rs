@@ -386,7 +386,7 @@ fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
     assert_eq!(sup.counter(RAIL_RECV_COMPLETIONS), 3);
     assert_eq!(
         (sup.gauge(SRQ_LOW_WATER), sup.gauge(SRQ_HIGH_WATER)),
-        (64, 512)
+        (8, 512)
     );
     assert!(
         sup.counter(CTS_POSTED) >= 4,

@@ -1,0 +1,251 @@
+//! Receive queues shared per NIC: every receive connection on a NIC draws its receives from one
+//! of a few shared receive queues there, instead of keeping a queue of its own (issue: a NIC's
+//! `max_srq` and memory at thousands of connections; docs/PROTOCOL.md §8 "Receives shared per
+//! rail").
+//!
+//! A queue serves connections while its ledger admits them (`mpib_proto::srq_shared`: every
+//! member's floor fits), so at most a few hundred per queue; the next connection opens another.
+//! A queue lives as long as a connection uses it: each connection holds it ([`Membership`]),
+//! the NIC keeps only a weak reference to find it, and the last connection to leave destroys it
+//! and gives its `max_srq` share back. Each connection still has its own completion queue, so
+//! the NIC routes every receive completion to its connection by QP; the lock here is taken only
+//! to take or give back receives (a batch at a time) and to settle consumption every
+//! [`SETTLE_EVERY`] IMMs, never per transfer.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use crate::error::{Error, Result};
+use crate::fabric::{Rail, RailDevice, SharedReceiveQueue};
+use crate::net::setup::budget::{NicBudget, QueueHold};
+use crate::proto::srq_shared::{SharedSrqLedger, SHARED_SRQ_CAPACITY, SHARED_SRQ_FLOOR};
+use crate::proto::wr_id::receive_wr_id;
+
+/// A member settles what its IMMs consumed once this many went unreported, so that the ledger's
+/// view of the queue (what it can still grant) lags by little.
+pub(crate) const SETTLE_EVERY: u32 = 32;
+
+/// The shared receive queues of one NIC.
+pub(crate) struct SharedReceives {
+    device: Arc<dyn RailDevice>,
+    budget: Arc<NicBudget>,
+    rail: Rail,
+    capacity: u32,
+    queues: Mutex<Vec<Weak<SharedQueue>>>,
+}
+
+/// One shared receive queue and its ledger.
+pub(crate) struct SharedQueue {
+    state: Mutex<QueueState>,
+    rail: Rail,
+    /// Its share of the NIC's `max_srq`, given back when the queue is destroyed.
+    _hold: QueueHold,
+}
+
+struct QueueState {
+    srq: Box<dyn SharedReceiveQueue>,
+    ledger: SharedSrqLedger,
+}
+
+/// What a take brought.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Taken {
+    /// Receives granted to the member.
+    pub receives: u32,
+    /// Receives the queue holds by the ledger's count, after the take.
+    pub queue_depth: u32,
+    /// Whether the take posted receives on the queue.
+    pub posted: bool,
+}
+
+impl SharedReceives {
+    /// The (not yet created) shared queues of `device`, which serves `rail`: each holds up to
+    /// the smaller of [`SHARED_SRQ_CAPACITY`] and half the NIC's `max_srq_wr` receives at once.
+    pub(crate) fn new(device: Arc<dyn RailDevice>, budget: Arc<NicBudget>, rail: Rail) -> Self {
+        let capacity = SHARED_SRQ_CAPACITY.min(device.info().max_srq_wr / 2);
+        SharedReceives {
+            device,
+            budget,
+            rail,
+            capacity,
+            queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Queues alive now (for tests).
+    #[cfg(test)]
+    pub(crate) fn queues_alive(&self) -> usize {
+        lock(&self.queues)
+            .iter()
+            .filter(|queue| queue.strong_count() > 0)
+            .count()
+    }
+
+    /// Joins a queue that admits one more connection, creating one when none does (taking an
+    /// SRQ from the NIC's budget first, so that a NIC at `max_srq` refuses with the limit named).
+    pub(crate) fn join(&self) -> Result<Membership> {
+        let mut queues = lock(&self.queues);
+        queues.retain(|queue| queue.strong_count() > 0);
+        for queue in queues.iter().filter_map(Weak::upgrade) {
+            if queue.state().ledger.join().is_ok() {
+                return Ok(Membership::new(queue));
+            }
+        }
+        let queue = Arc::new(self.create()?);
+        queue
+            .state()
+            .ledger
+            .join()
+            .map_err(|refused| Error::internal(format!("a new shared queue refused: {refused}")))?;
+        queues.push(Arc::downgrade(&queue));
+        Ok(Membership::new(queue))
+    }
+
+    fn create(&self) -> Result<SharedQueue> {
+        if self.capacity < 2 * SHARED_SRQ_FLOOR {
+            let info = self.device.info();
+            return Err(Error::system(format!(
+                "the {} NIC {} holds at most {} receives per shared receive queue (max_srq_wr): \
+                 too few to share between connections (MPIB needs {})",
+                self.rail,
+                info.name,
+                info.max_srq_wr,
+                4 * SHARED_SRQ_FLOOR
+            )));
+        }
+        let hold = self.budget.take_queue()?;
+        let ledger = SharedSrqLedger::new(self.capacity, SHARED_SRQ_FLOOR);
+        let srq = self.device.create_srq(ledger.depth())?;
+        Ok(SharedQueue {
+            state: Mutex::new(QueueState { srq, ledger }),
+            rail: self.rail,
+            _hold: hold,
+        })
+    }
+}
+
+impl SharedQueue {
+    fn state(&self) -> MutexGuard<'_, QueueState> {
+        lock(&self.state)
+    }
+
+    /// Connections using the queue and what they hold (for tests).
+    #[cfg(test)]
+    pub(crate) fn ledger(&self) -> SharedSrqLedger {
+        self.state().ledger
+    }
+}
+
+/// One receive connection's place in a shared queue. Dropped without [`Membership::leave`]
+/// (a handshake that failed), everything it holds is written off.
+pub(crate) struct Membership {
+    queue: Arc<SharedQueue>,
+    /// What the member held when it last told the ledger.
+    settled: u32,
+    left: bool,
+}
+
+impl Membership {
+    fn new(queue: Arc<SharedQueue>) -> Membership {
+        Membership {
+            queue,
+            settled: 0,
+            left: false,
+        }
+    }
+
+    /// The queue, to create a QP on (under the queue's lock, which no data path holds long).
+    pub(crate) fn with_queue<R>(&self, create: impl FnOnce(&dyn SharedReceiveQueue) -> R) -> R {
+        create(self.queue.state().srq.as_ref())
+    }
+
+    /// The queue itself (for tests).
+    #[cfg(test)]
+    pub(crate) fn queue(&self) -> &Arc<SharedQueue> {
+        &self.queue
+    }
+
+    /// IMMs consumed since the member last told the ledger, given that it holds `holding`.
+    #[inline]
+    pub(crate) fn unsettled(&self, holding: u32) -> u32 {
+        self.settled.saturating_sub(holding)
+    }
+
+    /// The member holds `holding` and asks for `want` more; the queue posts first what the
+    /// grant needs, so that a CTS relying on it never meets an empty queue.
+    pub(crate) fn take(&mut self, holding: u32, want: u32) -> Result<Taken> {
+        let mut state = self.queue.state();
+        state.ledger.settle(self.settled, holding);
+        self.settled = holding;
+        let granted = state.ledger.take(holding, want);
+        if granted.post > 0 {
+            let wr_id = receive_wr_id(self.queue.rail);
+            if let Err(error) = state.srq.post_receives(granted.post, wr_id) {
+                // Nothing is granted; whatever part of the batch the verb posted before it failed
+                // may sit in the queue uncounted, so all of it is written off.
+                state
+                    .ledger
+                    .give_back(holding + granted.receives, granted.receives);
+                state.ledger.write_off(granted.post);
+                return Err(Error::from(error));
+            }
+            state.ledger.on_posted(granted.post);
+        }
+        self.settled = holding + granted.receives;
+        Ok(Taken {
+            receives: granted.receives,
+            queue_depth: state.ledger.posted(),
+            posted: granted.post > 0,
+        })
+    }
+
+    /// Tells the ledger what the member's IMMs consumed; returns the queue's depth by the
+    /// ledger's count.
+    pub(crate) fn settle(&mut self, holding: u32) -> u32 {
+        let mut state = self.queue.state();
+        state.ledger.settle(self.settled, holding);
+        self.settled = holding;
+        state.ledger.posted()
+    }
+
+    /// Gives `n` of the member's `holding` back.
+    pub(crate) fn give_back(&mut self, holding: u32, n: u32) {
+        let mut state = self.queue.state();
+        state.ledger.settle(self.settled, holding);
+        state.ledger.give_back(holding, n);
+        self.settled = holding.saturating_sub(n);
+    }
+
+    /// Leaves, once the member's QPs are destroyed: of its `holding`, as many as it has
+    /// `outstanding` receives may have been consumed unseen and are written off.
+    pub(crate) fn leave(mut self, holding: u32, outstanding: u32) {
+        self.leave_with(holding, outstanding);
+    }
+
+    fn leave_with(&mut self, holding: u32, outstanding: u32) {
+        let mut state = self.queue.state();
+        state.ledger.settle(self.settled, holding);
+        state.ledger.leave(holding, outstanding);
+        self.left = true;
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if !self.left {
+            let settled = self.settled;
+            self.leave_with(settled, settled);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding the lock leaves counts that are still consistent (every
+    // update is a few integer operations that cannot panic); keep going.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+#[path = "receives_tests.rs"]
+mod tests;
