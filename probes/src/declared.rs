@@ -168,23 +168,27 @@ declare! {
     RAIL_RECV_COMPLETIONS: RailCounter = 4, Count, Merge::Sum,
         "mpib_rail_recv_completions_total",
         "Receive-side completions (CQEs) polled on the rail.";
-    /// Receive work requests posted to the SRQ and not yet consumed.
+    /// Receive work requests posted to a shared receive queue and not yet consumed.
     SRQ_DEPTH: RailGauge = 5, Count, Merge::LowestActive { witness: SRQ_HIGH_WATER_SLOT },
         "mpib_srq_depth",
-        "Receive work requests posted to an SRQ of the rail and not yet consumed: the lowest \
-         of the last readings of the process's threads (the SRQ nearest to running dry).";
-    /// The SRQ refill threshold.
+        "Receives posted to a shared receive queue of the rail, not known consumed, at a \
+         connection's last take: the lowest reading of the process's threads (the queue nearest \
+         to dry).";
+    /// The batch a connection takes beyond its shortfall.
     SRQ_LOW_WATER: RailGauge = 6, Count, Merge::Highest, "mpib_srq_low_water",
-        "SRQ refill threshold: a refill starts at or under this depth.";
-    /// The SRQ refill target.
+        "Receives a connection takes from a shared receive queue beyond what its outstanding \
+         receives need (MPIB_SRQ_LOW_WATER).";
+    /// The most receives a connection holds.
     SRQ_HIGH_WATER: RailGauge = 7, Count, Merge::Highest, "mpib_srq_high_water",
-        "SRQ refill target depth.";
-    /// SRQ refill passes.
+        "The most receives a connection holds of a shared receive queue, and so keeps \
+         outstanding (MPIB_SRQ_HIGH_WATER).";
+    /// Batches of receives posted on a shared receive queue.
     SRQ_REFILLS: RailCounter = 8, Count, Merge::Sum, "mpib_srq_refills_total",
-        "SRQ refill passes.";
-    /// Times the SRQ depth was found at or under its low water mark.
+        "Batches of receives posted on a shared receive queue of the rail.";
+    /// Takes that came back short.
     SRQ_LOW_WATER_HITS: RailCounter = 9, Count, Merge::Sum, "mpib_srq_low_water_hits_total",
-        "Times the SRQ depth was found at or under its low watermark.";
+        "Times a connection asked a shared receive queue for more receives than it could grant \
+         (its irecv then returned no request).";
     /// Completions whose rail mask disagreed with the expected one.
     MASK_MISMATCHES: RailCounter = 10, Count, Merge::Sum, "mpib_mask_mismatches_total",
         "Completions whose rail mask disagreed with the expected one.";

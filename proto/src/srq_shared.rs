@@ -30,13 +30,18 @@
 
 use std::fmt;
 
-/// Receives each member may always hold: NCCL keeps at most `NCCL_STEPS` (8) receives outstanding
-/// on one network connection (its proxy posts step `s` only after step `s - 8` completed).
+/// Receives each member may always hold: a channel's whole pipeline (NCCL's proxy keeps at most
+/// `NCCL_STEPS`, 8 in NCCL's `device.h`, receives of a channel in flight). Any floor
+/// above zero is what keeps connections that share a queue live: receives already advertised
+/// complete without further ones, so a connection always gets to advertise again.
 pub const SHARED_SRQ_FLOOR: u32 = 8;
 
-/// Largest capacity of one shared queue (receives granted at once); the queue is created twice as
-/// deep, which a ConnectX (`max_srq_wr` 32,767) and Soft-RoCE (16,384) both allow.
-pub const SHARED_SRQ_CAPACITY: u32 = 8_192;
+/// Largest capacity of one shared queue (receives granted at once; 128 connections' floors in its
+/// half). The queue is created twice as deep, which a ConnectX (`max_srq_wr` 32,767) and
+/// Soft-RoCE (16,384) both allow. Its ring is the fixed cost of a NIC's first receive connection:
+/// on Soft-RoCE, 8,192-receive queues cost a one-pair process 4 MB more than 512-receive queues of
+/// its own (measured, docs/PERFORMANCE.md), so queues are kept to a quarter of that.
+pub const SHARED_SRQ_CAPACITY: u32 = 2_048;
 
 /// Why a connection cannot join a ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -126,6 +126,7 @@ impl RecvData {
 
     /// Gives back what the outstanding receives do not need and settles what the IMMs consumed
     /// (the `test` path: nothing to take).
+    #[inline]
     pub(crate) fn refill(&mut self) -> Result<()> {
         self.refill_for(self.slots.outstanding())
     }
@@ -134,6 +135,7 @@ impl RecvData {
     /// `proto::srq`): takes the shortfall and a batch, gives back an idle excess, and settles
     /// consumption every `SETTLE_EVERY` IMMs. Touches the shared queue only when one of those is
     /// due: most calls compare a few integers.
+    #[inline]
     fn refill_for(&mut self, in_flight: u32) -> Result<()> {
         for rail in Rail::ALL {
             let Some(member) = self.queues[rail.index()]
@@ -146,10 +148,9 @@ impl RecvData {
                 continue;
             };
             let want = self.slots.wanted(rail, in_flight);
-            let excess = self.slots.excess(rail);
-            let probe = self.telemetry.rail(rail);
             if want > 0 {
                 let taken = member.take(held, want)?;
+                let probe = self.telemetry.rail(rail);
                 self.slots.on_granted(rail, taken.receives, want);
                 if taken.posted {
                     probe.inc(SRQ_REFILLS);
@@ -158,11 +159,15 @@ impl RecvData {
                     probe.inc(SRQ_LOW_WATER_HITS);
                 }
                 probe.set(SRQ_DEPTH, u64::from(taken.queue_depth));
-            } else if excess > 0 {
+                continue;
+            }
+            let excess = self.slots.excess(rail);
+            if excess > 0 {
                 member.give_back(held, excess);
                 self.slots.on_given_back(rail, excess);
             } else if member.unsettled(held) >= SETTLE_EVERY {
-                probe.set(SRQ_DEPTH, u64::from(member.settle(held)));
+                let depth = member.settle(held);
+                self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(depth));
             }
         }
         Ok(())

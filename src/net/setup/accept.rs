@@ -217,8 +217,16 @@ impl Acceptance {
                     };
                 }
                 Stage::Building(builder, request, reply) => {
-                    if !builder.step(&self.device.devices, &self.device.receives)? {
-                        return Ok(None);
+                    match builder.step(&self.device.devices, &self.device.receives) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(None),
+                        Err(error) => {
+                            // A NIC past `max_srq` for a new shared receive queue, or a verb
+                            // that failed: the connector hears a refusal, not a closed socket.
+                            let reply = *reply;
+                            self.stage = self.refuse(reply, error);
+                            continue;
+                        }
                     }
                     let (request, mut reply) = (**request, *reply);
                     let built = match std::mem::replace(
@@ -304,18 +312,22 @@ impl Acceptance {
         ctx: &Arc<Context>,
         layout: QpLayout,
         request: ConnectRequest,
-        mut reply: ConnectReply,
+        reply: ConnectReply,
     ) -> Stage {
         let settings = &ctx.settings;
         let sizing = receiver_sizing(settings, layout.cts_qp(settings.mode, reply.class));
         match QueueBuilder::new(layout, sizing, &self.device.budgets, settings.force_flush) {
             Ok(builder) => Stage::Building(builder, Box::new(request), reply),
-            Err(error) => {
-                reply.refusal = Some(Refusal::Internal);
-                self.refusal = Some(error);
-                Stage::SendingReply(Transfer::outgoing(reply.encode()))
-            }
+            Err(error) => self.refuse(reply, error),
         }
+    }
+
+    /// Answers with a refusal (the connector names it) and keeps `error` for this accept to
+    /// fail with once the refusal is sent.
+    fn refuse(&mut self, mut reply: ConnectReply, error: Error) -> Stage {
+        reply.refusal = Some(Refusal::Internal);
+        self.refusal = Some(error);
+        Stage::SendingReply(Transfer::outgoing(reply.encode()))
     }
 
     /// Checks that both sides agree: the reply (a refusal, or the start of one to complete once

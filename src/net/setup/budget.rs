@@ -34,7 +34,7 @@ impl Need {
 
     /// What a connection of `layout` takes from each rail's NIC: its QPs there, one CQ, and on
     /// the receiving side with flush QPs one more QP. Its receives come from a queue shared with
-    /// hundreds of others, counted when that queue is made.
+    /// up to 127 others, counted when that queue is made.
     pub(crate) fn of(layout: QpLayout, receiving: bool, flush: bool) -> [Need; 2] {
         Rail::ALL.map(|rail| {
             let qps = layout.count(rail) as u32;

@@ -4,7 +4,7 @@
 //! rail").
 //!
 //! A queue serves connections while its ledger admits them (`mpib_proto::srq_shared`: every
-//! member's floor fits), so at most a few hundred per queue; the next connection opens another.
+//! member's floor fits), 128 to a queue by default; the next connection opens another.
 //! A queue lives as long as a connection uses it: each connection holds it ([`Membership`]),
 //! the NIC keeps only a weak reference to find it, and the last connection to leave destroys it
 //! and gives its `max_srq` share back. Each connection still has its own completion queue, so
