@@ -220,6 +220,11 @@ fn child_past_the_queues() {
     let plugin = load();
     let net = plugin.net(Version::V12).unwrap();
     let ctx = net.init(1).unwrap();
+    let props = net.get_properties(0).unwrap();
+    assert_eq!(
+        props.max_comms, 1,
+        "one queue of one connection on the SUP NIC"
+    );
     let options = PairOptions::default();
     let mut first = Pair::connect_with(&net, &options).unwrap();
     exchange_sizes(&mut first, &[4096], "first", 1).unwrap();

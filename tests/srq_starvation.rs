@@ -73,7 +73,7 @@ fn child_starved_srq() {
     );
     assert!(
         sup.counter(SRQ_LOW_WATER_HITS) > 0,
-        "the burst asked the queue for more than it could grant"
+        "irecvs held back for want of a receive the queue could grant"
     );
     // One IMM per grouped receive (32 per round), on SUP.
     assert_eq!(

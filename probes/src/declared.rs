@@ -168,12 +168,11 @@ declare! {
     RAIL_RECV_COMPLETIONS: RailCounter = 4, Count, Merge::Sum,
         "mpib_rail_recv_completions_total",
         "Receive-side completions (CQEs) polled on the rail.";
-    /// Receive work requests posted to a shared receive queue and not yet consumed.
+    /// Receives a shared receive queue could still grant.
     SRQ_DEPTH: RailGauge = 5, Count, Merge::LowestActive { witness: SRQ_HIGH_WATER_SLOT },
         "mpib_srq_depth",
-        "Receives posted to a shared receive queue of the rail, not known consumed, at a \
-         connection's last take: the lowest reading of the process's threads (the queue nearest \
-         to dry).";
+        "Receives a shared receive queue of the rail could still grant, at a connection's last \
+         take: the lowest reading of the process's threads (the queue nearest to running out).";
     /// The batch a connection takes beyond its shortfall.
     SRQ_LOW_WATER: RailGauge = 6, Count, Merge::Highest, "mpib_srq_low_water",
         "Receives a connection takes from a shared receive queue beyond what its outstanding \
@@ -185,10 +184,10 @@ declare! {
     /// Batches of receives posted on a shared receive queue.
     SRQ_REFILLS: RailCounter = 8, Count, Merge::Sum, "mpib_srq_refills_total",
         "Batches of receives posted on a shared receive queue of the rail.";
-    /// Takes that came back short.
+    /// irecvs that returned no request for want of a shared receive.
     SRQ_LOW_WATER_HITS: RailCounter = 9, Count, Merge::Sum, "mpib_srq_low_water_hits_total",
-        "Times a connection asked a shared receive queue for more receives than it could grant \
-         (its irecv then returned no request).";
+        "Times an irecv returned no request because the rail's shared receive queue could not \
+         grant the receive it needed.";
     /// Completions whose rail mask disagreed with the expected one.
     MASK_MISMATCHES: RailCounter = 10, Count, Merge::Sum, "mpib_mask_mismatches_total",
         "Completions whose rail mask disagreed with the expected one.";

@@ -205,14 +205,13 @@ impl RecvSlots {
             .all(|credits| credits.covers(in_flight))
     }
 
-    /// Receives `rail` holds beyond what its outstanding slots need (see
-    /// [`SrqCredits::excess`]); the engine gives them back and reports with
-    /// [`RecvSlots::on_given_back`].
+    /// Receives `rail` holds beyond what `in_flight` slots need (see [`SrqCredits::excess`]);
+    /// the engine gives them back and reports with [`RecvSlots::on_given_back`].
     #[inline]
-    pub fn excess(&self, rail: Rail) -> u32 {
+    pub fn excess(&self, rail: Rail, in_flight: u32) -> u32 {
         self.srq[rail.index()]
             .as_ref()
-            .map_or(0, |credits| credits.excess(self.outstanding))
+            .map_or(0, |credits| credits.excess(in_flight))
     }
 
     /// `n` receives of `rail` went back to the shared queue.

@@ -142,5 +142,5 @@ fn a_cts_goes_out_only_for_a_receive_every_rail_holds() {
     assert_eq!(slots.srq(Rail::ScaleUp).unwrap().short_takes(), 1);
     fill(&mut slots, 1);
     assert_eq!(slots.posted(1, 1), Ok(0));
-    assert_eq!(slots.excess(Rail::ScaleOut), 0);
+    assert_eq!(slots.excess(Rail::ScaleOut, 1), 0);
 }

@@ -7,9 +7,8 @@
 //! When its holding falls short of what it has outstanding, it takes the shortfall and a batch
 //! (`low`, `MPIB_SRQ_LOW_WATER`) more from the queue's ledger; it never holds more than `high`
 //! (`MPIB_SRQ_HIGH_WATER`, which so also bounds its outstanding receives), and gives back what it
-//! holds beyond two batches over its outstanding receives, so that an idle connection keeps no
-//! more than a batch. The counters feed telemetry: takes that came back short mean the shared
-//! queue had nothing more to grant.
+//! holds beyond two batches over its outstanding receives, and an idle connection beyond one, so
+//! that an idle connection keeps no more than a batch.
 //!
 //! An IMM when the holding is zero means a receive was consumed that was never granted: the
 //! accounting is broken, which is a protocol error, not something to clamp away.
@@ -98,11 +97,16 @@ impl SrqCredits {
     }
 
     /// Receives to give back with `in_flight` outstanding: down to one batch over them once the
-    /// holding exceeds two.
+    /// holding exceeds two; idle (nothing in flight), down to one batch as soon as it holds more,
+    /// so that an idle connection borrows nothing beyond its floor (with the default batch).
     #[inline]
     pub fn excess(&self, in_flight: u32) -> u32 {
         let keep = in_flight.saturating_add(self.low);
-        if self.held > keep.saturating_add(self.low) {
+        let limit = match in_flight {
+            0 => keep,
+            _ => keep.saturating_add(self.low),
+        };
+        if self.held > limit {
             self.held - keep
         } else {
             0
@@ -174,7 +178,12 @@ mod tests {
         assert_eq!(srq.wanted(10), 9);
         srq.on_granted(5, 9);
         assert_eq!((srq.held(), srq.takes(), srq.short_takes()), (14, 2, 1));
-        assert_eq!(srq.excess(0), 0, "within two batches");
+        assert_eq!(
+            srq.excess(1),
+            0,
+            "within two batches over what is in flight"
+        );
+        assert_eq!(srq.excess(0), 6, "idle: down to one batch");
         assert_eq!(srq.wanted(600), 512 - 14, "never beyond the most held");
         srq.on_granted(512 - 14, 512 - 14);
         assert_eq!(srq.excess(4), 512 - 12);

@@ -31,9 +31,10 @@
 use std::fmt;
 
 /// Receives each member may always hold: a channel's whole pipeline (NCCL's proxy keeps at most
-/// `NCCL_STEPS`, 8 in NCCL's `device.h`, receives of a channel in flight). Any floor
-/// above zero is what keeps connections that share a queue live: receives already advertised
-/// complete without further ones, so a connection always gets to advertise again.
+/// `NCCL_STEPS`, 8 in NCCL's `device.h`, receives of a channel in flight; a comm several
+/// channels share may keep up to 32 and borrows the rest). Any floor above zero is what keeps
+/// connections that share a queue live: receives already advertised complete without further
+/// ones, so a connection always gets to advertise again.
 pub const SHARED_SRQ_FLOOR: u32 = 8;
 
 /// Largest capacity of one shared queue (receives granted at once; 128 connections' floors in its
@@ -128,8 +129,16 @@ impl SharedSrqLedger {
     }
 
     /// Depth to create the queue with: lost receives may still sit in it beside `capacity`.
+    /// One less than twice the capacity, as providers round `depth + 1` up to a power of two
+    /// for their rings (rxe, mlx5): twice a power-of-two capacity would double the ring.
     pub const fn depth(&self) -> u32 {
-        self.capacity.saturating_mul(2)
+        self.capacity.saturating_mul(2).saturating_sub(1)
+    }
+
+    /// Receives the ledger could still grant, floors included (the telemetry's queue depth:
+    /// near zero, connections wait on the queue).
+    pub fn room(&self) -> u32 {
+        self.usable().saturating_sub(self.granted)
     }
 
     /// Receives granted at most at once.
@@ -231,6 +240,15 @@ impl SharedSrqLedger {
     /// A post of `n` receives failed part way: as many may sit in the queue uncounted.
     pub fn write_off(&mut self, n: u32) {
         self.lost = self.lost.saturating_add(n);
+    }
+
+    /// An IMM consumed a receive its member did not hold (a peer that broke the protocol): the
+    /// receive is gone from the queue without a grant. The member's connection fails and its
+    /// QPs go at once; since more such IMMs may have landed unseen, the queue admits no one new
+    /// and goes with its last member.
+    pub fn consumed_unheld(&mut self) {
+        self.posted = self.posted.saturating_sub(1);
+        self.lost = self.lost.max(self.capacity / 4);
     }
 
     /// A member holding `holding` (settled) gives `n` back.

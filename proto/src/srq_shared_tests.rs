@@ -6,7 +6,7 @@ fn members_hold_their_floor_and_borrow_the_rest() {
     let mut ledger = SharedSrqLedger::new(64, 8);
     assert_eq!(
         (ledger.depth(), ledger.capacity(), ledger.floor()),
-        (128, 64, 8)
+        (127, 64, 8)
     );
     for _ in 0..4 {
         ledger.join().unwrap();
@@ -71,6 +71,22 @@ fn a_member_that_borrowed_everything_keeps_newcomers_out_until_it_gives_back() {
     assert_eq!(ledger.take(0, 8).receives, 8);
 }
 
+#[test]
+fn a_receive_consumed_without_a_grant_leaves_the_queue_and_retires_it() {
+    let mut ledger = SharedSrqLedger::new(64, 8);
+    ledger.join().unwrap();
+    let granted = ledger.take(0, 8);
+    ledger.on_posted(granted.post);
+    ledger.consumed_unheld();
+    assert_eq!(ledger.posted(), granted.post - 1);
+    assert_eq!(ledger.join(), Err(JoinRefused::Retired { lost: 16 }));
+    assert_eq!(
+        ledger.room(),
+        64 - 8,
+        "the members still get what the queue holds"
+    );
+}
+
 /// What a member does in the model below.
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -129,7 +145,7 @@ proptest! {
                     ledger.settle(member.settled, member.holding);
                     let floor_room = ledger.floor().saturating_sub(member.holding);
                     let granted = ledger.take(member.holding, want);
-                    if ledger.lost() <= ledger.capacity() {
+                    if ledger.lost() < ledger.capacity() {
                         prop_assert!(granted.receives >= want.min(floor_room), "floor refused");
                     }
                     physical += granted.post;

@@ -273,7 +273,7 @@ impl Pair {
             let held = |receiver: &RecvSlots| receiver.srq(rail).map_or(0, SrqCredits::held);
             let ledger = &mut self.ledgers[i];
             ledger.settle(self.settled[i], held(&self.receiver));
-            let excess = self.receiver.excess(rail);
+            let excess = self.receiver.excess(rail, in_flight);
             ledger.give_back(held(&self.receiver), excess);
             self.receiver.on_given_back(rail, excess);
             let want = self.receiver.wanted(rail, in_flight);

@@ -155,22 +155,48 @@ impl RecvData {
                 if taken.posted {
                     probe.inc(SRQ_REFILLS);
                 }
-                if taken.receives < want {
-                    probe.inc(SRQ_LOW_WATER_HITS);
-                }
-                probe.set(SRQ_DEPTH, u64::from(taken.queue_depth));
+                probe.set(SRQ_DEPTH, u64::from(taken.room));
                 continue;
             }
-            let excess = self.slots.excess(rail);
+            let excess = self.slots.excess(rail, in_flight);
+            let unsettled = member.unsettled(held);
             if excess > 0 {
-                member.give_back(held, excess);
+                let room = member.give_back(held, excess);
                 self.slots.on_given_back(rail, excess);
-            } else if member.unsettled(held) >= SETTLE_EVERY {
-                let depth = member.settle(held);
-                self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(depth));
+                self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(room));
+            } else if unsettled >= SETTLE_EVERY || (unsettled > 0 && in_flight == 0) {
+                // Also as soon as the connection goes idle, so that what it consumed does not
+                // stay counted as borrowed while others need it.
+                let room = member.settle(held);
+                self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(room));
             }
         }
         Ok(())
+    }
+
+    /// An IMM on `rail` consumed a shared receive the connection did not hold: its peer sends
+    /// more than it was given receives for, taking receives other connections of the queue hold.
+    /// The connection fails (the caller); its QPs go now, so that it takes no more of them.
+    #[cold]
+    fn stop_unheld(&mut self, rail: Rail) {
+        if let Some(member) = self.queues[rail.index()]
+            .as_mut()
+            .and_then(|q| q.srq.as_mut())
+        {
+            member.consumed_unheld();
+        }
+        self.qps.qps.clear();
+    }
+
+    /// Counts, on each rail whose shared queue could not cover `in_flight` receives, an `irecv`
+    /// that returned no request for it.
+    #[cold]
+    fn count_uncovered(&mut self, in_flight: u32) {
+        for rail in Rail::ALL {
+            if self.slots.srq(rail).is_some_and(|c| !c.covers(in_flight)) {
+                self.telemetry.rail(rail).inc(SRQ_LOW_WATER_HITS);
+            }
+        }
     }
 }
 
@@ -259,19 +285,22 @@ impl RecvComm {
                 return Ok(None);
             }
         }
-        let in_flight = data.slots.outstanding() + 1;
-        data.refill_for(in_flight)?;
-        if !data.slots.covers(in_flight) {
-            // The shared queue had nothing more to grant beyond this connection's floor, which
-            // its outstanding receives use: one of them completing frees it. No request.
-            return Ok(None);
-        }
         if data.qps.credits[data.cts_qp].available() == 0 {
             // CTS credits come back with the periodic signalled CTS completion: reap it here too,
             // so a caller that only retries `irecv` still makes progress.
             self.poll(data)?;
         }
         if data.slots.can_post().is_err() || data.qps.credits[data.cts_qp].available() == 0 {
+            return Ok(None);
+        }
+        // Nothing is polled from here to the CTS: an IMM polled after the cover check would
+        // take a receive the check counted.
+        let in_flight = data.slots.outstanding() + 1;
+        data.refill_for(in_flight)?;
+        if !data.slots.covers(in_flight) {
+            // The shared queue had nothing more to grant beyond this connection's floor, which
+            // its outstanding receives use: one of them completing frees it. No request.
+            data.count_uncovered(in_flight);
             return Ok(None);
         }
         let count = buffers.len();
@@ -430,6 +459,24 @@ impl RecvComm {
         Ok(Some(outcome))
     }
 
+    /// As if an IMM `imm` (wire order) had consumed a receive of `rail`'s shared queue: what a
+    /// peer that sends more than it was given receives for would make happen.
+    #[cfg(test)]
+    pub(crate) fn receive_imm(&self, rail: Rail, imm: u32) -> Result<()> {
+        let completion = Completion {
+            opcode: CompletionOpcode::RecvRdmaWithImm,
+            imm,
+            ..Completion::EMPTY
+        };
+        self.on_imm(self.data(), rail, &completion)
+    }
+
+    /// The QPs the connection still has (for tests).
+    #[cfg(test)]
+    pub(crate) fn queue_pairs(&self) -> usize {
+        self.data().qps.qps.len()
+    }
+
     /// Drains both rails' CQs.
     fn poll(&self, data: &mut RecvData) -> Result<()> {
         drain_completions(data, |data, rail, completion| {
@@ -483,6 +530,9 @@ impl RecvComm {
         let outcome = match data.slots.on_imm(rail, imm, allowed) {
             Ok(outcome) => outcome,
             Err(e) => {
+                if let RecvSlotError::SrqUnderflow(rail) = e {
+                    data.stop_unheld(rail);
+                }
                 let mask_error = match &e {
                     RecvSlotError::Mask(_, mask_error) => Some(*mask_error),
                     _ => None,

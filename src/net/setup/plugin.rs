@@ -208,6 +208,25 @@ pub(crate) fn device_count() -> Result<i32> {
     opened().map(|opened| i32::try_from(opened.devices.len()).unwrap_or(i32::MAX))
 }
 
+/// `maxComms`: the NICs' QPs and CQs over what a connection takes (src/net/setup/budget.rs), and
+/// the receive connections their shared receive queues can serve; a shared SUP NIC's divided
+/// among its devices.
+fn max_comms(device: &FusedDevice, sharers: u32, per_comm: [Need; 2]) -> i32 {
+    let [sout, sup] = &device.devices;
+    let limits = [limits(sout.info()), limits(sup.info())];
+    let by_objects = budget::max_comms(limits, sharers, per_comm);
+    let by_queues = device
+        .receives
+        .iter()
+        .zip([1, sharers])
+        .map(|(receives, share)| receives.connections_at_most() / share)
+        .min()
+        .unwrap_or(u32::MAX);
+    by_objects
+        .min(i32::try_from(by_queues).unwrap_or(i32::MAX))
+        .max(1)
+}
+
 pub(crate) fn properties(dev: i32) -> Result<Properties> {
     let opened = opened()?;
     let device = opened.device(dev)?;
@@ -230,7 +249,7 @@ pub(crate) fn properties(dev: i32) -> Result<Properties> {
         speed: speed.min(i32::MAX as u64) as i32,
         port: i32::from(sout.port),
         latency: 0.0,
-        max_comms: budget::max_comms([limits(sout), limits(sup)], sharers, opened.per_comm),
+        max_comms: max_comms(device, sharers, opened.per_comm),
         max_recvs: MAX_RECVS as i32,
         // The device itself, as NCCL's own plugins report a device they expose: NCCL reads a
         // plugin's vProps only for devices made by makeVDevice (docs/NCCL_NET_ABI.md §1.7).

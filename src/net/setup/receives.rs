@@ -33,17 +33,16 @@ pub(crate) struct SharedReceives {
     queues: Mutex<Vec<Weak<SharedQueue>>>,
 }
 
-/// One shared receive queue and its ledger.
+/// One shared receive queue and its ledger, each under its own lock: creating a QP on the
+/// queue (a verb of tens of milliseconds on emulated rails) holds only the queue's, so the
+/// members' takes and settlements, on their data paths, never wait behind it; a take that
+/// posts locks the ledger, then the queue (always in that order).
 pub(crate) struct SharedQueue {
-    state: Mutex<QueueState>,
+    ledger: Mutex<SharedSrqLedger>,
+    srq: Mutex<Box<dyn SharedReceiveQueue>>,
     rail: Rail,
     /// Its share of the NIC's `max_srq`, given back when the queue is destroyed.
     _hold: QueueHold,
-}
-
-struct QueueState {
-    srq: Box<dyn SharedReceiveQueue>,
-    ledger: SharedSrqLedger,
 }
 
 /// What a take brought.
@@ -51,8 +50,8 @@ struct QueueState {
 pub(crate) struct Taken {
     /// Receives granted to the member.
     pub receives: u32,
-    /// Receives the queue holds by the ledger's count, after the take.
-    pub queue_depth: u32,
+    /// Receives the queue could still grant, after the take.
+    pub room: u32,
     /// Whether the take posted receives on the queue.
     pub posted: bool,
 }
@@ -71,6 +70,13 @@ impl SharedReceives {
         }
     }
 
+    /// Receive connections the NIC's `max_srq` queues can serve: queues of fewer receives (a
+    /// small `max_srq_wr`) serve fewer connections each.
+    pub(crate) fn connections_at_most(&self) -> u32 {
+        let per_queue = (self.capacity / 2) / SHARED_SRQ_FLOOR;
+        self.device.info().max_srq.saturating_mul(per_queue)
+    }
+
     /// Queues alive now (for tests).
     #[cfg(test)]
     pub(crate) fn queues_alive(&self) -> usize {
@@ -86,14 +92,13 @@ impl SharedReceives {
         let mut queues = lock(&self.queues);
         queues.retain(|queue| queue.strong_count() > 0);
         for queue in queues.iter().filter_map(Weak::upgrade) {
-            if queue.state().ledger.join().is_ok() {
+            if queue.ledger().join().is_ok() {
                 return Ok(Membership::new(queue));
             }
         }
         let queue = Arc::new(self.create()?);
         queue
-            .state()
-            .ledger
+            .ledger()
             .join()
             .map_err(|refused| Error::internal(format!("a new shared queue refused: {refused}")))?;
         queues.push(Arc::downgrade(&queue));
@@ -116,7 +121,8 @@ impl SharedReceives {
         let ledger = SharedSrqLedger::new(self.capacity, SHARED_SRQ_FLOOR);
         let srq = self.device.create_srq(ledger.depth())?;
         Ok(SharedQueue {
-            state: Mutex::new(QueueState { srq, ledger }),
+            ledger: Mutex::new(ledger),
+            srq: Mutex::new(srq),
             rail: self.rail,
             _hold: hold,
         })
@@ -124,14 +130,14 @@ impl SharedReceives {
 }
 
 impl SharedQueue {
-    fn state(&self) -> MutexGuard<'_, QueueState> {
-        lock(&self.state)
+    fn ledger(&self) -> MutexGuard<'_, SharedSrqLedger> {
+        lock(&self.ledger)
     }
 
     /// Connections using the queue and what they hold (for tests).
     #[cfg(test)]
-    pub(crate) fn ledger(&self) -> SharedSrqLedger {
-        self.state().ledger
+    pub(crate) fn counts(&self) -> SharedSrqLedger {
+        *self.ledger()
     }
 }
 
@@ -155,7 +161,7 @@ impl Membership {
 
     /// The queue, to create a QP on (under the queue's lock, which no data path holds long).
     pub(crate) fn with_queue<R>(&self, create: impl FnOnce(&dyn SharedReceiveQueue) -> R) -> R {
-        create(self.queue.state().srq.as_ref())
+        create(lock(&self.queue.srq).as_ref())
     }
 
     /// The queue itself (for tests).
@@ -173,46 +179,51 @@ impl Membership {
     /// The member holds `holding` and asks for `want` more; the queue posts first what the
     /// grant needs, so that a CTS relying on it never meets an empty queue.
     pub(crate) fn take(&mut self, holding: u32, want: u32) -> Result<Taken> {
-        let mut state = self.queue.state();
-        state.ledger.settle(self.settled, holding);
+        let mut ledger = self.queue.ledger();
+        ledger.settle(self.settled, holding);
         self.settled = holding;
-        let granted = state.ledger.take(holding, want);
+        let granted = ledger.take(holding, want);
         if granted.post > 0 {
             let wr_id = receive_wr_id(self.queue.rail);
-            if let Err(error) = state.srq.post_receives(granted.post, wr_id) {
+            if let Err(error) = lock(&self.queue.srq).post_receives(granted.post, wr_id) {
                 // Nothing is granted; whatever part of the batch the verb posted before it failed
                 // may sit in the queue uncounted, so all of it is written off.
-                state
-                    .ledger
-                    .give_back(holding + granted.receives, granted.receives);
-                state.ledger.write_off(granted.post);
+                ledger.give_back(holding + granted.receives, granted.receives);
+                ledger.write_off(granted.post);
                 return Err(Error::from(error));
             }
-            state.ledger.on_posted(granted.post);
+            ledger.on_posted(granted.post);
         }
         self.settled = holding + granted.receives;
         Ok(Taken {
             receives: granted.receives,
-            queue_depth: state.ledger.posted(),
+            room: ledger.room(),
             posted: granted.post > 0,
         })
     }
 
-    /// Tells the ledger what the member's IMMs consumed; returns the queue's depth by the
-    /// ledger's count.
+    /// Tells the ledger what the member's IMMs consumed; returns what the queue could still
+    /// grant.
     pub(crate) fn settle(&mut self, holding: u32) -> u32 {
-        let mut state = self.queue.state();
-        state.ledger.settle(self.settled, holding);
+        let mut ledger = self.queue.ledger();
+        ledger.settle(self.settled, holding);
         self.settled = holding;
-        state.ledger.posted()
+        ledger.room()
     }
 
-    /// Gives `n` of the member's `holding` back.
-    pub(crate) fn give_back(&mut self, holding: u32, n: u32) {
-        let mut state = self.queue.state();
-        state.ledger.settle(self.settled, holding);
-        state.ledger.give_back(holding, n);
+    /// Gives `n` of the member's `holding` back; returns what the queue could still grant.
+    pub(crate) fn give_back(&mut self, holding: u32, n: u32) -> u32 {
+        let mut ledger = self.queue.ledger();
+        ledger.settle(self.settled, holding);
+        ledger.give_back(holding, n);
         self.settled = holding.saturating_sub(n);
+        ledger.room()
+    }
+
+    /// One of the member's IMMs consumed a receive it did not hold (its peer broke the
+    /// protocol; the connection fails): see `SharedSrqLedger::consumed_unheld`.
+    pub(crate) fn consumed_unheld(&mut self) {
+        self.queue.ledger().consumed_unheld();
     }
 
     /// Leaves, once the member's QPs are destroyed: of its `holding`, as many as it has
@@ -222,9 +233,9 @@ impl Membership {
     }
 
     fn leave_with(&mut self, holding: u32, outstanding: u32) {
-        let mut state = self.queue.state();
-        state.ledger.settle(self.settled, holding);
-        state.ledger.leave(holding, outstanding);
+        let mut ledger = self.queue.ledger();
+        ledger.settle(self.settled, holding);
+        ledger.leave(holding, outstanding);
         self.left = true;
     }
 }

@@ -14,13 +14,13 @@ fn receives(faults: &str) -> (impl Drop, Arc<NicBudget>, SharedReceives) {
 }
 
 #[test]
-fn hundreds_of_connections_share_a_queue_and_the_next_one_opens_another() {
+fn connections_share_a_queue_until_their_floors_fill_half_of_it() {
     let (_serial, budget, shared) = receives("");
     let per_queue = SHARED_SRQ_CAPACITY / 2 / SHARED_SRQ_FLOOR;
     let mut members: Vec<Membership> = (0..per_queue).map(|_| shared.join().unwrap()).collect();
     assert_eq!(shared.queues_alive(), 1);
     assert_eq!(budget.in_use()[2], 1, "one SRQ of the NIC's max_srq");
-    assert_eq!(members[0].queue().ledger().members(), per_queue);
+    assert_eq!(members[0].queue().counts().members(), per_queue);
     members.push(shared.join().unwrap());
     assert_eq!(shared.queues_alive(), 2);
     assert_eq!(budget.in_use()[2], 2);
@@ -42,15 +42,19 @@ fn a_take_posts_what_it_grants_and_leaving_writes_off_only_the_outstanding() {
     let taken = member.take(0, 17).unwrap();
     assert_eq!(taken.receives, 17);
     assert!(taken.posted);
-    assert!(taken.queue_depth >= 17, "{taken:?}");
+    assert_eq!(taken.room, SHARED_SRQ_CAPACITY - 17, "{taken:?}");
     // Its IMMs consumed 5; the next take settles them and posts nothing (the spare covers it).
     let again = member.take(12, 10).unwrap();
     assert_eq!((again.receives, again.posted), (10, false));
-    assert_eq!(again.queue_depth, taken.queue_depth - 5);
+    assert_eq!(
+        again.room,
+        taken.room + 5 - 10,
+        "5 consumed, 10 more granted"
+    );
     let queue = Arc::clone(member.queue());
-    assert_eq!(queue.ledger().granted(), 22);
+    assert_eq!(queue.counts().granted(), 22);
     member.leave(22, 3);
-    let ledger = queue.ledger();
+    let ledger = queue.counts();
     assert_eq!(
         (ledger.members(), ledger.granted(), ledger.lost()),
         (0, 0, 3)
@@ -64,7 +68,7 @@ fn a_connection_dropped_without_leaving_writes_off_what_it_held() {
     let mut failed = shared.join().unwrap();
     failed.take(0, 4).unwrap();
     drop(failed);
-    let ledger = keep.queue().ledger();
+    let ledger = keep.queue().counts();
     assert_eq!(
         (ledger.members(), ledger.granted(), ledger.lost()),
         (1, 0, 4)

@@ -524,5 +524,6 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
 mod agent;
 mod memory;
 mod peer;
+mod receives;
 mod threads;
 mod trust;
