@@ -3,7 +3,9 @@
 //! socket's messages (both directions) with the agent's control commands.
 
 use mpib_proto::agent_wire::{AgentRequest, AgentResponse, Header};
-use mpib_proto::cts::{match_tag, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
+use mpib_proto::cts::{
+    match_tag, Advertised, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS,
+};
 use mpib_proto::imm::Imm;
 use mpib_proto::rail_mask::RailMask;
 use mpib_proto::wire::{ConnectReply, ConnectRequest, LinkAnswer, Ready};
@@ -62,10 +64,10 @@ pub fn cts_entry(data: &[u8]) {
     let rest = data.get(CTS_ENTRY_SIZE..).unwrap_or_default();
     let [slot, index, rails, taken, tag]: [u8; 5] = fixed(rest);
     let _ = entry.validate(usize::from(slot), usize::from(index), RailMask(rails));
-    let entries: Vec<CtsEntry> = data
+    let entries: Vec<Advertised> = data
         .chunks(CTS_ENTRY_SIZE)
         .take(MAX_RECVS + 1)
-        .map(|chunk| CtsEntry::from_le_bytes(&fixed(chunk)))
+        .map(|chunk| Advertised::from(&CtsEntry::from_le_bytes(&fixed(chunk))))
         .collect();
     if let Some(at) = match_tag(&entries, taken, u32::from(tag)) {
         assert!(

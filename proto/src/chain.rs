@@ -12,7 +12,7 @@
 use crate::rail::Rail;
 use crate::work::{SendOpcode, Sge, WorkRequest};
 
-use super::cts::{CtsEntry, MAX_RECVS};
+use super::cts::{Advertised, MAX_RECVS};
 use super::imm::{Imm, SIZE_Q_SENTINEL};
 use super::rail_mask::RailMask;
 use super::split::RailSplit;
@@ -35,7 +35,7 @@ pub const EMPTY_WR: WorkRequest = WorkRequest {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatchedBuffer {
     /// The receiver's CTS entry (remote address and rkeys).
-    pub entry: CtsEntry,
+    pub entry: Advertised,
     /// Local address of the data.
     pub addr: u64,
     /// Local keys per rail.
@@ -154,14 +154,11 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(r, size)| MatchedBuffer {
-                entry: CtsEntry {
+                entry: Advertised {
                     addr: REMOTE + (r as u64) * (1 << 24),
                     size: *size,
                     rkeys: [11, 22],
-                    nreqs: sizes.len() as u32,
                     tag: r as u32,
-                    idx: 1,
-                    padding: [0; 24],
                 },
                 addr: LOCAL + (r as u64) * (1 << 24),
                 lkeys: [33, 44],

@@ -210,10 +210,50 @@ impl CtsEntry {
     }
 }
 
+/// What the sender keeps of a CTS entry once it is loaded and checked: where the receive is, how
+/// large, its keys and its tag (the count and the ready flag served the load). Half an entry's
+/// 64 bytes: a send comm keeps a copy for each of its 256 slots' 8 entries, 64 KiB rather than
+/// 128 (docs/PERFORMANCE.md, "Thousands of connections").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Advertised {
+    /// Remote (receiver) virtual address of the buffer.
+    pub addr: u64,
+    /// Posted size of the buffer; the send is clamped to it.
+    pub size: u64,
+    /// Remote key of the buffer's registration on each rail, by rail index.
+    pub rkeys: [u32; 2],
+    /// NCCL tag the send is matched by.
+    pub tag: u32,
+}
+
+impl Advertised {
+    /// An unused element of an array.
+    pub const EMPTY: Advertised = Advertised {
+        addr: 0,
+        size: 0,
+        rkeys: [0; 2],
+        tag: 0,
+    };
+}
+
+const _: () = assert!(core::mem::size_of::<Advertised>() == 32);
+
+impl From<&CtsEntry> for Advertised {
+    #[inline]
+    fn from(entry: &CtsEntry) -> Advertised {
+        Advertised {
+            addr: entry.addr,
+            size: entry.size,
+            rkeys: entry.rkeys,
+            tag: entry.tag,
+        }
+    }
+}
+
 /// Tag matching within a multi-receive (NCCL): the first entry whose tag equals `tag` and whose
 /// bit in `taken` is clear. Only the first `MAX_RECVS` entries are considered.
 #[inline]
-pub fn match_tag(entries: &[CtsEntry], taken: u8, tag: u32) -> Option<usize> {
+pub fn match_tag(entries: &[Advertised], taken: u8, tag: u32) -> Option<usize> {
     entries
         .iter()
         .take(MAX_RECVS)
@@ -376,14 +416,14 @@ mod tests {
 
     #[test]
     fn tag_matching_takes_first_free() {
-        let entries = [entry(5), entry(6), entry(5)];
+        let entries = [entry(5), entry(6), entry(5)].map(|e| Advertised::from(&e));
         assert_eq!(match_tag(&entries, 0, 5), Some(0));
         assert_eq!(match_tag(&entries, 0b001, 5), Some(2));
         assert_eq!(match_tag(&entries, 0b101, 5), None);
         assert_eq!(match_tag(&entries, 0, 6), Some(1));
         assert_eq!(match_tag(&entries, 0, 7), None);
         assert_eq!(match_tag(&[], 0, 5), None);
-        let many = [entry(1); 10];
+        let many = [Advertised::from(&entry(1)); 10];
         assert_eq!(match_tag(&many, 0xFF, 1), None);
     }
 
@@ -425,7 +465,7 @@ mod tests {
         fn match_tag_result_is_free_and_first(
             tags in proptest::collection::vec(0u32..3, 0..10), taken in any::<u8>(), tag in 0u32..3,
         ) {
-            let entries: Vec<CtsEntry> = tags.iter().map(|t| entry(*t)).collect();
+            let entries: Vec<Advertised> = tags.iter().map(|t| Advertised::from(&entry(*t))).collect();
             let found = match_tag(&entries, taken, tag);
             let expected = (0..entries.len().min(MAX_RECVS))
                 .find(|i| entries[*i].tag == tag && taken & (1 << i) == 0);

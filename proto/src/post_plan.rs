@@ -104,7 +104,7 @@ pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarge
 
 /// An unused buffer entry, for stack arrays.
 const EMPTY_BUFFER: MatchedBuffer = MatchedBuffer {
-    entry: crate::cts::CtsEntry::EMPTY,
+    entry: crate::cts::Advertised::EMPTY,
     addr: 0,
     lkeys: [0; 2],
     split: RailSplit { size: 0, sup: 0 },

@@ -16,7 +16,9 @@
 
 use std::fmt;
 
-use crate::cts::{match_tag, ready_idx, slot_of, CtsEntry, CtsError, FIFO_SLOTS, MAX_RECVS};
+use crate::cts::{
+    match_tag, ready_idx, slot_of, Advertised, CtsEntry, CtsError, FIFO_SLOTS, MAX_RECVS,
+};
 use crate::rail::Rail;
 use crate::rail_mask::RailMask;
 
@@ -55,7 +57,7 @@ pub struct SendSlot {
     taken: u8,
     pending: RailMask,
     used: RailMask,
-    entries: [CtsEntry; MAX_RECVS],
+    entries: [Advertised; MAX_RECVS],
     buffers: [SendBuffer; MAX_RECVS],
     post_ns: u64,
     done_ns: [u64; 2],
@@ -69,7 +71,7 @@ impl SendSlot {
         taken: 0,
         pending: RailMask::NONE,
         used: RailMask::NONE,
-        entries: [CtsEntry::EMPTY; MAX_RECVS],
+        entries: [Advertised::EMPTY; MAX_RECVS],
         buffers: [SendBuffer {
             request: 0,
             addr: 0,
@@ -94,7 +96,7 @@ impl SendSlot {
 
     /// The receiver's entries of the loaded CTS.
     #[inline]
-    pub fn entries(&self) -> &[CtsEntry] {
+    pub fn entries(&self) -> &[Advertised] {
         &self.entries[..self.nreqs as usize]
     }
 
@@ -277,10 +279,9 @@ impl SendSlots {
         // mean nothing, so a refused entry leaves nothing behind.
         let state = &mut self.slots[slot];
         for r in 0..nreqs {
-            state.entries[r] = read(r);
-            state.entries[r]
-                .validate(slot, r, rails)
-                .map_err(SendSlotError::Cts)?;
+            let entry = read(r);
+            entry.validate(slot, r, rails).map_err(SendSlotError::Cts)?;
+            state.entries[r] = Advertised::from(&entry);
         }
         state.phase = Phase::Matching;
         state.seq = seq;

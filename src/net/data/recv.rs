@@ -160,13 +160,20 @@ impl RecvData {
             }
             let excess = self.slots.excess(rail, in_flight);
             let unsettled = member.unsettled(held);
+            let batch = self
+                .slots
+                .srq(rail)
+                .map_or(0, |credits| credits.low_water());
             if excess > 0 {
                 let room = member.give_back(held, excess);
                 self.slots.on_given_back(rail, excess);
                 self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(room));
-            } else if unsettled >= SETTLE_EVERY || (unsettled > 0 && in_flight == 0) {
-                // Also as soon as the connection goes idle, so that what it consumed does not
-                // stay counted as borrowed while others need it.
+            } else if unsettled >= SETTLE_EVERY
+                || (unsettled > 0 && in_flight == 0 && member.borrowed_batch(batch))
+            {
+                // Also as soon as a connection that borrowed a batch or more goes idle, so that
+                // what it consumed does not stay counted as borrowed while others need it (less
+                // than a batch over its floor it settles every `SETTLE_EVERY`, as a busy one).
                 let room = member.settle(held);
                 self.telemetry.rail(rail).set(SRQ_DEPTH, u64::from(room));
             }

@@ -1,6 +1,8 @@
-//! Requests handed to NCCL: a fixed pool of 256 per comm (NCCL's `NET_IB_MAX_REQUESTS`: 32
-//! outstanding receives, each matching up to 8 sends), allocated and freed through an index stack
-//! so the data path never touches the heap.
+//! Requests handed to NCCL: a pool of up to 256 per comm (NCCL's `NET_IB_MAX_REQUESTS`: 32
+//! outstanding receives, each matching up to 8 sends), allocated and freed through an index stack.
+//! The pool is made 32 requests at a time, as requests are wanted at once: the data path
+//! allocates only the first time a comm has more than 32, 64, … requests in flight (at most seven
+//! times in its life), and never otherwise touches the heap.
 
 use std::ptr::NonNull;
 
@@ -71,20 +73,30 @@ impl Request {
     }
 }
 
+/// Requests are made a chunk at a time: NCCL keeps at most `NCCL_NET_MAX_REQUESTS` (32)
+/// receives of a comm in flight, and a send comm as many sends unless receives are grouped, so
+/// most comms never need a second chunk (docs/PERFORMANCE.md "Thousands of connections").
+const CHUNK: usize = 32;
+const CHUNKS: usize = POOL_SIZE / CHUNK;
+const _: () = assert!(POOL_SIZE % CHUNK == 0, "the pool is whole chunks");
+
 /// The pool.
 pub(crate) struct RequestPool {
-    /// The [`POOL_SIZE`] requests, one allocation released from its `Box`: every reference the
-    /// engine takes and every pointer handed to NCCL is derived from this raw pointer, so taking
-    /// one never invalidates another under Stacked or Tree Borrows (a pointer derived from
-    /// `&mut requests[i]` of a boxed slice was invalidated by the next `&mut` reborrow of the
-    /// slice, and `test` then read through it).
-    base: NonNull<Request>,
+    /// The chunks made so far, each [`CHUNK`] requests in one allocation released from its
+    /// `Box`: every reference the engine takes and every pointer handed to NCCL is derived from
+    /// these raw pointers, so taking one never invalidates another under Stacked or Tree Borrows
+    /// (a pointer derived from `&mut requests[i]` of a boxed slice was invalidated by the next
+    /// `&mut` reborrow of the slice, and `test` then read through it). A chunk never moves.
+    /// Dangling past `made`, never dereferenced there (`slot` checks the index first).
+    chunks: [NonNull<Request>; CHUNKS],
+    made: usize,
     free: Box<[u16]>,
     free_count: usize,
 }
 
-// SAFETY: the pool owns its allocation exclusively (as the `Box` it came from did); the requests
-// hold only plain data and a raw owner pointer that is never dereferenced through the pool.
+// SAFETY: the pool owns its allocations exclusively (as the `Box`es they came from did); the
+// requests hold only plain data and a raw owner pointer that is never dereferenced through the
+// pool.
 unsafe impl Send for RequestPool {}
 
 const _: () = assert!(
@@ -93,25 +105,54 @@ const _: () = assert!(
 );
 
 impl RequestPool {
-    /// A pool of [`POOL_SIZE`] free requests.
+    /// A pool of one chunk of free requests, growing to [`POOL_SIZE`].
     pub(crate) fn new() -> RequestPool {
-        let requests: Box<[Request]> = (0..POOL_SIZE as u16).map(Request::blank).collect();
-        let free: Box<[u16]> = (0..POOL_SIZE as u16).rev().collect();
-        let raw = Box::into_raw(requests).cast::<Request>();
-        RequestPool {
-            // SAFETY: `Box::into_raw` never returns null.
-            base: unsafe { NonNull::new_unchecked(raw) },
-            free,
-            free_count: POOL_SIZE,
-        }
+        let mut pool = RequestPool {
+            chunks: [NonNull::dangling(); CHUNKS],
+            made: 0,
+            free: vec![0; POOL_SIZE].into_boxed_slice(),
+            free_count: 0,
+        };
+        pool.grow();
+        pool
     }
 
-    /// The request at `index`, as a raw pointer derived from `base`.
+    /// Makes the next chunk and frees its requests (lowest index taken first); `false` when the
+    /// pool is whole, or the allocation failed (the caller then has no request, and NCCL calls
+    /// again: the data path neither aborts nor waits on memory).
+    #[cold]
+    fn grow(&mut self) -> bool {
+        if self.made == CHUNKS {
+            return false;
+        }
+        let first = self.made * CHUNK;
+        let mut requests: Vec<Request> = Vec::new();
+        if requests.try_reserve_exact(CHUNK).is_err() {
+            return false;
+        }
+        requests.extend((first..first + CHUNK).map(|index| Request::blank(index as u16)));
+        let raw = Box::into_raw(requests.into_boxed_slice()).cast::<Request>();
+        // SAFETY: `Box::into_raw` never returns null.
+        self.chunks[self.made] = unsafe { NonNull::new_unchecked(raw) };
+        self.made += 1;
+        for index in (first..first + CHUNK).rev() {
+            self.free[self.free_count] = index as u16;
+            self.free_count += 1;
+        }
+        true
+    }
+
+    /// The request at `index`, as a raw pointer derived from its chunk's.
+    #[inline]
     fn slot(&self, index: u16) -> NonNull<Request> {
         let index = usize::from(index);
-        assert!(index < POOL_SIZE, "request index {index} outside the pool");
-        // SAFETY: in bounds of the allocation (checked above).
-        unsafe { self.base.add(index) }
+        assert!(
+            index < self.made * CHUNK,
+            "request index {index} outside the pool"
+        );
+        // SAFETY: chunk `index / CHUNK` was made (checked above), and `index % CHUNK` is in
+        // bounds of its allocation.
+        unsafe { self.chunks[index / CHUNK].add(index % CHUNK) }
     }
 
     /// Takes a request, or `None` when all 256 are in flight (NCCL then retries).
@@ -121,7 +162,7 @@ impl RequestPool {
         owner: *const (),
         seq: u64,
     ) -> Option<u16> {
-        if self.free_count == 0 {
+        if self.free_count == 0 && !self.grow() {
             return None;
         }
         self.free_count -= 1;
@@ -148,8 +189,8 @@ impl RequestPool {
 
     /// The request at `index`.
     pub(crate) fn get(&self, index: u16) -> &Request {
-        // SAFETY: a live, initialised element of the pool's allocation; `&self` keeps the pool
-        // (and so the allocation) alive and the engine mutably borrows no request meanwhile.
+        // SAFETY: a live, initialised element of one of the pool's chunks; `&self` keeps the
+        // pool (and so the chunk) alive and the engine mutably borrows no request meanwhile.
         unsafe { self.slot(index).as_ref() }
     }
 
@@ -160,7 +201,8 @@ impl RequestPool {
         unsafe { self.slot(index).as_mut() }
     }
 
-    /// Stable pointer handed to NCCL (derived from `base`, so later accesses keep it valid).
+    /// Stable pointer handed to NCCL (derived from its chunk's, so later accesses keep it
+    /// valid).
     pub(crate) fn pointer(&mut self, index: u16) -> NonNull<Request> {
         self.slot(index)
     }
@@ -168,16 +210,24 @@ impl RequestPool {
     /// Requests currently handed out.
     #[cfg(test)]
     pub(crate) fn in_use(&self) -> usize {
-        POOL_SIZE - self.free_count
+        self.made * CHUNK - self.free_count
+    }
+
+    /// Chunks made so far.
+    #[cfg(test)]
+    pub(crate) fn chunks_made(&self) -> usize {
+        self.made
     }
 }
 
 impl Drop for RequestPool {
     fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.base.as_ptr(), POOL_SIZE);
-        // SAFETY: `base` came from `Box::into_raw` of a `Box<[Request]>` of `POOL_SIZE`
-        // elements, and is released once, here.
-        drop(unsafe { Box::from_raw(slice) });
+        for chunk in &self.chunks[..self.made] {
+            let slice = std::ptr::slice_from_raw_parts_mut(chunk.as_ptr(), CHUNK);
+            // SAFETY: every chunk made came from `Box::into_raw` of a `Box<[Request]>` of
+            // `CHUNK` elements, and is released once, here.
+            drop(unsafe { Box::from_raw(slice) });
+        }
     }
 }
 
@@ -209,6 +259,33 @@ mod tests {
         assert!(!pool.get(7).is_live());
         assert_eq!(pool.allocate(Owner::Send, std::ptr::null(), 1), Some(7));
         assert_eq!(pool.in_use(), POOL_SIZE);
+    }
+
+    /// A comm with at most 32 requests in flight keeps one chunk, lowest indices first; the
+    /// 33rd in flight makes the second.
+    #[test]
+    fn the_pool_grows_a_chunk_at_a_time_as_requests_are_wanted_at_once() {
+        let mut pool = RequestPool::new();
+        for round in 0..100 {
+            let taken: Vec<u16> = (0..CHUNK)
+                .map(|_| pool.allocate(Owner::Send, std::ptr::null(), round).unwrap())
+                .collect();
+            assert!(taken.iter().all(|&index| usize::from(index) < CHUNK));
+            for index in taken {
+                pool.release(index);
+            }
+        }
+        assert_eq!(pool.chunks_made(), 1);
+        let held: Vec<u16> = (0..=CHUNK)
+            .map(|_| pool.allocate(Owner::Recv, std::ptr::null(), 0).unwrap())
+            .collect();
+        assert_eq!(pool.chunks_made(), 2);
+        assert_eq!(held[CHUNK], CHUNK as u16, "the new chunk's lowest first");
+        assert!(pool.get(held[CHUNK]).is_live());
+        for index in held {
+            pool.release(index);
+        }
+        assert_eq!(pool.in_use(), 0);
     }
 
     /// The pattern `isend`/`test` follow: a pointer handed to NCCL, then the engine updating

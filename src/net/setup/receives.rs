@@ -170,6 +170,13 @@ impl Membership {
         &self.queue
     }
 
+    /// Whether the member held `batch` or more beyond its floor when it last told the ledger
+    /// (what it consumed since then still counts as borrowed there).
+    #[inline]
+    pub(crate) fn borrowed_batch(&self, batch: u32) -> bool {
+        self.settled >= SHARED_SRQ_FLOOR + batch.max(1)
+    }
+
     /// IMMs consumed since the member last told the ledger, given that it holds `holding`.
     #[inline]
     pub(crate) fn unsettled(&self, holding: u32) -> u32 {
