@@ -2,7 +2,10 @@
 //! sender's FIFO once every rail holds a receive of its shared queue for it, and complete requests by mask
 //! learning over the IMMs of the active rails (docs/PROTOCOL.md §8).
 //!
-//! Allocation-free, lock-free and integer-only: all state is preallocated at accept time.
+//! Integer-only, and allocation-free once the comm has had its most requests in flight at once
+//! (the request pool grows 32 at a time, src/net/data/request.rs). The only lock is its shared
+//! receive queues' (src/net/setup/receives.rs), taken a batch of receives at a time, never per
+//! transfer.
 
 use mpib_probes::declared::{
     CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,

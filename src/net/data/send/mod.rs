@@ -2,7 +2,8 @@
 //! match tags, split each transfer across the rails, post one WR chain per active rail, and
 //! complete requests from the leader-independent per-rail signalled completions.
 //!
-//! Allocation-free, lock-free and integer-only: all state is preallocated at connect time.
+//! Lock-free and integer-only, and allocation-free once the comm has had its most requests in
+//! flight at once (the request pool grows 32 at a time, src/net/data/request.rs).
 
 use mpib_probes::declared::{RAIL_ERROR_COMPLETIONS, RAIL_SEND_COMPLETIONS};
 use std::cell::UnsafeCell;
