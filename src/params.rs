@@ -188,7 +188,7 @@ pub const PARAMS: &[Param] = &[
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
               `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, and the NIC limits \
-              `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N` (see docs/ARCHITECTURE.md).",
+              `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N` (see docs/ARCHITECTURE.md).",
     },
     Param {
         name: "MPIB_LOOPBACK_RAILS",

@@ -240,3 +240,41 @@ fn child_past_the_queues() {
     net.finalize(ctx).unwrap();
     println!("queues hold");
 }
+
+#[test]
+fn a_connection_past_a_nics_registrations_is_refused_whole() {
+    // Room for one pair's own registrations on the SUP NIC: 2 of the sender's, 2 of the
+    // receiver's (the bench's buffers are NCCL's to count, registered through regMr).
+    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", "max_mr=sup:4")]);
+    let output = run_child("child_past_the_registrations", &env);
+    for named in ["loop1", "holds 4 of 4 MRs (max_mr)"] {
+        assert!(output.contains(named), "no `{named}` in\n{output}");
+    }
+    assert!(output.contains("registrations hold"), "{output}");
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_connection_past_a_nics_registrations_is_refused_whole"]
+fn child_past_the_registrations() {
+    if !child::is_child("child_past_the_registrations") {
+        return;
+    }
+    let plugin = load();
+    let net = plugin.net(Version::V12).unwrap();
+    let ctx = net.init(1).unwrap();
+    let props = net.get_properties(0).unwrap();
+    assert_eq!(props.max_comms, 2, "4 SUP MRs over 2 per comm");
+    let options = PairOptions::default();
+    let mut first = Pair::connect_with(&net, &options).unwrap();
+    exchange_sizes(&mut first, &[4096], "first", 1).unwrap();
+    match Pair::connect_with(&net, &options) {
+        Ok(_) => panic!("a second pair fit in 4 MRs"),
+        Err(error) => println!("refused: {error}"),
+    }
+    first.close().unwrap();
+    let mut again = Pair::connect_with(&net, &options).unwrap();
+    exchange_sizes(&mut again, &[0, 65_536], "again", 2).unwrap();
+    again.close().unwrap();
+    net.finalize(ctx).unwrap();
+    println!("registrations hold");
+}

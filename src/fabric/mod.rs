@@ -71,6 +71,8 @@ pub struct DeviceInfo {
     pub max_srq: u32,
     /// Largest number of receives one shared receive queue holds (`max_srq_wr`).
     pub max_srq_wr: u32,
+    /// Largest number of memory registrations (`max_mr`).
+    pub max_mr: u32,
 }
 
 /// Completion status, a subset of `ibv_wc_status` with the values that matter to MPIB.

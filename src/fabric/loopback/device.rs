@@ -137,10 +137,11 @@ impl LoopbackDevice {
         LoopbackDevice { index, rail, info }
     }
 
-    /// Reports `limits` (max_qp, max_cq, max_srq, max_srq_wr) where set, instead of a
+    /// Reports `limits` (max_qp, max_cq, max_srq, max_srq_wr, max_mr) where set, instead of a
     /// ConnectX-5's; an SRQ deeper than `max_srq_wr` is then refused, as a NIC refuses it.
-    pub(crate) fn limit(&mut self, limits: [Option<u32>; 4]) {
-        let [qp, cq, srq, srq_wr] = limits;
+    pub(crate) fn limit(&mut self, limits: [Option<u32>; 5]) {
+        let [qp, cq, srq, srq_wr, mr] = limits;
+        self.info.max_mr = mr.unwrap_or(self.info.max_mr);
         self.info.max_qp = qp.unwrap_or(self.info.max_qp);
         self.info.max_cq = cq.unwrap_or(self.info.max_cq);
         self.info.max_srq = srq.unwrap_or(self.info.max_srq);
@@ -175,6 +176,7 @@ pub(crate) fn device_info(index: usize) -> DeviceInfo {
         max_cq: 1 << 24,
         max_srq: 1 << 23,
         max_srq_wr: MAX_SRQ_WR,
+        max_mr: 1 << 24,
     }
 }
 

@@ -29,10 +29,10 @@ pub(crate) struct Faults {
     /// connected before that waits a second inside `connect`, as the kernel does in
     /// `ibv_modify_qp(RTR)` on a RoCE port with no valid neighbour entry.
     pub(crate) unresolved: [u64; 2],
-    /// `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`: what the rail's
-    /// NICs report as their limits instead of a ConnectX-5's, so that a test reaches them with a
-    /// few connections.
-    pub(crate) limits: [[Option<u32>; 4]; 2],
+    /// `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N`:
+    /// what the rail's NICs report as their limits instead of a ConnectX-5's, so that a test
+    /// reaches them with a few connections.
+    pub(crate) limits: [[Option<u32>; 5]; 2],
 }
 
 impl Faults {
@@ -68,8 +68,8 @@ impl Faults {
             "portdown" if count == 0 => return Err("portdown counts WRs from 1"),
             "portdown" => self.port_down[slot] = Some(count),
             "arp" => self.unresolved[slot] = count,
-            "max_qp" | "max_cq" | "max_srq" | "max_srq_wr" => {
-                let kind = ["max_qp", "max_cq", "max_srq", "max_srq_wr"]
+            "max_qp" | "max_cq" | "max_srq" | "max_srq_wr" | "max_mr" => {
+                let kind = ["max_qp", "max_cq", "max_srq", "max_srq_wr", "max_mr"]
                     .iter()
                     .position(|k| *k == name.trim())
                     .unwrap_or(0);
@@ -102,7 +102,7 @@ fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
     let detail = format!(
         "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
          of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, \
-         `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N` with RAIL \
+         `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N` with RAIL \
          `sout` or `sup`"
     );
     fabric_error(

@@ -134,7 +134,7 @@ impl World {
                 starve: [None, None],
                 port_down: [None, None],
                 unresolved: [0, 0],
-                limits: [[None; 4]; 2],
+                limits: [[None; 5]; 2],
             },
             unresolved: [0, 0],
             posted: [0, 0],

@@ -215,6 +215,7 @@ fn device_info(name: &str, address: Ipv4Addr, port: u16) -> DeviceInfo {
         max_cq: u32::MAX,
         max_srq: u32::MAX,
         max_srq_wr: device::MAX_SRQ_WR,
+        max_mr: u32::MAX,
     }
 }
 

@@ -379,6 +379,7 @@ fn query_info(
         max_cq: u32::try_from(device_attr.max_cq).unwrap_or(0),
         max_srq: u32::try_from(device_attr.max_srq).unwrap_or(0),
         max_srq_wr: u32::try_from(device_attr.max_srq_wr).unwrap_or(0),
+        max_mr: u32::try_from(device_attr.max_mr).unwrap_or(0),
     };
     Ok((info, address))
 }

@@ -13,7 +13,7 @@ use crate::fabric::{DeviceInfo, Rail};
 use crate::proto::qp_layout::QpLayout;
 
 /// The kinds of object a connection takes from a NIC, in the order of [`Need`]'s fields.
-const KINDS: [&str; 3] = ["max_qp", "max_cq", "max_srq"];
+const KINDS: [&str; 4] = ["max_qp", "max_cq", "max_srq", "max_mr"];
 
 /// What one connection takes from one NIC.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,11 +25,15 @@ pub(crate) struct Need {
     /// Shared receive queues (a connection takes none: the queues it shares take theirs when
     /// they are created, src/net/setup/receives.rs).
     pub srqs: u32,
+    /// Memory registrations of its own: its CTS FIFO or shadow and its completion records (or
+    /// their shadow) on each NIC, and the flush's scratch word; not the buffers NCCL registers
+    /// with `regMr`, which are NCCL's to count.
+    pub mrs: u32,
 }
 
 impl Need {
-    fn counts(self) -> [u32; 3] {
-        [self.qps, self.cqs, self.srqs]
+    fn counts(self) -> [u32; 4] {
+        [self.qps, self.cqs, self.srqs, self.mrs]
     }
 
     /// What a connection of `layout` takes from each rail's NIC: its QPs there, one CQ, and on
@@ -37,14 +41,20 @@ impl Need {
     /// up to 127 others, counted when that queue is made.
     pub(crate) fn of(layout: QpLayout, receiving: bool, flush: bool) -> [Need; 2] {
         Rail::ALL.map(|rail| {
+            // The regions are registered on both NICs whatever rails the layout uses.
+            let mrs = 2 + u32::from(receiving && flush);
             let qps = layout.count(rail) as u32;
             if qps == 0 {
-                return Need::default();
+                return Need {
+                    mrs,
+                    ..Need::default()
+                };
             }
             Need {
                 qps: qps + u32::from(receiving && flush),
                 cqs: 1,
                 srqs: 0,
+                mrs,
             }
         })
     }
@@ -54,8 +64,8 @@ impl Need {
 pub(crate) struct NicBudget {
     name: String,
     rail: Rail,
-    limits: [u32; 3],
-    used: [AtomicU32; 3],
+    limits: [u32; 4],
+    used: [AtomicU32; 4],
 }
 
 impl NicBudget {
@@ -69,9 +79,9 @@ impl NicBudget {
         }
     }
 
-    /// Objects of each kind in use (QPs, CQs, SRQs).
+    /// Objects of each kind in use (QPs, CQs, SRQs, MRs).
     #[cfg(test)]
-    pub(crate) fn in_use(&self) -> [u32; 3] {
+    pub(crate) fn in_use(&self) -> [u32; 4] {
         self.used
             .each_ref()
             .map(|used| used.load(Ordering::Relaxed))
@@ -109,7 +119,7 @@ impl NicBudget {
                  (MPIB_HCA_SOUT/MPIB_HCA_SUP), or close some first",
                 self.rail,
                 self.name,
-                ["QPs", "CQs", "SRQs"][kind],
+                ["QPs", "CQs", "SRQs", "MRs"][kind],
                 KINDS[kind],
             )));
         }
@@ -185,7 +195,7 @@ impl Drop for QueueHold {
 /// connection takes of it (a receiving one, which takes the most); a SUP NIC serving `sharers`
 /// devices gives each its share. Never 0: NCCL treats 0 as "no limit" nowhere, and 1 is true of
 /// any NIC that opened.
-pub(crate) fn max_comms(limits: [[u32; 3]; 2], sharers: u32, per_comm: [Need; 2]) -> i32 {
+pub(crate) fn max_comms(limits: [[u32; 4]; 2], sharers: u32, per_comm: [Need; 2]) -> i32 {
     let mut comms = u32::MAX;
     for rail in 0..2 {
         let share = if rail == 1 { sharers.max(1) } else { 1 };
@@ -199,8 +209,8 @@ pub(crate) fn max_comms(limits: [[u32; 3]; 2], sharers: u32, per_comm: [Need; 2]
 }
 
 /// The limits of a NIC, in [`max_comms`]'s order.
-pub(crate) fn limits(info: &DeviceInfo) -> [u32; 3] {
-    [info.max_qp, info.max_cq, info.max_srq]
+pub(crate) fn limits(info: &DeviceInfo) -> [u32; 4] {
+    [info.max_qp, info.max_cq, info.max_srq, info.max_mr]
 }
 
 #[cfg(test)]
@@ -222,12 +232,18 @@ mod tests {
             max_cq: limits[1],
             max_srq: limits[2],
             max_srq_wr: 32_767,
+            max_mr: 1_000_000,
         };
         Arc::new(NicBudget::new(&info, Rail::ScaleUp))
     }
 
     fn need(qps: u32, cqs: u32, srqs: u32) -> Need {
-        Need { qps, cqs, srqs }
+        Need {
+            qps,
+            cqs,
+            srqs,
+            mrs: 0,
+        }
     }
 
     #[test]
@@ -246,15 +262,15 @@ mod tests {
         assert!(error.contains("MPIB_SUP_QP"), "{error}");
         assert_eq!(
             sout.in_use(),
-            [4, 2, 2],
+            [4, 2, 2, 0],
             "the refused one took nothing from SOUT"
         );
-        assert_eq!(sup.in_use(), [8, 2, 2]);
+        assert_eq!(sup.in_use(), [8, 2, 2, 0]);
         drop(first);
-        assert_eq!(sup.in_use(), [4, 1, 1]);
+        assert_eq!(sup.in_use(), [4, 1, 1, 0]);
         drop(second);
-        assert_eq!(sout.in_use(), [0, 0, 0]);
-        assert_eq!(sup.in_use(), [0, 0, 0]);
+        assert_eq!(sout.in_use(), [0, 0, 0, 0]);
+        assert_eq!(sup.in_use(), [0, 0, 0, 0]);
     }
 
     #[test]
@@ -272,7 +288,7 @@ mod tests {
             !error.contains("MPIB_SUP_QP"),
             "QP counts do not help: {error}"
         );
-        assert_eq!(sup.in_use(), [1, 1, 0]);
+        assert_eq!(sup.in_use(), [1, 1, 0, 0]);
     }
 
     /// Connections made at once on several threads: exactly as many as fit are taken.
@@ -303,30 +319,33 @@ mod tests {
             100,
             "320 tries for 100 SOUT QPs"
         );
-        assert_eq!(budgets[0].in_use(), [100, 0, 0]);
+        assert_eq!(budgets[0].in_use(), [100, 0, 0, 0]);
         assert_eq!(
             budgets[1].in_use(),
-            [100, 0, 0],
+            [100, 0, 0, 0],
             "a refused one gave its SUP QP back"
         );
         drop(taken);
-        assert_eq!(budgets[0].in_use(), [0, 0, 0]);
+        assert_eq!(budgets[0].in_use(), [0, 0, 0, 0]);
     }
 
     #[test]
     fn max_comms_is_the_scarcest_kind_over_what_a_connection_takes() {
         let per_comm = [need(2, 1, 1), need(4, 1, 1)];
-        let roomy = [100_000, 100_000, 100_000];
+        let roomy = [100_000; 4];
         assert_eq!(
-            max_comms([roomy, [1000, 100_000, 100_000]], 1, per_comm),
+            max_comms([roomy, [1000, 100_000, 100_000, 100_000]], 1, per_comm),
             250
         );
         assert_eq!(
-            max_comms([roomy, [1000, 100_000, 100_000]], 2, per_comm),
+            max_comms([roomy, [1000, 100_000, 100_000, 100_000]], 2, per_comm),
             125
         );
-        assert_eq!(max_comms([[100_000, 100_000, 30], roomy], 1, per_comm), 30);
-        assert_eq!(max_comms([[1, 1, 1], [1, 1, 1]], 1, per_comm), 1, "never 0");
+        assert_eq!(
+            max_comms([[100_000, 100_000, 30, 100_000], roomy], 1, per_comm),
+            30
+        );
+        assert_eq!(max_comms([[1; 4]; 2], 1, per_comm), 1, "never 0");
         let none = [Need::default(), Need::default()];
         assert_eq!(max_comms([roomy, roomy], 1, none), i32::MAX);
     }
@@ -335,9 +354,10 @@ mod tests {
     fn a_receiver_takes_the_flush_qp_per_rail_it_uses_and_no_queue_of_its_own() {
         let layout = QpLayout::new(2, 4, crate::proto::mode::Mode::Advanced, PATH);
         let [sout, sup] = Need::of(layout, true, true);
-        assert_eq!((sout, sup), (need(3, 1, 0), need(5, 1, 0)));
+        let mrs = |mrs, need: Need| Need { mrs, ..need };
+        assert_eq!((sout, sup), (mrs(3, need(3, 1, 0)), mrs(3, need(5, 1, 0))));
         let [sout, sup] = Need::of(layout, false, true);
-        assert_eq!((sout, sup), (need(2, 1, 0), need(4, 1, 0)));
+        assert_eq!((sout, sup), (mrs(2, need(2, 1, 0)), mrs(2, need(4, 1, 0))));
     }
 
     const PATH: crate::proto::island::PathClass = crate::proto::island::PathClass::IntraIsland;
