@@ -168,11 +168,11 @@ declare! {
     RAIL_RECV_COMPLETIONS: RailCounter = 4, Count, Merge::Sum,
         "mpib_rail_recv_completions_total",
         "Receive-side completions (CQEs) polled on the rail.";
-    /// Receives a shared receive queue could still grant.
+    /// Receives a shared receive queue could still lend beyond its connections' floors.
     SRQ_DEPTH: RailGauge = 5, Count, Merge::LowestActive { witness: SRQ_HIGH_WATER_SLOT },
         "mpib_srq_depth",
-        "Receives a shared receive queue of the rail could still grant, at a connection's last \
-         take: the lowest reading of the process's threads (the queue nearest to running out).";
+        "Receives a shared receive queue of the rail could still lend beyond its connections' \
+         floors, as one last saw it: the lowest reading of the process's threads.";
     /// The batch a connection takes beyond its shortfall.
     SRQ_LOW_WATER: RailGauge = 6, Count, Merge::Highest, "mpib_srq_low_water",
         "Receives a connection takes from a shared receive queue beyond what its outstanding \

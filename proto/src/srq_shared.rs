@@ -22,9 +22,9 @@
 //!   so the hot path touches nothing shared.
 //! * **Leaving.** A member that leaves with receives outstanding cannot know whether their IMMs
 //!   consumed receives before its queue pairs were destroyed; those are written off as *lost*
-//!   (the queue may still hold them). The queue is created twice as deep as its capacity, so
-//!   lost receives never make a post overflow it; once a quarter of the capacity is lost the
-//!   ledger admits no one new, and its queue goes with its last member.
+//!   (the queue may still hold them). The queue is created twice as deep as its capacity (less
+//!   one), so lost receives never make a post overflow it; once a quarter of the capacity is
+//!   lost the ledger admits no one new, and its queue goes with its last member.
 //!
 //! Pure: the engine posts the receives and keeps the lock; this only counts.
 
@@ -71,8 +71,8 @@ impl fmt::Display for JoinRefused {
             }
             JoinRefused::Retired { lost } => write!(
                 f,
-                "the shared receive queue wrote off {lost} receives of connections closed with \
-                 receives outstanding"
+                "the shared receive queue wrote off {lost} receives (connections closed with \
+                 receives outstanding, or a peer that broke the protocol)"
             ),
         }
     }
@@ -135,10 +135,14 @@ impl SharedSrqLedger {
         self.capacity.saturating_mul(2).saturating_sub(1)
     }
 
-    /// Receives the ledger could still grant, floors included (the telemetry's queue depth:
-    /// near zero, connections wait on the queue).
+    /// Receives a member beyond its floor could still borrow (the telemetry's queue depth: near
+    /// zero, connections past their floors wait on the queue).
     pub fn room(&self) -> u32 {
-        self.usable().saturating_sub(self.granted)
+        let borrowable = self
+            .capacity
+            .saturating_sub(self.members.saturating_mul(self.floor))
+            .saturating_sub(self.borrowed);
+        self.usable().saturating_sub(self.granted).min(borrowable)
     }
 
     /// Receives granted at most at once.
@@ -243,12 +247,23 @@ impl SharedSrqLedger {
     }
 
     /// An IMM consumed a receive its member did not hold (a peer that broke the protocol): the
-    /// receive is gone from the queue without a grant. The member's connection fails and its
-    /// QPs go at once; since more such IMMs may have landed unseen, the queue admits no one new
-    /// and goes with its last member.
+    /// receive is gone from the queue without a grant.
     pub fn consumed_unheld(&mut self) {
         self.posted = self.posted.saturating_sub(1);
-        self.lost = self.lost.max(self.capacity / 4);
+    }
+
+    /// A member's peer broke the protocol: its connection fails and its QPs go, but IMMs of
+    /// that peer may already have taken receives unseen. Returns how many receives the engine
+    /// posts beyond the count to stand in for them (a quarter of the capacity, as the depth
+    /// allows); they are counted as lost, and the queue admits no one new and goes with its
+    /// last member.
+    pub fn quarantine(&mut self) -> u32 {
+        let free = self
+            .depth()
+            .saturating_sub(self.posted.saturating_add(self.lost));
+        let spare = (self.capacity / 4).min(free);
+        self.lost = self.lost.saturating_add(spare).max(self.capacity / 4);
+        spare
     }
 
     /// A member holding `holding` (settled) gives `n` back.

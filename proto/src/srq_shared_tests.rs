@@ -72,18 +72,23 @@ fn a_member_that_borrowed_everything_keeps_newcomers_out_until_it_gives_back() {
 }
 
 #[test]
-fn a_receive_consumed_without_a_grant_leaves_the_queue_and_retires_it() {
+fn a_peer_that_broke_the_protocol_retires_its_queue_with_spare_receives_posted() {
     let mut ledger = SharedSrqLedger::new(64, 8);
     ledger.join().unwrap();
     let granted = ledger.take(0, 8);
     ledger.on_posted(granted.post);
     ledger.consumed_unheld();
     assert_eq!(ledger.posted(), granted.post - 1);
+    assert_eq!(
+        ledger.quarantine(),
+        16,
+        "a quarter of the capacity beyond the count"
+    );
     assert_eq!(ledger.join(), Err(JoinRefused::Retired { lost: 16 }));
     assert_eq!(
         ledger.room(),
         64 - 8,
-        "the members still get what the queue holds"
+        "all but its floor still lendable to its members"
     );
 }
 

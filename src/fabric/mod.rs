@@ -345,10 +345,12 @@ pub trait CompletionQueue: Send {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
-/// A shared receive queue of generic zero-SGE receives.
-pub trait SharedReceiveQueue: Send {
+/// A shared receive queue of generic zero-SGE receives, shared by the receive connections of a
+/// NIC (src/net/setup/receives.rs): posting takes `&self`, as `ibv_post_srq_recv` is
+/// thread-safe, so creating a QP on the queue never waits for a post, nor a post for it.
+pub trait SharedReceiveQueue: Send + Sync {
     /// Posts `count` generic receives, each with `wr_id`.
-    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()>;
+    fn post_receives(&self, count: u32, wr_id: u64) -> FabricResult<()>;
     /// The concrete queue, so the fabric that made it can attach QPs to it.
     fn as_any(&self) -> &dyn std::any::Any;
 }

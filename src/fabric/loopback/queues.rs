@@ -199,7 +199,7 @@ impl LoopbackSrq {
 impl SharedReceiveQueue for LoopbackSrq {
     /// Posts `count` receives, all or nothing: more than the free space is ENOMEM. Under the
     /// `starve` knob the post succeeds but only adds what the rail's allowance has left.
-    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()> {
+    fn post_receives(&self, count: u32, wr_id: u64) -> FabricResult<()> {
         let mut world = world();
         let world = &mut *world;
         let err = |errno: i32, detail: String| {

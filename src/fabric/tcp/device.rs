@@ -319,7 +319,7 @@ pub(super) struct TcpSrq {
 }
 
 impl SharedReceiveQueue for TcpSrq {
-    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()> {
+    fn post_receives(&self, count: u32, wr_id: u64) -> FabricResult<()> {
         let mut state = self.core.shared.state();
         let Some(ring) = state.srqs.get_mut(&self.id) else {
             return Err(self.core.error(

@@ -144,7 +144,9 @@ pub(crate) struct SrqInner {
 
 // SAFETY: the SRQ pointer is only passed to thread-safe verbs.
 unsafe impl Send for SrqInner {}
-// SAFETY: shared references only keep the SRQ alive (QPs) or destroy it once (drop).
+// SAFETY: shared references keep the SRQ alive (QPs), post receives on it (ibv_post_srq_recv is
+// thread-safe: the providers lock the SRQ, as libibverbs documents for every post verb) or
+// destroy it once (drop).
 unsafe impl Sync for SrqInner {}
 
 impl Drop for SrqInner {
@@ -222,7 +224,7 @@ pub(crate) fn link_receives(
 }
 
 impl SharedReceiveQueue for VerbsSrq {
-    fn post_receives(&mut self, count: u32, wr_id: u64) -> FabricResult<()> {
+    fn post_receives(&self, count: u32, wr_id: u64) -> FabricResult<()> {
         let empty = ibv_recv_wr {
             wr_id: 0,
             next: std::ptr::null_mut(),

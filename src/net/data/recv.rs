@@ -184,16 +184,24 @@ impl RecvData {
         Ok(())
     }
 
-    /// An IMM on `rail` consumed a shared receive the connection did not hold: its peer sends
-    /// more than it was given receives for, taking receives other connections of the queue hold.
-    /// The connection fails (the caller); its QPs go now, so that it takes no more of them.
+    /// The peer broke the protocol (an IMM the connection cannot place): the connection fails
+    /// (the caller), and since such a peer may send IMMs the connection holds no receive for,
+    /// taking receives other connections of its queues hold, its QPs go now and each queue posts
+    /// spare receives for what may have landed unseen and admits no one new (`unheld`: the IMM
+    /// seen took a receive the connection did not hold, on that rail).
     #[cold]
-    fn stop_unheld(&mut self, rail: Rail) {
-        if let Some(member) = self.queues[rail.index()]
-            .as_mut()
-            .and_then(|q| q.srq.as_mut())
-        {
-            member.consumed_unheld();
+    fn stop_misbehaving_peer(&mut self, unheld: Option<Rail>) {
+        for rail in Rail::ALL {
+            let Some(member) = self.queues[rail.index()]
+                .as_mut()
+                .and_then(|q| q.srq.as_mut())
+            else {
+                continue;
+            };
+            if unheld == Some(rail) {
+                member.consumed_unheld();
+            }
+            member.quarantine();
         }
         self.qps.qps.clear();
     }
@@ -540,9 +548,11 @@ impl RecvComm {
         let outcome = match data.slots.on_imm(rail, imm, allowed) {
             Ok(outcome) => outcome,
             Err(e) => {
-                if let RecvSlotError::SrqUnderflow(rail) = e {
-                    data.stop_unheld(rail);
-                }
+                let unheld = match e {
+                    RecvSlotError::SrqUnderflow(rail) => Some(rail),
+                    _ => None,
+                };
+                data.stop_misbehaving_peer(unheld);
                 let mask_error = match &e {
                     RecvSlotError::Mask(_, mask_error) => Some(*mask_error),
                     _ => None,

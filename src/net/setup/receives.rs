@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::error::{Error, Result};
 use crate::fabric::{Rail, RailDevice, SharedReceiveQueue};
+use crate::log;
 use crate::net::setup::budget::{NicBudget, QueueHold};
 use crate::proto::srq_shared::{SharedSrqLedger, SHARED_SRQ_CAPACITY, SHARED_SRQ_FLOOR};
 use crate::proto::wr_id::receive_wr_id;
@@ -33,13 +34,13 @@ pub(crate) struct SharedReceives {
     queues: Mutex<Vec<Weak<SharedQueue>>>,
 }
 
-/// One shared receive queue and its ledger, each under its own lock: creating a QP on the
-/// queue (a verb of tens of milliseconds on emulated rails) holds only the queue's, so the
-/// members' takes and settlements, on their data paths, never wait behind it; a take that
-/// posts locks the ledger, then the queue (always in that order).
+/// One shared receive queue and its ledger. Only the ledger has a lock: posting is thread-safe
+/// (`SharedReceiveQueue` takes `&self`), so creating a QP on the queue (a verb of tens of
+/// milliseconds on emulated rails) holds no lock a member's data path takes, and a take posts
+/// under the ledger's lock so that the count and the queue move together.
 pub(crate) struct SharedQueue {
     ledger: Mutex<SharedSrqLedger>,
-    srq: Mutex<Box<dyn SharedReceiveQueue>>,
+    srq: Box<dyn SharedReceiveQueue>,
     rail: Rail,
     /// Its share of the NIC's `max_srq`, given back when the queue is destroyed.
     _hold: QueueHold,
@@ -122,7 +123,7 @@ impl SharedReceives {
         let srq = self.device.create_srq(ledger.depth())?;
         Ok(SharedQueue {
             ledger: Mutex::new(ledger),
-            srq: Mutex::new(srq),
+            srq,
             rail: self.rail,
             _hold: hold,
         })
@@ -159,9 +160,9 @@ impl Membership {
         }
     }
 
-    /// The queue, to create a QP on (under the queue's lock, which no data path holds long).
+    /// The queue, to create a QP on.
     pub(crate) fn with_queue<R>(&self, create: impl FnOnce(&dyn SharedReceiveQueue) -> R) -> R {
-        create(lock(&self.queue.srq).as_ref())
+        create(self.queue.srq.as_ref())
     }
 
     /// The queue itself (for tests).
@@ -192,7 +193,7 @@ impl Membership {
         let granted = ledger.take(holding, want);
         if granted.post > 0 {
             let wr_id = receive_wr_id(self.queue.rail);
-            if let Err(error) = lock(&self.queue.srq).post_receives(granted.post, wr_id) {
+            if let Err(error) = self.queue.srq.post_receives(granted.post, wr_id) {
                 // Nothing is granted; whatever part of the batch the verb posted before it failed
                 // may sit in the queue uncounted, so all of it is written off.
                 ledger.give_back(holding + granted.receives, granted.receives);
@@ -231,6 +232,24 @@ impl Membership {
     /// protocol; the connection fails): see `SharedSrqLedger::consumed_unheld`.
     pub(crate) fn consumed_unheld(&mut self) {
         self.queue.ledger().consumed_unheld();
+    }
+
+    /// The member's peer broke the protocol: posts the ledger's spare receives for IMMs that may
+    /// have taken receives unseen, and retires the queue (`SharedSrqLedger::quarantine`).
+    pub(crate) fn quarantine(&mut self) {
+        let mut ledger = self.queue.ledger();
+        let spare = ledger.quarantine();
+        if spare == 0 {
+            return;
+        }
+        let wr_id = receive_wr_id(self.queue.rail);
+        if let Err(error) = self.queue.srq.post_receives(spare, wr_id) {
+            warn!(
+                log::NET,
+                "posting {spare} spare receives on a shared receive queue after a peer broke the \
+                 protocol: {error}"
+            );
+        }
     }
 
     /// Leaves, once the member's QPs are destroyed: of its `holding`, as many as it has
