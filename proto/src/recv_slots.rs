@@ -187,11 +187,11 @@ impl RecvSlots {
             .map_or(0, |credits| credits.wanted(in_flight))
     }
 
-    /// A take on `rail` for `asked` receives granted `n`.
+    /// A take on `rail` granted `n` receives.
     #[inline]
-    pub fn on_granted(&mut self, rail: Rail, n: u32, asked: u32) {
+    pub fn on_granted(&mut self, rail: Rail, n: u32) {
         if let Some(credits) = self.srq[rail.index()].as_mut() {
-            credits.on_granted(n, asked);
+            credits.on_granted(n);
         }
     }
 

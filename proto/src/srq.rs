@@ -26,8 +26,6 @@ pub struct SrqCredits {
     held: u32,
     low: u32,
     high: u32,
-    short_takes: u64,
-    takes: u64,
 }
 
 /// A completion consumed a receive that was never granted.
@@ -54,8 +52,6 @@ impl SrqCredits {
             held: 0,
             low: if low > high { high } else { low },
             high,
-            short_takes: 0,
-            takes: 0,
         }
     }
 
@@ -113,20 +109,15 @@ impl SrqCredits {
         }
     }
 
-    /// A take for `asked` receives granted `n` (counted short when `n < asked`). Holding more
-    /// than `high` is a caller bug.
+    /// A take granted `n` receives. Holding more than `high` is a caller bug.
     #[inline]
-    pub fn on_granted(&mut self, n: u32, asked: u32) {
+    pub fn on_granted(&mut self, n: u32) {
         debug_assert!(
             self.held.saturating_add(n) <= self.high,
             "holding {} + {n} receives exceeds the most held {}",
             self.held,
             self.high
         );
-        self.takes += 1;
-        if n < asked {
-            self.short_takes += 1;
-        }
         self.held = self.held.saturating_add(n);
     }
 
@@ -141,18 +132,6 @@ impl SrqCredits {
     pub fn on_consumed(&mut self) -> Result<(), SrqUnderflow> {
         self.held = self.held.checked_sub(1).ok_or(SrqUnderflow)?;
         Ok(())
-    }
-
-    /// Takes that granted fewer receives than asked.
-    #[inline]
-    pub const fn short_takes(&self) -> u64 {
-        self.short_takes
-    }
-
-    /// Takes.
-    #[inline]
-    pub const fn takes(&self) -> u64 {
-        self.takes
     }
 }
 
@@ -172,12 +151,12 @@ mod tests {
         let mut srq = SrqCredits::default();
         assert_eq!((srq.low_water(), srq.high_water()), (8, 512));
         assert_eq!(srq.wanted(1), 9);
-        srq.on_granted(9, 9);
+        srq.on_granted(9);
         assert!(srq.covers(9) && !srq.covers(10));
         assert_eq!(srq.wanted(9), 0, "covered: nothing to take");
         assert_eq!(srq.wanted(10), 9);
-        srq.on_granted(5, 9);
-        assert_eq!((srq.held(), srq.takes(), srq.short_takes()), (14, 2, 1));
+        srq.on_granted(5);
+        assert_eq!(srq.held(), 14);
         assert_eq!(
             srq.excess(1),
             0,
@@ -185,7 +164,7 @@ mod tests {
         );
         assert_eq!(srq.excess(0), 6, "idle: down to one batch");
         assert_eq!(srq.wanted(600), 512 - 14, "never beyond the most held");
-        srq.on_granted(512 - 14, 512 - 14);
+        srq.on_granted(512 - 14);
         assert_eq!(srq.excess(4), 512 - 12);
         srq.on_given_back(srq.excess(4));
         assert_eq!(srq.held(), 12);
@@ -196,7 +175,7 @@ mod tests {
         let mut srq = SrqCredits::new(1, 2);
         assert_eq!(srq.on_consumed(), Err(SrqUnderflow));
         assert_eq!(srq.held(), 0);
-        srq.on_granted(1, 1);
+        srq.on_granted(1);
         assert_eq!(srq.on_consumed(), Ok(()));
         assert_eq!(srq.on_consumed(), Err(SrqUnderflow));
         assert!(SrqUnderflow.to_string().contains("no granted receive"));
@@ -217,7 +196,7 @@ mod tests {
                 match op {
                     0 => {
                         let wanted = srq.wanted(in_flight);
-                        srq.on_granted(wanted, wanted);
+                        srq.on_granted(wanted);
                         prop_assert!(srq.covers(in_flight.min(high)));
                     }
                     1 => {

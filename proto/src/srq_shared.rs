@@ -105,7 +105,6 @@ pub struct SharedSrqLedger {
     borrowed: u32,
     /// Receives written off by members that left with receives outstanding.
     lost: u32,
-    posts: u64,
 }
 
 impl SharedSrqLedger {
@@ -124,7 +123,6 @@ impl SharedSrqLedger {
             granted: 0,
             borrowed: 0,
             lost: 0,
-            posts: 0,
         }
     }
 
@@ -175,9 +173,10 @@ impl SharedSrqLedger {
         self.lost
     }
 
-    /// Batches of receives posted.
-    pub const fn posts(&self) -> u64 {
-        self.posts
+    /// Connections the queue admits at most: every floor in half its capacity (the other half
+    /// absorbs what leaving members write off).
+    pub const fn most_members(&self) -> u32 {
+        (self.capacity / 2) / self.floor
     }
 
     /// Adds a member, or says why not (the engine then uses another queue).
@@ -185,10 +184,11 @@ impl SharedSrqLedger {
         if self.lost >= self.capacity / 4 {
             return Err(JoinRefused::Retired { lost: self.lost });
         }
-        // Every floor, the new one's too, must fit beside what is borrowed, and the floors in
-        // half the capacity (the other half absorbs what leaving members write off).
+        // Every floor, the new one's too, must fit beside what is borrowed.
         let floors = (self.members + 1).saturating_mul(self.floor);
-        if floors > self.capacity / 2 || floors.saturating_add(self.borrowed) > self.capacity {
+        if self.members >= self.most_members()
+            || floors.saturating_add(self.borrowed) > self.capacity
+        {
             return Err(JoinRefused::Full {
                 members: self.members,
             });
@@ -235,10 +235,7 @@ impl SharedSrqLedger {
     /// `n` receives were posted (fewer than a take asked for when the post failed part way: the
     /// engine then fails the connection).
     pub fn on_posted(&mut self, n: u32) {
-        if n > 0 {
-            self.posted = self.posted.saturating_add(n);
-            self.posts += 1;
-        }
+        self.posted = self.posted.saturating_add(n);
     }
 
     /// A post of `n` receives failed part way: as many may sit in the queue uncounted.

@@ -280,7 +280,7 @@ impl Pair {
             let granted = ledger.take(held(&self.receiver), want);
             self.srq_posted[i] += granted.post;
             ledger.on_posted(granted.post);
-            self.receiver.on_granted(rail, granted.receives, want);
+            self.receiver.on_granted(rail, granted.receives);
             self.settled[i] = held(&self.receiver);
         }
     }

@@ -154,7 +154,7 @@ impl RecvData {
             if want > 0 {
                 let taken = member.take(held, want)?;
                 let probe = self.telemetry.rail(rail);
-                self.slots.on_granted(rail, taken.receives, want);
+                self.slots.on_granted(rail, taken.receives);
                 if taken.posted {
                     probe.inc(SRQ_REFILLS);
                 }

@@ -74,7 +74,7 @@ impl SharedReceives {
     /// Receive connections the NIC's `max_srq` queues can serve: queues of fewer receives (a
     /// small `max_srq_wr`) serve fewer connections each.
     pub(crate) fn connections_at_most(&self) -> u32 {
-        let per_queue = (self.capacity / 2) / SHARED_SRQ_FLOOR;
+        let per_queue = SharedSrqLedger::new(self.capacity, SHARED_SRQ_FLOOR).most_members();
         self.device.info().max_srq.saturating_mul(per_queue)
     }
 

@@ -16,7 +16,7 @@ fn receives(faults: &str) -> (impl Drop, Arc<NicBudget>, SharedReceives) {
 #[test]
 fn connections_share_a_queue_until_their_floors_fill_half_of_it() {
     let (_serial, budget, shared) = receives("");
-    let per_queue = SHARED_SRQ_CAPACITY / 2 / SHARED_SRQ_FLOOR;
+    let per_queue = SharedSrqLedger::new(SHARED_SRQ_CAPACITY, SHARED_SRQ_FLOOR).most_members();
     let mut members: Vec<Membership> = (0..per_queue).map(|_| shared.join().unwrap()).collect();
     assert_eq!(shared.queues_alive(), 1);
     assert_eq!(budget.in_use()[2], 1, "one SRQ of the NIC's max_srq");
@@ -78,7 +78,7 @@ fn a_connection_dropped_without_leaving_writes_off_what_it_held() {
 #[test]
 fn a_nic_at_max_srq_refuses_a_new_queue_and_names_the_limit() {
     let (_serial, budget, shared) = receives("max_srq=sup:1");
-    let per_queue = SHARED_SRQ_CAPACITY / 2 / SHARED_SRQ_FLOOR;
+    let per_queue = SharedSrqLedger::new(SHARED_SRQ_CAPACITY, SHARED_SRQ_FLOOR).most_members();
     let members: Vec<Membership> = (0..per_queue).map(|_| shared.join().unwrap()).collect();
     let error = shared.join().err().expect("refused").to_string();
     assert!(error.contains("holds 1 of 1 SRQs (max_srq)"), "{error}");
