@@ -156,38 +156,32 @@ fn child_thousand_pairs() {
     println!("cycles done");
 }
 
-#[test]
-fn a_connection_past_a_nic_limit_is_refused_whole() {
-    // Room for one pair's 4 + 4 SUP QPs (MPIB_SUP_QP=4 on each side).
-    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", "max_qp=sup:8")]);
-    let output = run_child("child_past_the_limit", &env);
-    for line in output.lines().filter(|l| l.contains("max_qp")) {
-        println!("{line}");
-    }
-    for named in ["loop1", "holds 8 of 8 QPs (max_qp)", "lower MPIB_SUP_QP"] {
+/// Runs `child` with the loopback NICs limited by `faults`, and checks that it printed the
+/// limit `named` (the refusal) and its closing line.
+fn refused_whole(child: &str, faults: &str, named: &[&str]) {
+    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", faults)]);
+    let output = run_child(child, &env);
+    for named in named.iter().chain(&["loop1", "limits hold"]) {
         assert!(output.contains(named), "no `{named}` in\n{output}");
     }
-    assert!(output.contains("limits hold"), "{output}");
 }
 
-#[test]
-#[ignore = "runs in a child process started by a_connection_past_a_nic_limit_is_refused_whole"]
-fn child_past_the_limit() {
-    if !child::is_child("child_past_the_limit") {
-        return;
-    }
+/// In a child: `maxComms` is `max_comms`, one pair moves bytes, a second is refused (`why`
+/// it should not fit), and once the first closes what both held is back and a new pair fits.
+fn one_pair_fits_then_room_again(max_comms: i32, why: &str) {
     let plugin = load();
     let net = plugin.net(Version::V12).unwrap();
     let ctx = net.init(1).unwrap();
     let props = net.get_properties(0).unwrap();
-    assert_eq!(props.max_comms, 2, "8 SUP QPs over 4 per comm");
+    assert_eq!(props.max_comms, max_comms, "{why}");
     let options = PairOptions::default();
     let mut first = Pair::connect_with(&net, &options).unwrap();
     exchange_sizes(&mut first, &[4096], "first", 1).unwrap();
-    let refused = Pair::connect_with(&net, &options);
-    assert!(refused.is_err(), "a second pair fit in 8 QPs");
+    match Pair::connect_with(&net, &options) {
+        Ok(_) => panic!("a second pair fit: {why}"),
+        Err(error) => println!("refused: {error}"),
+    }
     first.close().unwrap();
-    // What the first pair and the refused one held is back: a new pair fits again.
     let mut again = Pair::connect_with(&net, &options).unwrap();
     exchange_sizes(&mut again, &[0, 65_536], "again", 2).unwrap();
     again.close().unwrap();
@@ -196,85 +190,56 @@ fn child_past_the_limit() {
 }
 
 #[test]
+fn a_connection_past_a_nic_limit_is_refused_whole() {
+    // Room for one pair's 4 + 4 SUP QPs (MPIB_SUP_QP=4 on each side).
+    let named = ["holds 8 of 8 QPs (max_qp)", "lower MPIB_SUP_QP"];
+    refused_whole("child_past_the_limit", "max_qp=sup:8", &named);
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_connection_past_a_nic_limit_is_refused_whole"]
+fn child_past_the_limit() {
+    if child::is_child("child_past_the_limit") {
+        one_pair_fits_then_room_again(2, "8 SUP QPs over 4 per comm");
+    }
+}
+
+#[test]
 fn a_connection_past_a_nics_receive_queues_is_refused_whole() {
     // One SRQ on the SUP NIC, and queues so shallow (`max_srq_wr` 32: 16 receives, two floors
-    // of 8 in their half) that each serves one connection: the second pair needs a second queue.
-    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", "max_srq=sup:1,max_srq_wr=sup:32")]);
-    let output = run_child("child_past_the_queues", &env);
-    for named in [
-        "loop1",
+    // of 8 in their half) that each serves one connection: the second pair needs a second queue,
+    // and once the first closes its queue goes with it.
+    let named = [
         "holds 1 of 1 SRQs (max_srq)",
         "a new shared receive queue needs 1",
-    ] {
-        assert!(output.contains(named), "no `{named}` in\n{output}");
-    }
-    assert!(output.contains("queues hold"), "{output}");
+    ];
+    refused_whole(
+        "child_past_the_queues",
+        "max_srq=sup:1,max_srq_wr=sup:32",
+        &named,
+    );
 }
 
 #[test]
 #[ignore = "runs in a child process started by a_connection_past_a_nics_receive_queues_is_refused_whole"]
 fn child_past_the_queues() {
-    if !child::is_child("child_past_the_queues") {
-        return;
+    if child::is_child("child_past_the_queues") {
+        one_pair_fits_then_room_again(1, "one queue of one connection on the SUP NIC");
     }
-    let plugin = load();
-    let net = plugin.net(Version::V12).unwrap();
-    let ctx = net.init(1).unwrap();
-    let props = net.get_properties(0).unwrap();
-    assert_eq!(
-        props.max_comms, 1,
-        "one queue of one connection on the SUP NIC"
-    );
-    let options = PairOptions::default();
-    let mut first = Pair::connect_with(&net, &options).unwrap();
-    exchange_sizes(&mut first, &[4096], "first", 1).unwrap();
-    match Pair::connect_with(&net, &options) {
-        Ok(_) => panic!("a second pair found a receive queue on a NIC allowed one"),
-        Err(error) => println!("refused: {error}"),
-    }
-    first.close().unwrap();
-    // The queue went with its only connection: a new pair makes one again.
-    let mut again = Pair::connect_with(&net, &options).unwrap();
-    exchange_sizes(&mut again, &[0, 65_536], "again", 2).unwrap();
-    again.close().unwrap();
-    net.finalize(ctx).unwrap();
-    println!("queues hold");
 }
 
 #[test]
 fn a_connection_past_a_nics_registrations_is_refused_whole() {
     // Room for one pair's own registrations on the SUP NIC: 2 of the sender's, 2 of the
     // receiver's (the bench's buffers are NCCL's to count, registered through regMr).
-    let env = advanced_env(&[("MPIB_LOOPBACK_FAULTS", "max_mr=sup:4")]);
-    let output = run_child("child_past_the_registrations", &env);
-    for named in ["loop1", "holds 4 of 4 MRs (max_mr)"] {
-        assert!(output.contains(named), "no `{named}` in\n{output}");
-    }
-    assert!(output.contains("registrations hold"), "{output}");
+    let named = ["holds 4 of 4 MRs (max_mr)"];
+    refused_whole("child_past_the_registrations", "max_mr=sup:4", &named);
 }
 
 #[test]
 #[ignore = "runs in a child process started by a_connection_past_a_nics_registrations_is_refused_whole"]
 fn child_past_the_registrations() {
-    if !child::is_child("child_past_the_registrations") {
-        return;
+    if child::is_child("child_past_the_registrations") {
+        one_pair_fits_then_room_again(2, "4 SUP MRs over 2 per comm");
     }
-    let plugin = load();
-    let net = plugin.net(Version::V12).unwrap();
-    let ctx = net.init(1).unwrap();
-    let props = net.get_properties(0).unwrap();
-    assert_eq!(props.max_comms, 2, "4 SUP MRs over 2 per comm");
-    let options = PairOptions::default();
-    let mut first = Pair::connect_with(&net, &options).unwrap();
-    exchange_sizes(&mut first, &[4096], "first", 1).unwrap();
-    match Pair::connect_with(&net, &options) {
-        Ok(_) => panic!("a second pair fit in 4 MRs"),
-        Err(error) => println!("refused: {error}"),
-    }
-    first.close().unwrap();
-    let mut again = Pair::connect_with(&net, &options).unwrap();
-    exchange_sizes(&mut again, &[0, 65_536], "again", 2).unwrap();
-    again.close().unwrap();
-    net.finalize(ctx).unwrap();
-    println!("registrations hold");
 }
