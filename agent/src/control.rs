@@ -1,4 +1,4 @@
-//! The operators' control socket: `status` and `set`, one line in, text out.
+//! The operators' control socket: `status`, `flows` and `set`, one line in, text out.
 //!
 //! Why a separate socket: the registration socket speaks the reference interface byte for byte
 //! and must stay open to every job; changing a flow's share is an operator's act, so the control
@@ -20,16 +20,19 @@ use crate::status;
 pub enum Command {
     /// The status view.
     Status,
+    /// The flows, one tab-separated line each, for programs ([`status::flows`]).
+    Flows,
     /// Pin a flow (`None`: every flow) to a share, or (`None` share) hand it back to its policy.
     Set(Option<u32>, Option<u32>),
 }
 
 impl Command {
-    /// Parses `status`, `set FLOW|all SUP_BW|auto`.
+    /// Parses `status`, `flows`, `set FLOW|all SUP_BW|auto`.
     pub fn parse(line: &str) -> Result<Command, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["status"] => Ok(Command::Status),
+            ["flows"] => Ok(Command::Flows),
             ["set", flow, share] => {
                 let flow = match *flow {
                     "all" | "--all" => None,
@@ -46,7 +49,7 @@ impl Command {
                 Ok(Command::Set(flow, share))
             }
             _ => Err(format!(
-                "unknown command {line:?}: expected `status` or `set FLOW|all SUP_BW|auto`"
+                "unknown command {line:?}: expected `status`, `flows` or `set FLOW|all SUP_BW|auto`"
             )),
         }
     }
@@ -55,6 +58,7 @@ impl Command {
     pub fn encode(&self) -> String {
         match self {
             Command::Status => "status\n".into(),
+            Command::Flows => "flows\n".into(),
             Command::Set(flow, share) => format!(
                 "set {} {}\n",
                 flow.map_or("all".to_string(), |f| f.to_string()),
@@ -90,6 +94,7 @@ fn answer(stream: UnixStream, shared: &Shared, describe: &str) {
             let state = shared.lock();
             status::render(&state, &policies, describe)
         }
+        Ok(Command::Flows) => status::flows(&shared.lock()),
         Ok(Command::Set(flow, share)) => match pin(shared, flow, share) {
             Ok(n) => {
                 let what = share.map_or("its policy".to_string(), |s| format!("sup_bw {s}"));
@@ -136,6 +141,7 @@ mod tests {
     fn commands_round_trip_and_bad_ones_say_why() {
         for c in [
             Command::Status,
+            Command::Flows,
             Command::Set(Some(3), Some(512)),
             Command::Set(None, None),
         ] {

@@ -1,5 +1,6 @@
 //! The human view `mpib-agent status` prints: the agent, then one line per flow with its policy,
-//! the share asked and the share its bytes took, and the measured rates.
+//! the share asked and the share its bytes took, and the measured rates; and the same lines
+//! tab-separated for programs (`flows`).
 
 use std::fmt::Write;
 
@@ -52,36 +53,91 @@ pub fn render(state: &State, policies: &Policies, describe: &str) -> String {
         "THROUGHPUT",
         "CONNS"
     );
+    for line in lines(state) {
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}{}",
+            line.slot,
+            line.pair,
+            line.policy,
+            line.sup_bw,
+            line.measured.map_or("-".to_string(), |s| s.to_string()),
+            rate(line.rates[SOUT]),
+            rate(line.rates[SUP]),
+            rate(line.throughput),
+            line.connections,
+            if line.recovered {
+                "  (from before a restart)"
+            } else {
+                ""
+            }
+        );
+    }
+    out
+}
+
+/// One flow as both views show it.
+struct Line {
+    slot: u32,
+    pair: String,
+    policy: &'static str,
+    sup_bw: u32,
+    measured: Option<u32>,
+    rates: [Option<f64>; 2],
+    throughput: Option<f64>,
+    connections: usize,
+    recovered: bool,
+}
+
+fn lines(state: &State) -> Vec<Line> {
+    let mut out = Vec::new();
     for flow in state.slots.flows() {
         let Some(agent) = state.flows.get(&flow.slot) else {
             continue;
         };
         let sample = &agent.measured.sample;
-        let policy = match agent.pinned {
-            Some(_) => "pinned",
-            None => agent.policy.kind().name(),
-        };
-        let measured = sample
-            .measured_share()
-            .map_or("-".to_string(), |s| s.to_string());
-        let throughput = sample.fresh().then(|| sample.throughput());
+        out.push(Line {
+            slot: flow.slot,
+            pair: flow.pair.to_string(),
+            policy: match agent.pinned {
+                Some(_) => "pinned",
+                None => agent.policy.kind().name(),
+            },
+            sup_bw: agent.sup_bw,
+            measured: sample.measured_share(),
+            rates: [sample.rate(SOUT), sample.rate(SUP)],
+            throughput: sample.fresh().then(|| sample.throughput()),
+            connections: flow.connections.len(),
+            recovered: flow.recovered,
+        });
+    }
+    out
+}
+
+/// The header line of [`flows`]: the columns, in order.
+pub const FLOWS_HEADER: &str =
+    "flow\tsout_pair\tpolicy\tsup_bw\tmeasured_sup_bw\tsout_bytes_per_second\tsup_bytes_per_second\tthroughput_bytes_per_second\tconnections\trecovered";
+
+/// The `flows` reply, for programs (`mpib-top`): [`FLOWS_HEADER`], then one tab-separated line
+/// per flow; `-` where nothing was measured, rates in bytes per second, `recovered` 1 for a flow
+/// restored from before a restart.
+pub fn flows(state: &State) -> String {
+    let mut out = format!("{FLOWS_HEADER}\n");
+    let number = |v: Option<f64>| v.map_or("-".to_string(), |r| format!("{r:.0}"));
+    for line in lines(state) {
         let _ = writeln!(
             out,
-            "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}{}",
-            flow.slot,
-            flow.pair.to_string(),
-            policy,
-            agent.sup_bw,
-            measured,
-            rate(sample.rate(SOUT)),
-            rate(sample.rate(SUP)),
-            rate(throughput),
-            flow.connections.len(),
-            if flow.recovered {
-                "  (from before a restart)"
-            } else {
-                ""
-            }
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            line.slot,
+            line.pair,
+            line.policy,
+            line.sup_bw,
+            line.measured.map_or("-".to_string(), |s| s.to_string()),
+            number(line.rates[SOUT]),
+            number(line.rates[SUP]),
+            number(line.throughput),
+            line.connections,
+            u8::from(line.recovered)
         );
     }
     out

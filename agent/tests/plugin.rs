@@ -126,6 +126,21 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
     }
     let status = agent.status();
     assert!(status.contains("adaptive"), "{status}");
+    // The same flow for programs: the header, then tab-separated fields.
+    let flows = mpib_agent::control::request(&agent.control(), mpib_agent::control::Command::Flows)
+        .unwrap();
+    let mut lines = flows.lines();
+    assert_eq!(
+        lines.next(),
+        Some(mpib_agent::status::FLOWS_HEADER),
+        "{flows}"
+    );
+    let fields: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    assert_eq!(fields.len(), 10, "{flows}");
+    assert_eq!(fields[2], "adaptive", "{flows}");
+    let sup_bw: u32 = fields[3].parse().unwrap();
+    assert!((640..=726).contains(&sup_bw), "{flows}");
+    assert!(fields[7].parse::<f64>().unwrap() > 0.0, "{flows}");
 }
 
 #[test]
