@@ -1,0 +1,189 @@
+//! Which probes files are shown: the collector's checks, file by file, without its side effects
+//! (`mpib-top` never deletes a file and never writes one).
+//!
+//! A file is mapped once it passes `mpib_collector::trust::check_file` (type, mode, owner) and
+//! `check_writer` (its pid runs as its owner); it is shown while its writer runs and has not
+//! closed it. A refused file is listed with its reason, as the collector counts it in
+//! `mpib_probes_skipped_total{reason}`; one whose writer is gone is simply not there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use mpib_collector::files::{self, Identity};
+use mpib_collector::trust::{self, FileCheck, WriterCheck};
+use mpib_probes::{Corruption, LoadState, ProbesReader};
+
+use crate::frame::Skipped;
+
+/// A file being shown.
+pub struct Mapped {
+    /// The file as it was checked.
+    pub identity: Identity,
+    /// Its reader.
+    pub reader: ProbesReader,
+    /// The uid its writer runs as.
+    pub uid: u32,
+}
+
+/// The outcome of one look at the directory.
+#[derive(Default)]
+pub struct Listing {
+    /// Paths of the files to show this time (keys of [`Scanner::mapped`]).
+    pub shown: Vec<PathBuf>,
+    /// Files not shown, with why.
+    pub skipped: Vec<Skipped>,
+    /// Why the directory could not be read.
+    pub error: Option<String>,
+}
+
+/// The files of one directory, mapped across samples.
+pub struct Scanner {
+    dir: PathBuf,
+    allowed: Option<BTreeSet<u32>>,
+    /// Mapped files by path.
+    pub mapped: BTreeMap<PathBuf, Mapped>,
+}
+
+impl Scanner {
+    /// A scanner of `dir`, showing files of `allowed` owners only when set.
+    pub fn new(dir: PathBuf, allowed: Option<BTreeSet<u32>>) -> Scanner {
+        Scanner {
+            dir,
+            allowed,
+            mapped: BTreeMap::new(),
+        }
+    }
+
+    /// Looks at the directory: maps new files, drops those that went, closed or changed.
+    pub fn scan(&mut self) -> Listing {
+        let mut listing = Listing::default();
+        let paths = match files::list(&self.dir) {
+            Ok(paths) => paths,
+            Err(e) => {
+                listing.error = Some(match e.kind() {
+                    io::ErrorKind::NotFound => {
+                        "it does not exist (no job has written probes yet?)".into()
+                    }
+                    _ => e.to_string(),
+                });
+                self.mapped.clear();
+                return listing;
+            }
+        };
+        self.mapped.retain(|path, _| paths.contains(path));
+        for path in paths {
+            let kept = self
+                .mapped
+                .get(&path)
+                .is_some_and(|m| Identity::of(&path).is_ok_and(|now| now.unchanged(&m.identity)));
+            if !kept {
+                self.mapped.remove(&path);
+                match self.open(&path) {
+                    Ok(Some(mapped)) => {
+                        self.mapped.insert(path.clone(), mapped);
+                    }
+                    Ok(None) => continue,
+                    Err(skipped) => {
+                        listing.skipped.push(skipped);
+                        continue;
+                    }
+                }
+            }
+            let Some(mapped) = self.mapped.get(&path) else {
+                continue;
+            };
+            if mapped.reader.closed_ns() != 0 || !files::pid_alive(mapped.reader.info().pid) {
+                // Its process is gone or closed it: not a process of this node any more.
+                self.mapped.remove(&path);
+                continue;
+            }
+            listing.shown.push(path);
+        }
+        self.supersede(&mut listing.shown);
+        listing
+    }
+
+    /// Drops a file found shrunk while it was read.
+    pub fn drop_faulted(&mut self, path: &Path) -> Skipped {
+        self.mapped.remove(path);
+        skipped(path, "truncated", "it shrank while being read".into())
+    }
+
+    /// A restarted writer (same host and pid) shows its newest file only.
+    fn supersede(&self, shown: &mut Vec<PathBuf>) {
+        let mut newest: BTreeMap<(String, u32), (u64, PathBuf)> = BTreeMap::new();
+        for path in shown.iter() {
+            let Some(m) = self.mapped.get(path) else {
+                continue;
+            };
+            let info = m.reader.info();
+            let key = (info.host.clone(), info.pid);
+            if newest
+                .get(&key)
+                .map_or(true, |(start, _)| *start < info.start_ns)
+            {
+                newest.insert(key, (info.start_ns, path.clone()));
+            }
+        }
+        let keep: BTreeSet<PathBuf> = newest.into_values().map(|(_, p)| p).collect();
+        shown.retain(|p| keep.contains(p));
+    }
+
+    /// `Ok(None)`: nothing to show (gone, not yet published, or its writer is dead).
+    fn open(&self, path: &Path) -> Result<Option<Mapped>, Skipped> {
+        let Ok(identity) = Identity::of(path) else {
+            return Ok(None);
+        };
+        let (stat, file) = match trust::check_file(path, self.allowed.as_ref()) {
+            Ok(FileCheck::Passed(stat, file)) => (stat, file),
+            Ok(FileCheck::Untrusted(_, why)) => return Err(skipped(path, "untrusted", why)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(skipped(path, "untrusted", format!("cannot open it: {e}"))),
+        };
+        let reader = match ProbesReader::open_file(&file, path) {
+            Ok(LoadState::Ready(reader)) => reader,
+            Ok(LoadState::AwaitVersion) => return Ok(None),
+            Ok(LoadState::Incompatible { found, expected }) => {
+                let detail = format!(
+                    "it has ABI version {}, this mpib-top reads {} (the major must match)",
+                    mpib_probes::version_string(found),
+                    mpib_probes::version_string(expected)
+                );
+                return Err(skipped(path, "version", detail));
+            }
+            Ok(LoadState::Corrupt(c)) => {
+                let reason = match c {
+                    Corruption::Truncated { .. } => "truncated",
+                    _ => "corrupt",
+                };
+                return Err(skipped(path, reason, c.to_string()));
+            }
+            Err(e) => return Err(skipped(path, "corrupt", format!("cannot map it: {e}"))),
+        };
+        let pid = reader.info().pid;
+        let uid = match trust::check_writer(path, &stat, pid) {
+            WriterCheck::Trusted => trust::process_uid(pid).unwrap_or(stat.uid),
+            WriterCheck::Dead => return Ok(None),
+            WriterCheck::OtherUser(why) | WriterCheck::Untrusted(why) => {
+                return Err(skipped(path, "untrusted", why))
+            }
+        };
+        if !trust::still_same(path, &identity, &stat) {
+            return Ok(None);
+        }
+        Ok(Some(Mapped {
+            identity,
+            reader,
+            uid,
+        }))
+    }
+}
+
+fn skipped(path: &Path, reason: &'static str, detail: String) -> Skipped {
+    Skipped {
+        path: path.display().to_string(),
+        reason,
+        detail,
+    }
+}
