@@ -16,6 +16,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::{eventually, temp_dir, workspace_binary, Agent};
+use mpib_agent::control::Command as ControlCommand;
 
 /// One `mpib-perf` row: (sup_share in parts per 1024, at_ms).
 fn parse_row(header: &[String], line: &str) -> (f64, f64) {
@@ -111,8 +112,13 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
     let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
     let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 60);
     let mut rows = Vec::new();
+    let mut flows = String::new();
     while let Some(row) = perf.row() {
         rows.push(row);
+        if rows.len() == 55 {
+            // While the flow runs (it is gone once the job ends): the same flow for programs.
+            flows = mpib_agent::control::request(&agent.control(), ControlCommand::Flows).unwrap();
+        }
     }
     perf.finish();
     assert_eq!(rows.len(), 60);
@@ -126,9 +132,7 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
     }
     let status = agent.status();
     assert!(status.contains("adaptive"), "{status}");
-    // The same flow for programs: the header, then tab-separated fields.
-    let flows = mpib_agent::control::request(&agent.control(), mpib_agent::control::Command::Flows)
-        .unwrap();
+    // `flows`: the header, then tab-separated fields.
     let mut lines = flows.lines();
     assert_eq!(
         lines.next(),
