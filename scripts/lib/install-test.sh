@@ -26,7 +26,7 @@ missing=0
 while IFS= read -r file; do [ -f "$file" ] || { echo "  missing: $file"; missing=1; }; done < "$manifest"
 [ "$missing" = 0 ] && pass "$(wc -l < "$manifest") files installed, every one in the manifest present" ||
     fail "files listed in the manifest are missing"
-for file in lib/libnccl-net-mpib.so bin/mpib-collector bin/mpib-agent bin/mpib-perf \
+for file in lib/libnccl-net-mpib.so bin/mpib-collector bin/mpib-agent bin/mpib-perf bin/mpib-top \
     share/mpib/dashboards/mpib.json share/mpib/dashboards/alerts.yml \
     lib/systemd/system/mpib-collector.service lib/systemd/system/mpib-agent.service; do
     [ -f "$prefix/$file" ] || fail "$prefix/$file was not installed"
@@ -61,6 +61,16 @@ elif [ "$rc" = 2 ] && grep -q 'libnccl-net-mpib.so' "$work/perf-none.log"; then
 else
     sed 's/^/  | /' "$work/perf-none.log"
     fail "without LD_LIBRARY_PATH mpib-perf exited $rc (expected 2 naming libnccl-net-mpib.so)"
+fi
+
+# The installed mpib-top: one text frame of an empty probes directory, from outside the checkout.
+mkdir -p "$work/probes"
+if (cd / && "$prefix/bin/mpib-top" --probes-dir "$work/probes" --agent-control off --once --interval 0.1) > "$work/top.log" 2>&1 &&
+    grep -q "no process writes probes in $work/probes" "$work/top.log"; then
+    pass "the installed mpib-top prints a frame"
+else
+    sed 's/^/  | /' "$work/top.log"
+    fail "the installed mpib-top --once"
 fi
 
 echo "# edited" >> "$etc/mpib/agent.toml"
