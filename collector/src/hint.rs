@@ -42,7 +42,7 @@ impl HintTable {
     /// [`HintError::Missing`] when the file is absent; [`HintError::Invalid`] when it is
     /// unreadable, short, or has the wrong magic or entry count.
     pub fn load(path: &Path) -> Result<HintTable, HintError> {
-        let read = || match fs::read(path) {
+        let read = || match read_regular(path) {
             Ok(bytes) => Ok(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(HintError::Missing),
             Err(e) => Err(HintError::Invalid(format!("cannot read: {e}"))),
@@ -127,6 +127,28 @@ pub fn encode(entries: &[(u32, u32, u32)]) -> Vec<u8> {
     bytes
 }
 
+/// The file's bytes, at most one more than a hint file holds. Opened without following a link
+/// and without blocking, and refused unless it is a regular file: a FIFO put at the path by
+/// another user (the directory is under /tmp) must not stall the reader.
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut bytes = Vec::with_capacity(HINT_FILE_LEN);
+    file.take(HINT_FILE_LEN as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -152,5 +174,28 @@ mod tests {
         fs::write(&path, [0u8; 10]).unwrap();
         assert!(matches!(HintTable::load(&path), Err(HintError::Invalid(_))));
         fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_or_a_link_at_the_path_is_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("mpib-hint-fifo-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("hints");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let refused = HintTable::load(&fifo);
+        assert!(
+            matches!(&refused, Err(HintError::Invalid(e)) if e.contains("not a regular file")),
+            "{refused:?}"
+        );
+        let real = dir.join("real");
+        fs::write(&real, encode(&[(3, 256, 2)])).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(matches!(HintTable::load(&link), Err(HintError::Invalid(_))));
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,7 +8,8 @@
 #     provides it without systemd running);
 #   - `dpkg -r` removes every file but the edited configuration, `dpkg -P` removes that too.
 # Refuses to run when a package named mpib is already installed (it would be replaced and then
-# removed). Needs root. Prints PASS/FAIL lines; exit status 1 when anything failed.
+# removed) or /etc/mpib exists. Needs root. Installs Debian's systemd package (for
+# systemd-analyze; nothing is started) and, through scripts/package, dpkg-dev and cargo-deb. Prints PASS/FAIL lines; exit status 1 when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/lib/setup.sh
@@ -17,8 +18,11 @@ pass() { echo "PASS package: $1"; }
 fail() { echo "FAIL package: $1"; failed=1; }
 
 [ "$(id -u)" = 0 ] || { fail "needs root (dpkg -i into this machine)"; exit 1; }
-if dpkg-query -W -f='${Status}' mpib 2>/dev/null | grep -q 'installed\|config-files'; then
-    fail "a package named mpib is already on this machine (dpkg -P mpib first): this test installs and removes its own"
+# Any record of mpib but "not-installed" (installed, unpacked, half-configured, config-files):
+# a package the test would replace and then purge.
+state=$(dpkg-query -W -f='${db:Status-Status}' mpib 2>/dev/null || true)
+if [ -n "$state" ] && [ "$state" != not-installed ]; then
+    fail "a package named mpib is already on this machine ($state; dpkg -P mpib first): this test installs and removes its own"
     exit 1
 fi
 if [ -e /etc/mpib ]; then
@@ -68,7 +72,7 @@ else
     fail "/usr/bin/mpib-perf with NCCL_NET_PLUGIN=mpib"
 fi
 mkdir -p "$work/probes"
-if (cd / && mpib-top --probes-dir "$work/probes" --agent-control off --once --interval 0.1) > "$work/top.log" 2>&1 &&
+if (cd / && /usr/bin/mpib-top --probes-dir "$work/probes" --agent-control off --once --interval 0.1) > "$work/top.log" 2>&1 &&
     grep -q 'no process writes probes' "$work/top.log"; then
     pass "the packaged mpib-top prints a frame"
 else
@@ -116,12 +120,12 @@ if grep -q '^# edited by the package test' /etc/mpib/agent.toml 2>/dev/null && [
 else
     fail "dpkg -r did not keep /etc/mpib/agent.toml with its edit"
 fi
-dpkg -P mpib > "$work/purge.log" 2>&1
-ours=0
-if [ ! -e /etc/mpib ] && ! dpkg-query -W mpib > /dev/null 2>&1; then
+dpkg -P mpib > "$work/purge.log" 2>&1 && ours=0
+if [ "$ours" = 0 ] && [ ! -e /etc/mpib ] && ! dpkg-query -W mpib > /dev/null 2>&1; then
     pass "dpkg -P removed the configuration and the package"
 else
+    cat "$work/purge.log" | sed 's/^/  | /'
     ls -la /etc/mpib 2>&1 | sed 's/^/  | /'
-    fail "dpkg -P left /etc/mpib or the package's record"
+    fail "dpkg -P failed or left /etc/mpib or the package's record"
 fi
 exit "$failed"

@@ -1,41 +1,73 @@
 //! The agent's current decision per flow, asked over its control socket (`flows`, a header and
 //! one tab-separated line per flow: docs/AGENT.md "status, flows and set"). The socket is local
-//! and the agent answers at once; the short timeouts keep a stuck agent from stalling the screen.
+//! and the agent answers at once; a stopped one costs a sample 300 ms at most ([`Asker`]).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use mpib_agent::status::FLOWS_HEADER;
 
 use crate::frame::{Agent, Flow};
 
-/// How long a reply may take.
-const TIMEOUT: Duration = Duration::from_millis(300);
+/// How long a whole reply may take.
+const DEADLINE: Duration = Duration::from_millis(300);
 
-/// The flows of the agent at `control`, or why there are none.
-pub fn flows(control: Option<&Path>) -> Agent {
-    let Some(path) = control else {
-        return Agent::Off;
-    };
-    match ask(path) {
-        Ok(reply) => match parse(&reply) {
-            Ok(flows) => Agent::Running { flows },
-            Err(reason) => Agent::Unavailable {
-                reason: format!("control socket {}: {reason}", path.display()),
-            },
-        },
-        Err(e) => Agent::Unavailable {
-            reason: format!("control socket {}: {e}", path.display()),
-        },
+/// Asks the agent from a thread of its own, so that no agent, stopped or slow, holds a sample
+/// up beyond [`DEADLINE`]: a connect to a socket whose backlog is full blocks, and a read
+/// timeout bounds each read, not the reply. While a question is unanswered no other is asked.
+pub struct Asker {
+    control: Option<PathBuf>,
+    waiting: Option<(Receiver<std::io::Result<String>>, Instant)>,
+}
+
+impl Asker {
+    /// An asker of the agent at `control` (`None`: never asks).
+    pub fn new(control: Option<PathBuf>) -> Asker {
+        Asker {
+            control,
+            waiting: None,
+        }
+    }
+
+    /// The flows, or why there are none.
+    pub fn flows(&mut self) -> Agent {
+        let Some(path) = self.control.clone() else {
+            return Agent::Off;
+        };
+        let (reply, since) = self.waiting.take().unwrap_or_else(|| {
+            let (sender, reply) = mpsc::channel();
+            let asked = path.clone();
+            std::thread::spawn(move || {
+                let _ = sender.send(ask(&asked));
+            });
+            (reply, Instant::now())
+        });
+        let unavailable = |reason: String| Agent::Unavailable {
+            reason: format!("control socket {}: {reason}", path.display()),
+        };
+        match reply.recv_timeout(DEADLINE.saturating_sub(since.elapsed())) {
+            Ok(Ok(text)) => parse(&text).map_or_else(unavailable, |flows| Agent::Running { flows }),
+            Ok(Err(e)) => unavailable(e.to_string()),
+            Err(RecvTimeoutError::Timeout) => {
+                let waited = since.elapsed().as_millis();
+                self.waiting = Some((reply, since));
+                unavailable(format!("no reply for {waited} ms (is the agent stopped?)"))
+            }
+            Err(RecvTimeoutError::Disconnected) => unavailable("the question was lost".into()),
+        }
     }
 }
 
+/// How long the asking thread waits on each read or write before it gives up the question.
+const STALLED: Duration = Duration::from_secs(5);
+
 fn ask(path: &Path) -> std::io::Result<String> {
     let mut stream = UnixStream::connect(path)?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
+    stream.set_read_timeout(Some(STALLED))?;
+    stream.set_write_timeout(Some(STALLED))?;
     stream.write_all(b"flows\n")?;
     let mut reply = String::new();
     stream.take(1 << 20).read_to_string(&mut reply)?;
@@ -50,7 +82,8 @@ fn ask(path: &Path) -> std::io::Result<String> {
 pub fn parse(reply: &str) -> Result<Vec<Flow>, String> {
     let mut lines = reply.lines();
     match lines.next() {
-        Some(FLOWS_HEADER) => {}
+        // A later agent may add columns after these.
+        Some(header) if header.starts_with(FLOWS_HEADER) => {}
         Some(first) if first.starts_with("error:") => {
             return Err(format!(
                 "the agent answered {first:?} (an agent older than `flows`?)"
@@ -106,15 +139,35 @@ mod tests {
         assert!(parse(&format!("{FLOWS_HEADER}\n1\tx\n"))
             .unwrap_err()
             .contains("not a flow"));
-        let missing = flows_of(Some(Path::new("/nonexistent/agent.control")));
-        assert!(missing.contains("/nonexistent/agent.control"), "{missing}");
-        assert!(matches!(super::flows(None), Agent::Off));
+        assert_eq!(
+            parse(&format!("{FLOWS_HEADER}\tlater_column\n")).unwrap(),
+            []
+        );
+        let mut missing = Asker::new(Some("/nonexistent/agent.control".into()));
+        assert!(
+            matches!(missing.flows(), Agent::Unavailable { reason } if reason.contains("/nonexistent/agent.control"))
+        );
+        assert!(matches!(Asker::new(None).flows(), Agent::Off));
     }
 
-    fn flows_of(path: Option<&Path>) -> String {
-        match super::flows(path) {
-            Agent::Unavailable { reason } => reason,
-            other => panic!("{other:?}"),
+    #[test]
+    fn an_agent_that_never_answers_costs_a_sample_the_deadline_only() {
+        let dir = std::env::temp_dir().join(format!("mpib-top-agent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agent.control");
+        let _ = std::fs::remove_file(&path);
+        // Listening, never accepting: the question waits in the backlog.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut asker = Asker::new(Some(path));
+        for _ in 0..3 {
+            let started = Instant::now();
+            let reason = match asker.flows() {
+                Agent::Unavailable { reason } => reason,
+                other => panic!("{other:?}"),
+            };
+            assert!(reason.contains("no reply"), "{reason}");
+            assert!(started.elapsed() < DEADLINE * 3, "{:?}", started.elapsed());
         }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -48,14 +48,24 @@ pub fn process(
         let t = &s.transfers;
         t.no_rail + t.sout_only + t.sup_only + t.both
     };
-    let connections: Vec<Connection> = snapshot
+    // A connection that closed since the previous sample still moved bytes in the interval:
+    // its device's rates count them, the table shows the open ones.
+    let all: Vec<(bool, Connection)> = snapshot
         .connections
         .iter()
-        .filter(|c| c.state == ConnectionState::Active)
-        .map(|c| connection(reader, c, rates, hints))
+        .map(|c| {
+            (
+                c.state == ConnectionState::Active,
+                connection(reader, c, rates, hints),
+            )
+        })
         .collect();
     let devices = (0..info.devices.len())
-        .map(|d| device(reader, snapshot, rates, d, &connections))
+        .map(|d| device(reader, snapshot, rates, d, all.iter().map(|(_, c)| c)))
+        .collect();
+    let connections = all
+        .into_iter()
+        .filter_map(|(open, c)| open.then_some(c))
         .collect();
     Process {
         pid: info.pid,
@@ -109,6 +119,7 @@ fn connection(
             .devices
             .get(usize::from(c.info.device))
             .map_or_else(|| format!("#{}", c.info.device), |d| d.name.clone()),
+        device_index: c.info.device,
         mode: mode(c.info.mode),
         path: path_class(c.info.path_class),
         flow: advanced.then_some(c.info.hint_slot),
@@ -121,18 +132,17 @@ fn connection(
     }
 }
 
-fn device(
+fn device<'a>(
     reader: &ProbesReader,
     snapshot: &Snapshot,
     rates: &Rates<'_>,
     index: usize,
-    connections: &[Connection],
+    connections: impl Iterator<Item = &'a Connection>,
 ) -> Device {
     let info = reader.info();
     let entry = &info.devices[index];
     let mine: Vec<&Connection> = connections
-        .iter()
-        .filter(|c| c.device == entry.name)
+        .filter(|c| usize::from(c.device_index) == index)
         .collect();
     let (mut sent, mut received, mut rails) = (0.0, 0.0, [0.0; MAX_RAILS]);
     let (mut asked_weight, mut asked_sum, mut asked_plain) = (0.0, 0.0, Vec::new());

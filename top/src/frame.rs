@@ -134,6 +134,8 @@ pub struct Connection {
     pub direction: &'static str,
     /// The device's name.
     pub device: String,
+    /// The device's index in the process.
+    pub device_index: u8,
     /// `vanilla` or `advanced`.
     pub mode: &'static str,
     /// `intra-island` or `inter-island`.

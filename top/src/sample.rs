@@ -12,11 +12,11 @@ use mpib_probes::declared::{
     RAIL_ERROR_COMPLETIONS, RAIL_RX_BYTES, RAIL_TX_BYTES, SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER,
 };
 use mpib_probes::{
-    Declared, EventCursor, FileInfo, ProbesReader, Scope, Snapshot, ValueKind, RAIL_NAMES,
+    Declared, EventCursor, EventKind, FileInfo, ProbesReader, Scope, Snapshot, ValueKind,
 };
 
 use crate::config::Sources;
-use crate::frame::{self, Frame, SlowTransfer, Value};
+use crate::frame::{self, Frame, Process, SlowTransfer, Value};
 use crate::scan::Scanner;
 use crate::{agent, describe, nic};
 
@@ -24,9 +24,14 @@ use crate::{agent, describe, nic};
 pub const SLOW_WINDOW: Duration = Duration::from_secs(60);
 /// Slow transfers shown.
 pub const SLOW_SHOWN: usize = 10;
+/// Slow transfers kept per process within the window (the event ring holds 1,024).
+const SLOW_KEPT: usize = 4096;
 
 /// What one file's last sample left for the next.
 struct Previous {
+    /// The file it was: device, inode and writer start (a file replaced at the same path
+    /// starts afresh).
+    file: (u64, u64, u64),
     at_ns: u64,
     snapshot: Option<Snapshot>,
     /// Per NIC slot: the NIC's retransmission total, when it has the counters.
@@ -39,8 +44,10 @@ struct Previous {
 pub struct Sampler {
     sources: Sources,
     scanner: Scanner,
+    agent: agent::Asker,
     previous: BTreeMap<PathBuf, Previous>,
     users: HashMap<u32, String>,
+    last_ns: Option<u64>,
 }
 
 impl Sampler {
@@ -48,83 +55,106 @@ impl Sampler {
     pub fn new(sources: Sources) -> Sampler {
         Sampler {
             scanner: Scanner::new(sources.probes_dir.clone(), sources.allowed_uids.clone()),
+            agent: agent::Asker::new(sources.agent_control.clone()),
             sources,
             previous: BTreeMap::new(),
             users: HashMap::new(),
+            last_ns: None,
         }
     }
 
     /// One sample: rates since the previous call.
     pub fn sample(&mut self) -> Frame {
-        let now = mpib_probes::now_ns();
+        let started = mpib_probes::now_ns();
         let listing = self.scanner.scan();
         let hints = HintTable::load(&self.sources.hint_path).ok();
         let mut frame = Frame {
-            time_ns: now,
+            time_ns: started,
+            interval_seconds: self
+                .last_ns
+                .map_or(0.0, |last| started.saturating_sub(last) as f64 / 1e9),
             probes_dir: self.sources.probes_dir.display().to_string(),
             probes_dir_error: listing.error,
             skipped: listing.skipped,
-            agent: agent::flows(self.sources.agent_control.as_deref()),
             ..Frame::default()
         };
+        self.last_ns = Some(started);
         let mut seen = Vec::new();
         for path in listing.shown {
-            let Some(mapped) = self.scanner.mapped.get(&path) else {
-                continue;
-            };
-            let snapshot = mapped.reader.snapshot();
-            if mapped.reader.faulted() {
-                let skipped = self.scanner.drop_faulted(&path);
-                frame.skipped.push(skipped);
-                continue;
+            if let Some(process) = self.sample_file(&path, hints.as_ref(), &mut frame) {
+                frame.processes.push(process);
+                seen.push(path);
             }
-            let uid = mapped.uid;
-            let user = self.users.entry(uid).or_insert_with(|| {
-                mpib_collector::trust::user_name(uid).unwrap_or_else(|| uid.to_string())
-            });
-            let retransmissions =
-                nic::retransmissions(&self.sources.sysfs_root, mapped.reader.info());
-            let mut previous = self.previous.remove(&path).unwrap_or_else(|| Previous {
-                at_ns: 0,
-                snapshot: None,
-                retransmissions: Vec::new(),
-                cursor: EventCursor::new(),
-                slow: Vec::new(),
-            });
-            let had_previous = previous.at_ns != 0;
-            let seconds = had_previous.then(|| now.saturating_sub(previous.at_ns) as f64 / 1e9);
-            if let Some(s) = seconds {
-                frame.interval_seconds = frame.interval_seconds.max(s);
-            }
-            let rates = Rates {
-                seconds,
-                before: previous.snapshot.as_ref(),
-                retransmissions_before: &previous.retransmissions,
-                retransmissions_now: &retransmissions,
-            };
-            let process =
-                describe::process(&mapped.reader, &snapshot, &rates, user, hints.as_ref(), now);
-            collect_slow(&mapped.reader, &mut previous, now);
-            frame.slowest.extend(previous.slow.iter().cloned());
-            frame.processes.push(process);
-            self.previous.insert(
-                path.clone(),
-                Previous {
-                    at_ns: now,
-                    snapshot: Some(snapshot),
-                    retransmissions,
-                    ..previous
-                },
-            );
-            seen.push(path);
         }
         self.previous.retain(|path, _| seen.contains(path));
+        // Asked last: however long the agent takes, it is outside every file's interval.
+        frame.agent = self.agent.flows();
         frame.processes.sort_by_key(|p| p.pid);
         frame
             .slowest
             .sort_by(|a, b| b.total_us.total_cmp(&a.total_us).then(a.pid.cmp(&b.pid)));
         frame.slowest.truncate(SLOW_SHOWN);
         frame
+    }
+
+    /// One file's process; `None` when it shrank while read (listed in `frame.skipped`).
+    fn sample_file(
+        &mut self,
+        path: &PathBuf,
+        hints: Option<&HintTable>,
+        frame: &mut Frame,
+    ) -> Option<Process> {
+        let mapped = self.scanner.mapped.get(path)?;
+        // The time of the snapshot itself: what the next sample's rates divide by.
+        let at = mpib_probes::now_ns();
+        let snapshot = mapped.reader.snapshot();
+        if mapped.reader.faulted() {
+            let skipped = self.scanner.drop_faulted(path);
+            frame.skipped.push(skipped);
+            return None;
+        }
+        let info = mapped.reader.info();
+        let file = (mapped.identity.dev, mapped.identity.ino, info.start_ns);
+        let retransmissions = nic::retransmissions(&self.sources.sysfs_root, info);
+        let uid = mapped.uid;
+        let user = self.users.entry(uid).or_insert_with(|| {
+            mpib_collector::trust::user_name(uid).unwrap_or_else(|| uid.to_string())
+        });
+        let fresh = || Previous {
+            file,
+            at_ns: 0,
+            snapshot: None,
+            retransmissions: Vec::new(),
+            cursor: EventCursor::new(),
+            slow: Vec::new(),
+        };
+        let mut previous = match self.previous.remove(path) {
+            Some(p) if p.file == file => p,
+            _ => fresh(),
+        };
+        let rates = Rates {
+            seconds: (previous.at_ns != 0).then(|| at.saturating_sub(previous.at_ns) as f64 / 1e9),
+            before: previous.snapshot.as_ref(),
+            retransmissions_before: &previous.retransmissions,
+            retransmissions_now: &retransmissions,
+        };
+        let process = describe::process(&mapped.reader, &snapshot, &rates, user, hints, at);
+        collect_slow(&mapped.reader, &mut previous, at);
+        let mut slowest: Vec<&SlowTransfer> = previous.slow.iter().collect();
+        slowest.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        frame
+            .slowest
+            .extend(slowest.into_iter().take(SLOW_SHOWN).cloned());
+        self.previous.insert(
+            path.clone(),
+            Previous {
+                at_ns: at,
+                snapshot: Some(snapshot),
+                retransmissions,
+                ..previous
+            },
+        );
+        Some(process)
     }
 }
 
@@ -219,13 +249,20 @@ fn collect_slow(reader: &ProbesReader, previous: &mut Previous, now: u64) {
     let drained = reader.drain_events(&mut previous.cursor);
     for record in drained.records {
         let t = record.transfer;
-        let rails: Vec<usize> = (0..RAIL_NAMES.len())
-            .filter(|r| t.rail_mask & (1 << r) != 0)
-            .collect();
+        if t.kind != EventKind::SLOW {
+            continue; // 1-in-N samples are not slow transfers
+        }
+        // Rails of the mask that were posted on, as the collector's traces take them.
+        let rails = mpib_collector::traces::active_rails(&t);
         let Some(start) = rails.iter().map(|&r| t.post_ns[r]).min() else {
             continue;
         };
-        let end = rails.iter().map(|&r| t.done_ns[r]).max().unwrap_or(start);
+        let end = rails
+            .iter()
+            .map(|&r| t.done_ns[r])
+            .max()
+            .unwrap_or(start)
+            .max(start);
         let mut rail_us = [None; 2];
         for &r in &rails {
             rail_us[r] = Some(t.done_ns[r].saturating_sub(t.post_ns[r]) as f64 / 1e3);
@@ -244,10 +281,14 @@ fn collect_slow(reader: &ProbesReader, previous: &mut Previous, now: u64) {
     }
     let oldest = now.saturating_sub(SLOW_WINDOW.as_nanos() as u64);
     previous.slow.retain(|s| s.done_ns >= oldest);
-    previous
-        .slow
-        .sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
-    previous.slow.truncate(SLOW_SHOWN);
+    // Everything of the window is kept (up to a bound): the ten shown are the slowest of the
+    // whole minute, whichever age out first.
+    if previous.slow.len() > SLOW_KEPT {
+        previous
+            .slow
+            .sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        previous.slow.truncate(SLOW_KEPT);
+    }
 }
 
 /// `sup * 1024 / (sout + sup)` of two byte counts.

@@ -43,6 +43,9 @@ pub struct Scanner {
     allowed: Option<BTreeSet<u32>>,
     /// Mapped files by path.
     pub mapped: BTreeMap<PathBuf, Mapped>,
+    /// Files refused, and files of writers not running: looked at again only once the file
+    /// changes (as the collector does), or once the pid a file names runs again.
+    passed_over: BTreeMap<PathBuf, (Identity, Option<Skipped>)>,
 }
 
 impl Scanner {
@@ -52,6 +55,7 @@ impl Scanner {
             dir,
             allowed,
             mapped: BTreeMap::new(),
+            passed_over: BTreeMap::new(),
         }
     }
 
@@ -68,32 +72,27 @@ impl Scanner {
                     _ => e.to_string(),
                 });
                 self.mapped.clear();
+                self.passed_over.clear();
                 return listing;
             }
         };
         self.mapped.retain(|path, _| paths.contains(path));
+        self.passed_over.retain(|path, _| paths.contains(path));
         for path in paths {
+            let now = Identity::of(&path).ok();
             let kept = self
                 .mapped
                 .get(&path)
-                .is_some_and(|m| Identity::of(&path).is_ok_and(|now| now.unchanged(&m.identity)));
-            if !kept {
-                self.mapped.remove(&path);
-                match self.open(&path) {
-                    Ok(Some(mapped)) => {
-                        self.mapped.insert(path.clone(), mapped);
-                    }
-                    Ok(None) => continue,
-                    Err(skipped) => {
-                        listing.skipped.push(skipped);
-                        continue;
-                    }
-                }
+                .is_some_and(|m| now.is_some_and(|now| now.unchanged(&m.identity)));
+            if !kept && !self.map(&path, now, &mut listing) {
+                continue;
             }
             let Some(mapped) = self.mapped.get(&path) else {
                 continue;
             };
-            if mapped.reader.closed_ns() != 0 || !files::pid_alive(mapped.reader.info().pid) {
+            let listed = self.listed(mapped.identity.uid);
+            let gone = !listed && !files::pid_alive(mapped.reader.info().pid);
+            if mapped.reader.closed_ns() != 0 || gone {
                 // Its process is gone or closed it: not a process of this node any more.
                 self.mapped.remove(&path);
                 continue;
@@ -102,6 +101,58 @@ impl Scanner {
         }
         self.supersede(&mut listing.shown);
         listing
+    }
+
+    /// Maps the file at `path` afresh; `false` when it is not shown (listed in `listing` when
+    /// refused).
+    fn map(&mut self, path: &Path, now: Option<Identity>, listing: &mut Listing) -> bool {
+        self.mapped.remove(path);
+        if let Some(skipped) = self.still_passed_over(path, now) {
+            listing.skipped.extend(skipped);
+            return false;
+        }
+        let outcome = self.open(path);
+        let passed_over = match &outcome {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(None),
+            Err(skipped) => Some(Some(skipped.clone())),
+        };
+        match (passed_over, now) {
+            (Some(skipped), Some(identity)) => {
+                self.passed_over
+                    .insert(path.to_path_buf(), (identity, skipped));
+            }
+            _ => {
+                self.passed_over.remove(path);
+            }
+        }
+        match outcome {
+            Ok(Some(mapped)) => {
+                self.mapped.insert(path.to_path_buf(), mapped);
+                true
+            }
+            Ok(None) => false,
+            Err(skipped) => {
+                listing.skipped.push(skipped);
+                false
+            }
+        }
+    }
+
+    /// `Some` (what to list, if anything) while a file passed over is unchanged and, for one
+    /// not shown because its writer did not run, the pid its name gives still does not run.
+    fn still_passed_over(&self, path: &Path, now: Option<Identity>) -> Option<Option<Skipped>> {
+        let (identity, skipped) = self.passed_over.get(path)?;
+        let unchanged = now.is_some_and(|now| now.unchanged(identity));
+        let revived = skipped.is_none()
+            && files::parse_name(path).is_some_and(|(pid, _)| files::pid_alive(pid));
+        (unchanged && !revived).then(|| skipped.clone())
+    }
+
+    fn listed(&self, uid: u32) -> bool {
+        self.allowed
+            .as_ref()
+            .is_some_and(|uids| uids.contains(&uid))
     }
 
     /// Drops a file found shrunk while it was read.
@@ -130,7 +181,8 @@ impl Scanner {
         shown.retain(|p| keep.contains(p));
     }
 
-    /// `Ok(None)`: nothing to show (gone, not yet published, or its writer is dead).
+    /// `Ok(None)`: nothing to show (gone, not readable by this user, not yet published, or its
+    /// writer is not running).
     fn open(&self, path: &Path) -> Result<Option<Mapped>, Skipped> {
         let Ok(identity) = Identity::of(path) else {
             return Ok(None);
@@ -138,7 +190,15 @@ impl Scanner {
         let (stat, file) = match trust::check_file(path, self.allowed.as_ref()) {
             Ok(FileCheck::Passed(stat, file)) => (stat, file),
             Ok(FileCheck::Untrusted(_, why)) => return Err(skipped(path, "untrusted", why)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // Another user's file this user may not read is not a process it can see.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                return Ok(None)
+            }
             Err(e) => return Err(skipped(path, "untrusted", format!("cannot open it: {e}"))),
         };
         let reader = match ProbesReader::open_file(&file, path) {
@@ -164,6 +224,9 @@ impl Scanner {
         let pid = reader.info().pid;
         let uid = match trust::check_writer(path, &stat, pid) {
             WriterCheck::Trusted => trust::process_uid(pid).unwrap_or(stat.uid),
+            // As the collector: an owner the operator listed is trusted without its process
+            // (a view in another PID namespace sees no writer, or another process of that pid).
+            WriterCheck::OtherUser(_) | WriterCheck::Dead if self.listed(stat.uid) => stat.uid,
             WriterCheck::Dead => return Ok(None),
             WriterCheck::OtherUser(why) | WriterCheck::Untrusted(why) => {
                 return Err(skipped(path, "untrusted", why))

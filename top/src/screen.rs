@@ -30,9 +30,9 @@ impl Section {
         let body = if self.rows.is_empty() {
             1
         } else {
-            self.rows.len() + 1
+            self.rows.len().saturating_add(1)
         };
-        u16::try_from(body + 1).unwrap_or(u16::MAX)
+        u16::try_from(body.saturating_add(1)).unwrap_or(u16::MAX)
     }
 
     fn render(&self, area: Rect, buf: &mut Buffer, state: &ViewState) {
@@ -364,11 +364,9 @@ fn sections(frame: &Frame, state: &ViewState, width: u16) -> Vec<Section> {
 
 /// The lines the drawing needs at `width` (a text frame's height).
 pub fn height(frame: &Frame, state: &ViewState, width: u16) -> u16 {
-    sections(frame, state, width)
-        .iter()
-        .map(|s| s.height() + 1)
-        .sum::<u16>()
-        .saturating_add(1)
+    sections(frame, state, width).iter().fold(1u16, |lines, s| {
+        lines.saturating_add(s.height()).saturating_add(1)
+    })
 }
 
 /// Draws `frame` into `area`; `footer` is the keys line of the live screen.
@@ -390,7 +388,7 @@ pub fn draw(frame: &Frame, state: &ViewState, area: Rect, buf: &mut Buffer, foot
     let sections = sections(frame, state, area.width);
     let mut constraints: Vec<Constraint> = sections
         .iter()
-        .map(|s| Constraint::Length(s.height() + 1))
+        .map(|s| Constraint::Length(s.height().saturating_add(1)))
         .collect();
     constraints.push(Constraint::Min(0));
     let areas = Layout::vertical(constraints).split(body);

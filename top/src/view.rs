@@ -69,12 +69,17 @@ pub fn process_rate(p: &Process) -> f64 {
         .sum()
 }
 
-/// A process's errors: per second (error completions and NIC retransmissions), then in total.
+/// A process's errors: per second (error completions and NIC retransmissions), then in total;
+/// a NIC two devices share counted once.
 pub fn process_errors(p: &Process) -> (f64, u64) {
-    let rails = p.devices.iter().flat_map(|d| d.rails.iter());
+    let mut seen = Vec::new();
     let mut per_second = 0.0;
     let mut total = 0;
-    for r in rails {
+    for r in p.devices.iter().flat_map(|d| d.rails.iter()) {
+        if seen.contains(&(&r.nic, r.port)) {
+            continue;
+        }
+        seen.push((&r.nic, r.port));
         per_second += r.error_completions_per_second.unwrap_or(0.0)
             + r.retransmissions_per_second.unwrap_or(0.0);
         total += r.error_completions;

@@ -255,7 +255,7 @@ fn an_exited_process_disappears_and_bad_files_are_skipped_with_their_reason() {
 const WIDGETS: mpib_probes::RailCounter = mpib_probes::RailCounter::at(20);
 
 #[test]
-fn a_value_a_later_plugin_declares_is_shown_with_no_change() {
+fn values_declared_later_show_with_no_change_and_only_slow_transfers_are_listed() {
     use mpib_probes::{
         DeviceEntry, Merge, ProbesFile, RailInfo, ValueUnit, WriterInfo, DECLARATIONS,
     };
@@ -286,6 +286,27 @@ fn a_value_a_later_plugin_declares_is_shown_with_no_change() {
     ));
     let file = ProbesFile::create_declaring(&dir.join("probes"), &info, &declarations).unwrap();
     file.rail(1).add(WIDGETS, 7);
+    // Three events: a slow transfer on both rails, one whose SUP bit is set but never posted
+    // on (the rail does not count), and a 1-in-N sample (not slow: not listed).
+    let base = now_ns();
+    let event = |kind: u16, post: [u64; 2], done: [u64; 2]| mpib_probes::SlowTransfer {
+        kind: mpib_probes::EventKind(kind),
+        direction: mpib_probes::Direction::Send,
+        rail_mask: 3,
+        conn_index: mpib_probes::NO_CONNECTION,
+        size: 1 << 20,
+        post_ns: post,
+        done_ns: done,
+        rail_bytes: [700 << 10, 324 << 10],
+        sup_bw: 324,
+        slot: 0,
+        qp_num: [1, 2],
+        peer: "10.0.0.2:5000".parse().unwrap(),
+        device: 0,
+    };
+    file.record_slow_transfer(&event(1, [base, base + 1000], [base + 4000, base + 9000]));
+    file.record_slow_transfer(&event(1, [base, 0], [base + 2000, base + 3000]));
+    file.record_slow_transfer(&event(2, [base, base], [base + 50_000, base + 50_000]));
     file.heartbeat(now_ns());
     let doc = top_json(&dir, &["--interval", "0.1", "--agent-control", "off"]);
     let p = process(&doc, std::process::id()).unwrap_or_else(|| panic!("{doc}"));
@@ -297,6 +318,12 @@ fn a_value_a_later_plugin_declares_is_shown_with_no_change() {
         0
     );
     assert_eq!(doc["agent"]["state"], "off");
+    let slowest = doc["slowest"].as_array().unwrap();
+    assert_eq!(slowest.len(), 2, "{doc}");
+    assert_eq!(slowest[0]["total_us"].as_f64(), Some(9.0), "{doc}");
+    assert_eq!(slowest[0]["rail_us"][1].as_f64(), Some(8.0), "{doc}");
+    assert_eq!(slowest[1]["total_us"].as_f64(), Some(2.0), "{doc}");
+    assert!(slowest[1]["rail_us"][1].is_null(), "{doc}");
     // Batch mode: N frames, as text or one JSON document per line.
     let batch = |extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_mpib-top"))
