@@ -104,15 +104,9 @@ impl Traces {
     pub fn emit(&self, info: &FileInfo, record: &SlowTransferRecord) -> bool {
         let t = &record.transfer;
         let rails = active_rails(t);
-        let Some(start) = rails.iter().map(|&r| t.post_ns[r]).min() else {
+        let Some((start, end)) = extent(t) else {
             return false;
         };
-        let end = rails
-            .iter()
-            .map(|&r| t.done_ns[r])
-            .max()
-            .unwrap_or(start)
-            .max(start);
         let parent = self
             .tracer
             .span_builder(SLOW_SPAN)
@@ -186,6 +180,15 @@ pub fn active_rails(t: &SlowTransfer) -> Vec<usize> {
     (0..MAX_RAILS)
         .filter(|&r| t.rail_mask & (1 << r) != 0 && t.post_ns[r] != 0)
         .collect()
+}
+
+/// From the first post to the last completion over the [`active_rails`]; `None` when no rail
+/// has a post time.
+pub fn extent(t: &SlowTransfer) -> Option<(u64, u64)> {
+    let rails = active_rails(t);
+    let start = rails.iter().map(|&r| t.post_ns[r]).min()?;
+    let end = rails.iter().map(|&r| t.done_ns[r]).max().unwrap_or(start);
+    Some((start, end.max(start)))
 }
 
 fn time(ns: u64) -> SystemTime {

@@ -163,7 +163,8 @@ fn device<'a>(
             asked_plain.push(asked);
         }
     }
-    let known = rates.seconds.is_some() && rates.before.is_some();
+    // Rates need a previous sample (which also sets the seconds between).
+    let known = rates.before.is_some();
     let split_asked = if asked_weight > 0.0 {
         Some((asked_sum / asked_weight).round() as u32)
     } else if !asked_plain.is_empty() {

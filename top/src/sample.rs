@@ -253,16 +253,10 @@ fn collect_slow(reader: &ProbesReader, previous: &mut Previous, now: u64) {
             continue; // 1-in-N samples are not slow transfers
         }
         // Rails of the mask that were posted on, as the collector's traces take them.
-        let rails = mpib_collector::traces::active_rails(&t);
-        let Some(start) = rails.iter().map(|&r| t.post_ns[r]).min() else {
+        let Some((start, end)) = mpib_collector::traces::extent(&t) else {
             continue;
         };
-        let end = rails
-            .iter()
-            .map(|&r| t.done_ns[r])
-            .max()
-            .unwrap_or(start)
-            .max(start);
+        let rails = mpib_collector::traces::active_rails(&t);
         let mut rail_us = [None; 2];
         for &r in &rails {
             rail_us[r] = Some(t.done_ns[r].saturating_sub(t.post_ns[r]) as f64 / 1e3);
