@@ -132,12 +132,12 @@ fn split_and_agent(
         .info
         .hint_slot;
     let asked = hints_after.sup_bw(slot).unwrap();
+    let shown = device["split_asked"].as_u64().unwrap();
     if hints_before.sup_bw(slot) == Some(asked) {
-        assert_eq!(
-            device["split_asked"].as_u64(),
-            Some(u64::from(asked)),
-            "{device}"
-        );
+        assert_eq!(shown, u64::from(asked), "{device}");
+    } else {
+        // The agent moved it during the run: what was shown is one of its settled values.
+        assert!((640..=726).contains(&shown), "{device}");
     }
     let applied = device["split_applied"].as_u64().unwrap();
     let (mut sout, mut sup) = (0u64, 0u64);
