@@ -1,13 +1,14 @@
 //! The library's life cycle as a long job sees it: 100 rounds of dlopen → init → connect →
 //! transfer → close → finalize → dlclose in one process leave no thread, file descriptor,
 //! mapping or memory behind (read from /proc/self between rounds), and each dlclose unmaps the
-//! library itself. In a child process, so
+//! library itself; every ABI v7 ... v12 on the loopback and tcp fabrics unloads as NCCL unloads
+//! it (no `finalize` before v11) and leaves no plugin thread running. In a child process, so
 //! nothing else in it holds the library or its resources.
 
 use std::time::Duration;
 
 use mpib_driver::testing::exchange_sizes;
-use mpib_driver::{child, Pair, Version};
+use mpib_driver::{child, running_plugin_threads, Pair, Version};
 
 #[path = "common/process.rs"]
 mod process;
@@ -65,60 +66,77 @@ fn a_hundred_load_use_unload_rounds_leak_nothing() {
 /// and listeners must be gone once the round's comms are closed and the plugin finalized.
 #[test]
 fn a_hundred_rounds_over_tcp_leak_no_thread_or_socket() {
-    let tcp = [
-        ("MPIB_FABRIC", "tcp"),
-        ("MPIB_HCA_SOUT", "127.0.0.1"),
-        ("MPIB_HCA_SUP", "lo=127.0.0.2"),
-    ];
-    rounds_in_a_child("lifecycle-tcp", &tcp);
+    rounds_in_a_child("lifecycle-tcp", &TCP);
 }
 
-/// ABI v8 has no `finalize`: a host that uses the plugin and unloads it must still find no
-/// thread of the plugin running once `dlclose` returns (the housekeeper is stopped from the
-/// image's fini array), or the thread's next wake-up would run unmapped code.
+/// The tcp fabric's rails, both on this host's loopback interface.
+const TCP: [(&str, &str); 3] = [
+    ("MPIB_FABRIC", "tcp"),
+    ("MPIB_HCA_SOUT", "127.0.0.1"),
+    ("MPIB_HCA_SUP", "lo=127.0.0.2"),
+];
+
+/// NCCL unloads its net plugin when its last communicator goes; ABI v7 ... v10 have no
+/// `finalize`, so the plugin's threads (the housekeeper, and on tcp one per rail) must be stopped
+/// from the image's fini entry, or their next wake-up runs unmapped code (on tcp the process died
+/// of SIGSEGV within 200 ms of `dlclose`). Every ABI in turn, in one child per fabric: closes,
+/// `finalize` where the table has one, `dlclose`, then no plugin thread runs and the image is
+/// unmapped.
 #[test]
-fn a_v8_host_unloading_without_finalize_leaves_no_thread_behind() {
-    let outcome = child::run_test(
-        "child_legacy_unload",
-        &[("MPIB_FABRIC", "loopback")],
-        CHILD_LIMIT,
-    )
-    .unwrap();
-    outcome.assert_success("child_legacy_unload");
+fn every_abi_unloads_without_leaving_a_thread_on_loopback() {
+    unload_rounds_in_a_child(&[("MPIB_FABRIC", "loopback")]);
+}
+
+/// [`every_abi_unloads_without_leaving_a_thread_on_loopback`] over the tcp fabric.
+#[test]
+fn every_abi_unloads_without_leaving_a_thread_on_tcp() {
+    unload_rounds_in_a_child(&TCP);
+}
+
+fn unload_rounds_in_a_child(fabric: &[(&str, &str)]) {
+    let outcome = child::run_test("child_unload_every_abi", fabric, CHILD_LIMIT).unwrap();
+    outcome.assert_success("child_unload_every_abi");
 }
 
 #[test]
-#[ignore = "runs in a child process started by a_v8_host_unloading_without_finalize_leaves_no_thread_behind"]
-fn child_legacy_unload() {
-    if !child::is_child("child_legacy_unload") {
+#[ignore = "runs in a child process started by every_abi_unloads_without_leaving_a_thread_on_*"]
+fn child_unload_every_abi() {
+    if !child::is_child("child_unload_every_abi") {
         return;
     }
-    let before = resources().threads;
-    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
-    let image = std::fs::canonicalize(plugin.path()).unwrap();
-    let net = plugin.net(Version::V8).unwrap();
-    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
-    exchange_sizes(&mut pair, &[0, 4097], "v8", 1).unwrap_or_else(|e| panic!("{e}"));
-    pair.close().unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        resources().threads > before,
-        "the housekeeper runs while the plugin is loaded"
-    );
-    drop(net);
-    drop(plugin); // dlclose, with no finalize before it
-                  // Longer than the housekeeper's tick: a thread left running would wake into unmapped code.
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(
-        resources().threads,
-        before,
-        "a plugin thread outlived dlclose"
-    );
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let image = image.to_string_lossy();
-    assert!(
-        !maps.lines().any(|line| line.ends_with(image.as_ref())),
-        "{image} is still mapped after dlclose"
-    );
+    for version in Version::ALL {
+        let label = format!("v{}", version.number());
+        let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+        let image = std::fs::canonicalize(plugin.path()).unwrap();
+        let net = plugin.net(version).unwrap();
+        let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{label}: {e}"));
+        exchange_sizes(&mut pair, &[0, 4097, 1 << 20], &label, 1)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        // closeSend, closeRecv, deregMr, and finalize only where the table has one (v11+).
+        pair.close().unwrap_or_else(|e| panic!("{label}: {e}"));
+        let running = running_plugin_threads();
+        assert!(
+            version.has_context() || running.iter().any(|t| t == "mpib-housekeep"),
+            "{label}: the housekeeper runs while the plugin is loaded and not finalized ({running:?})"
+        );
+        drop(net);
+        drop(plugin); // dlclose
+                      // Longer than any plugin thread's sleep (the tcp rail thread's 200 ms): a thread left
+                      // running would wake into unmapped code and take the process down.
+        std::thread::sleep(Duration::from_millis(300));
+        let left = running_plugin_threads();
+        assert!(
+            left.is_empty(),
+            "{label}: plugin threads outlived dlclose: {left:?}"
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let image = image.to_string_lossy();
+        assert!(
+            !maps.lines().any(|line| line.ends_with(image.as_ref())),
+            "{label}: {image} is still mapped after dlclose"
+        );
+        eprintln!("{label}: unloaded, no plugin thread left");
+    }
 }
 
 #[test]

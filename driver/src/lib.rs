@@ -41,7 +41,7 @@ pub use agent::Agent;
 pub use error::{Error, Result};
 pub use net::{CallTime, Net, NetCtx, Props};
 pub use plan::Plan;
-pub use plugin::{locate_built_plugin, Plugin, Version};
+pub use plugin::{locate_built_plugin, running_plugin_threads, Plugin, Version};
 pub use proxy::{Deadlines, Pair, PairOptions, Report};
 
 /// The split rule MPIB applies per `isend` (docs/PROTOCOL.md §4): bytes on (SOUT, SUP) for a

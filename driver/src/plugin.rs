@@ -15,6 +15,22 @@ pub const BUILT_NAME: &str = "libnccl_net_mpib.so";
 /// Name NCCL looks for with `NCCL_NET_PLUGIN=mpib`.
 pub const NCCL_NAME: &str = "libnccl-net-mpib.so";
 
+/// Names the plugin gives its threads (src/net/observe/housekeeper.rs, src/fabric/tcp/mod.rs).
+const PLUGIN_THREAD_PREFIXES: [&str; 2] = ["mpib-housekeep", "mpib-tcp-"];
+
+/// The names of this process's threads that the plugin started and that still run: after
+/// `dlclose` there must be none, or the next wake-up of one runs unmapped code.
+pub fn running_plugin_threads() -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| PLUGIN_THREAD_PREFIXES.iter().any(|p| name.starts_with(p)))
+        .collect()
+}
+
 /// The net ABI versions MPIB exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Version {

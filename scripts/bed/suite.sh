@@ -17,6 +17,8 @@
 #     connection, which runs over the SOUT address.
 #   flap: a rail's link down 2.5 s with the default retries (34 s): every byte arrives.
 #   killed: one side SIGKILLed mid-run: the survivor's call returns the plugin's error.
+# Every side that passes its cases then unloads the plugin as NCCL does (dlclose, with no
+# finalize before v11) and fails if a plugin thread outlived it (mpib-xfer).
 # Nothing may hang: every process runs under `timeout`. This kernel has no netem qdisc, so unlike
 # the rig there are no loss, corruption or delay cases. Fault, flap and killed cases shape both
 # rails with tbf (BED_FAULT_RATE) so that the run outlasts the fault whatever the CPU.

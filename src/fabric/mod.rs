@@ -422,6 +422,12 @@ pub trait RailDevice: Send + Sync {
     fn next_async_event(&self) -> Option<AsyncEvent>;
     /// Starts resolving the address of the peer rail at `peer` (its [`DeviceInfo::endpoint`]).
     fn resolve_peer(&self, peer: &Endpoint) -> FabricResult<Box<dyn PeerResolution>>;
+    /// Stops and joins every thread the device runs (the tcp fabric's rail thread; verbs and
+    /// loopback run none). Called at the last `finalize` and from the image's fini entry, so that
+    /// no thread runs in code `dlclose` is about to unmap (ABI v7 ... v10 have no `finalize`).
+    /// Idempotent. Afterwards whatever needs the thread fails with an error that says it was
+    /// stopped, never waits for it.
+    fn stop_threads(&self) {}
 }
 
 /// A peer's address being resolved on one rail, checked without blocking.

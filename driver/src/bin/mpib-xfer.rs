@@ -362,7 +362,25 @@ fn run(args: &Args, who: &str) -> Result<String, String> {
     print_slowest_call(&net, who);
     drop(net);
     drop(agent);
+    unload(plugin, args.version, who)?;
     Ok(format!("all {} case(s)", cases.len()))
+}
+
+/// `dlclose`, as NCCL unloads its net plugin once the last communicator is gone (v7 ... v10
+/// with no `finalize` before it), then the check that no plugin thread outlived it: one would
+/// wake into unmapped code, so the check waits longer than any plugin thread sleeps (200 ms).
+fn unload(plugin: Plugin, version: Version, who: &str) -> Result<(), String> {
+    drop(plugin);
+    std::thread::sleep(Duration::from_millis(300));
+    let left = mpib_driver::running_plugin_threads();
+    if !left.is_empty() {
+        return Err(format!(
+            "{version}: plugin threads outlived dlclose: {}",
+            left.join(", ")
+        ));
+    }
+    println!("{who}: unloaded ({version}), no plugin thread left");
+    Ok(())
 }
 
 /// The slowest exported calls of this side's whole run (NCCL's proxy thread must never wait in

@@ -60,13 +60,32 @@ impl Core {
     }
 }
 
-impl Drop for Core {
-    fn drop(&mut self) {
+impl Core {
+    /// Asks the rail's thread to end and joins it (no-op once joined).
+    pub(super) fn stop(&self) {
         self.shared.request_stop();
         let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(thread) = thread {
             thread.join();
         }
+    }
+
+    /// The error of a call that needs the rail's thread after it was stopped.
+    fn stopped(&self, verb: &'static str, qp: Option<u32>) -> Option<FabricError> {
+        self.shared.stopping().then(|| {
+            self.error(
+                verb,
+                qp,
+                libc::ESHUTDOWN,
+                "the rail's thread was stopped (the plugin was finalized or is being unloaded)",
+            )
+        })
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -189,6 +208,9 @@ impl RailDevice for TcpDevice {
         srq: Option<&dyn SharedReceiveQueue>,
         caps: QpCapabilities,
     ) -> FabricResult<Box<dyn QueuePair>> {
+        if let Some(stopped) = self.core.stopped("ibv_create_qp", None) {
+            return Err(stopped);
+        }
         let einval = |detail: &str| self.core.error("ibv_create_qp", None, libc::EINVAL, detail);
         let cq = cq
             .as_any()
@@ -253,6 +275,10 @@ impl RailDevice for TcpDevice {
             .map_err(|detail| self.core.error("resolve peer", None, libc::EPROTO, detail))?;
         Ok(Box::new(Resolved(peer)))
     }
+
+    fn stop_threads(&self) {
+        self.core.stop();
+    }
 }
 
 /// TCP needs no neighbour resolution before a QP connects: `connect(2)` runs in the background.
@@ -276,6 +302,9 @@ pub(super) struct TcpCq {
 
 impl CompletionQueue for TcpCq {
     fn poll(&mut self, out: &mut [Completion]) -> FabricResult<usize> {
+        if let Some(stopped) = self.core.stopped("ibv_poll_cq", None) {
+            return Err(stopped);
+        }
         let mut state = self.core.shared.state();
         let Some(ring) = state.cqs.get_mut(&self.id) else {
             return Err(self
@@ -428,6 +457,9 @@ impl QueuePair for TcpQp {
     }
 
     unsafe fn post_send(&mut self, chain: &[WorkRequest]) -> FabricResult<()> {
+        if let Some(stopped) = self.core.stopped("ibv_post_send", Some(self.qpn)) {
+            return Err(stopped);
+        }
         let shared = &self.core.shared;
         let mut state = shared.state();
         let fail = |errno: i32, detail: String| {

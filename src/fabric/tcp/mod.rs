@@ -16,7 +16,8 @@
 //!   than RC's retry budget (4.096 us x 2^timeout x (retries + 1)) fail the QP with
 //!   `RetryExceeded` (TCP_USER_TIMEOUT), as do a reset or a closed connection, so a cut rail
 //!   or a killed peer surfaces as the same NCCL error as on verbs.
-//! * Progress: one thread per rail ([`thread`]), joined when the rail's last handle goes.
+//! * Progress: one thread per rail ([`thread`]), joined at the last `finalize`, at unload, or
+//!   when the rail's last handle goes, whichever comes first.
 //! * Host memory only: no GPUDirect, no DMA-BUF (`getProperties` says `NCCL_PTR_HOST`).
 
 mod device;

@@ -6,8 +6,9 @@
 //! not wait, while a TCP peer needs its bytes read before it can send more; a thread that sleeps
 //! in `epoll_wait` keeps both sockets draining at wire speed, the same way the rig's NICs do,
 //! and costs no syscall on the engine's side while it is busy (src/fabric/tcp/shared.rs).
-//! The thread is joined when the rail's last handle is dropped (`finalize` followed by the last
-//! comm's close), so nothing runs after unload.
+//! The thread is stopped and joined at the last `finalize`, from the image's fini entry when the
+//! plugin is unloaded without one (ABI v7 ... v10), or when the rail's last handle is dropped,
+//! whichever comes first (src/net/setup/plugin.rs), so nothing runs after unload.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

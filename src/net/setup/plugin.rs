@@ -3,9 +3,10 @@
 //! once per communicator).
 //!
 //! Nothing here survives `dlclose`: the only threads are the housekeeper (`crate::net::observe::housekeeper`,
-//! one per process) and the tcp fabric's (one per rail, `src/fabric/tcp/thread.rs`), joined when
-//! the rails are dropped — after `finalize` and the last comm's close — and neither `atexit` hooks nor thread-local destructors are
-//! registered (either would pin the image), so NCCL 2.28+'s unload after the last communicator
+//! one per process) and the tcp fabric's (one per rail, `src/fabric/tcp/thread.rs`), stopped and
+//! joined at the last `finalize` and, for a plugin never finalized (ABI v7 ... v10 have no
+//! `finalize`), from the image's fini entry; neither `atexit` hooks nor thread-local destructors
+//! are registered (either would pin the image), so NCCL's unload after the last communicator
 //! unmaps the library (tests/lifecycle.rs).
 
 use std::ffi::c_void;
@@ -79,14 +80,21 @@ impl Opened {
             })
     }
 
-    /// Stops and joins the housekeeping thread (no-op when stopped already).
-    fn stop_housekeeper(&self) {
+    /// Stops and joins every thread of the plugin: the housekeeper, then each rail's fabric
+    /// threads (a SUP NIC shared by several devices is stopped once, then found stopped).
+    /// No-op when stopped already.
+    fn stop_threads(&self) {
         let housekeeper = self
             .housekeeper
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
         drop(housekeeper);
+        for device in &self.devices {
+            for rail in &device.devices {
+                rail.stop_threads();
+            }
+        }
     }
 }
 
@@ -124,9 +132,10 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
 
 /// Runs when the image is unloaded (`dlclose`) or the process exits, from the ELF fini array
 /// (which, unlike an `atexit` hook or a thread-local destructor, does not pin the image): stops
-/// the housekeeping thread of a plugin that was never finalized, as with ABI v7 ... v10, which
-/// have no `finalize`, so that no thread runs in code about to be unmapped. Never blocks on a
-/// lock another thread holds, never unwinds.
+/// every thread of a plugin that was never finalized — the housekeeper and the tcp fabric's rail
+/// threads — as with ABI v7 ... v10, which have no `finalize`, so that no thread runs in code
+/// about to be unmapped (tests/lifecycle.rs, every ABI on every fabric). Never blocks on a lock
+/// another thread holds, never unwinds.
 extern "C" fn stop_threads_at_unload() {
     let _ = std::panic::catch_unwind(|| {
         let global = match GLOBAL.try_lock() {
@@ -135,7 +144,7 @@ extern "C" fn stop_threads_at_unload() {
             Err(TryLockError::WouldBlock) => return,
         };
         if let Some(opened) = &global.opened {
-            opened.stop_housekeeper();
+            opened.stop_threads();
         }
     });
 }
@@ -186,7 +195,8 @@ pub(crate) fn finalize(ctx: Arc<Context>) -> Result<()> {
             opened.telemetry.remove();
             // Now, not when the last reference goes: a connect NCCL abandoned half way keeps
             // one, and no thread may outlive the last finalize (a later dlclose unmaps its code).
-            opened.stop_housekeeper();
+            // A comm still open then fails its next call, saying the rail was stopped.
+            opened.stop_threads();
         }
         info!(
             log::INIT,
