@@ -204,6 +204,20 @@ declare! {
     RAIL_ERROR_COMPLETIONS: RailCounter = 14, Count, Merge::Sum,
         "mpib_rail_error_completions_total",
         "Completions with an error status on the rail.";
+    /// Memory regions made on a NIC for `regMr` buffers.
+    MEMORY_REGISTRATIONS: RailCounter = 15, Count, Merge::Sum,
+        "mpib_rail_memory_registrations_total",
+        "Memory regions made on the rail's NIC for buffers NCCL registered (regMr): one per page \
+         range, however many comms share it.";
+    /// Memory regions of `regMr` buffers released on a NIC.
+    MEMORY_DEREGISTRATIONS: RailCounter = 16, Count, Merge::Sum,
+        "mpib_rail_memory_deregistrations_total",
+        "Memory regions of regMr buffers released on the rail's NIC, with the last handle that \
+         shared one: made minus released is what the NIC holds.";
+    /// `regMr` calls served by a memory region the NIC already held.
+    MEMORY_REGISTRATIONS_SHARED: RailCounter = 17, Count, Merge::Sum,
+        "mpib_rail_memory_registrations_shared_total",
+        "regMr calls served by a memory region the rail's NIC already held for the same pages.";
     /// `claim_connection` calls that found no free slot.
     CONNECTION_CLAIM_FAILURES: ProcessCounter = 0, Count, Merge::Sum,
         "mpib_connection_claim_failures_total",

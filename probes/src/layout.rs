@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 3;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 0;
+pub const ABI_MINOR: u16 = 1;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails a connection uses, one NIC each (rail 0 = SOUT, rail 1 = SUP): the per-rail arrays of

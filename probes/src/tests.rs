@@ -97,7 +97,7 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x00, 0x00, 0x03, 0x00, // abi_version 3.0
+        0x01, 0x00, 0x03, 0x00, // abi_version 3.1
         0x00, 0x11, 0x00, 0x00, // header_len 4352
         0x00, 0xfa, 0x05, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 391680
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
@@ -433,7 +433,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("4.3".into(), "3.0".into())
+                ("4.3".into(), "3.1".into())
             );
         }
         other => panic!("{other:?}"),

@@ -122,10 +122,10 @@ impl CommRef<'_> {
         }
     }
 
-    fn devices(&self) -> &setup::resources::Devices {
+    fn info(&self) -> &setup::comm::ConnectionInfo {
         match self {
-            CommRef::Send(comm) => &comm.info.devices,
-            CommRef::Recv(comm) => &comm.info.devices,
+            CommRef::Send(comm) => &comm.info,
+            CommRef::Recv(comm) => &comm.info,
         }
     }
 }
@@ -232,7 +232,7 @@ pub fn register_memory(
     size: usize,
     ptr_type: i32,
 ) -> Result<Box<MemoryHandle>> {
-    data::memory::register(comm.devices(), addr, size, ptr_type)
+    data::memory::register(comm.info(), addr, size, ptr_type)
 }
 
 /// `regMrDmaBuf`: `fd` is duplicated if kept (NCCL closes it on return).
@@ -244,7 +244,7 @@ pub fn register_dmabuf(
     offset: u64,
     fd: i32,
 ) -> Result<Box<MemoryHandle>> {
-    data::memory::register_dmabuf(comm.devices(), addr, size, ptr_type, offset, fd)
+    data::memory::register_dmabuf(comm.info(), addr, size, ptr_type, offset, fd)
 }
 
 /// `deregMr`.

@@ -250,6 +250,15 @@ scale_verdicts() {
   echo "| Kept after closing all $n and \`malloc_trim(0)\` (baseline $base MB) | $trimmed MB | $(awk -v t="$trimmed" -v b="$base" 'BEGIN { printf "%.3f", (b + t) / b }') | ≤ 1.05 | $(verdict "$(awk -v t="$trimmed" -v b="$base" 'BEGIN { print (b + t) / b }')" 1.05) |"
 }
 
+registrations_table() {
+  echo "| comms | buffer | regMr p50 | p99 | all comms | deregMr p50 | MRs held per NIC (SOUT/SUP) |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|"
+  sed -n 's/^row //p' "$work/cost/registrations.log" | while read -r line; do
+    f() { scale_field "$line" "$1"; }
+    echo "| $(f comms) | $(human "$(f size)") | $(f reg_p50_us) µs | $(f reg_p99_us) µs | $(f reg_total_ms) ms | $(f dereg_p50_us) µs | $(f mrs_per_nic) |"
+  done
+}
+
 cost_table() {
   echo "| size | transfers/s, probes off | probes on | on/off | CPU ns/transfer, off | on | heap allocations/transfer |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
@@ -365,6 +374,16 @@ cost_table() {
     echo "figures: \"Thousands of connections: what each costs\" below)."
     echo
     scale_table
+    echo
+  fi
+  if [ -s "$work/cost/registrations.log" ]; then
+    echo "## One buffer registered through many comms"
+    echo
+    echo "\`cargo bench --bench registrations\`: one buffer \`regMr\`'d through every comm of N/2 pairs"
+    echo "(send and receive) on the loopback fabric, then \`deregMr\`'d; medians over the rounds. The MRs"
+    echo "are what the probes count on each NIC while every handle is live (one per page range)."
+    echo
+    registrations_table
     echo
   fi
   echo "## The plugin's own cost"

@@ -1,23 +1,54 @@
-//! `regMr` / `regMrDmaBuf` / `deregMr`: one handle registering a buffer on both rails.
+//! `regMr` / `regMrDmaBuf` / `deregMr`: one handle registering a buffer on both rails, through
+//! each NIC's shared registrations (src/net/data/registrations.rs).
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::fabric::{Access, Rail};
+use crate::fabric::{Access, FabricResult, MemoryKeys, Rail, RailDevice};
+use crate::log;
 
-use crate::net::setup::resources::{Devices, Registration};
+use crate::net::data::registrations::{PageRange, RegistrationCache};
+use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::resources::Devices;
 use crate::net::{PTR_CUDA, PTR_DMABUF, PTR_HOST};
 
 const MEMORY_MAGIC: u32 = 0x4D45_4D52; // "MEMR"
 
-/// A registration NCCL passes back to `isend`/`irecv`/`deregMr`.
+/// A registration NCCL passes back to `isend`/`irecv`/`deregMr`: a reference to each NIC's MR
+/// of the buffer's pages, shared with every other handle of the same pages
+/// (src/net/data/registrations.rs).
 pub struct MemoryHandle {
     magic: u32,
     addr: u64,
     len: u64,
-    registrations: [Registration; 2],
-    /// The duplicated DMA-BUF fd, kept while registered (NCCL closes its own on return).
-    _dmabuf: Option<OwnedFd>,
+    registrations: [SharedRegistration; 2],
+}
+
+/// One handle's reference to one NIC's MR, released on drop if `deregMr` never came.
+struct SharedRegistration {
+    cache: Arc<RegistrationCache>,
+    range: PageRange,
+    keys: MemoryKeys,
+    held: bool,
+}
+
+impl SharedRegistration {
+    /// Releases the reference now, reporting the NIC's failure.
+    fn release(mut self) -> Result<()> {
+        self.held = false;
+        self.cache.release(self.range)
+    }
+}
+
+impl Drop for SharedRegistration {
+    fn drop(&mut self) {
+        if self.held {
+            if let Err(e) = self.cache.release(self.range) {
+                warn!(log::NET, "teardown: {e}");
+            }
+        }
+    }
 }
 
 impl MemoryHandle {
@@ -28,12 +59,12 @@ impl MemoryHandle {
 
     /// Local key on `rail`.
     pub(crate) fn lkey(&self, rail: Rail) -> u32 {
-        self.registrations[rail.index()].keys().lkey
+        self.registrations[rail.index()].keys.lkey
     }
 
     /// Remote key on `rail`.
     pub(crate) fn rkey(&self, rail: Rail) -> u32 {
-        self.registrations[rail.index()].keys().rkey
+        self.registrations[rail.index()].keys.rkey
     }
 
     /// Whether `[addr, addr + len)` lies inside the registration.
@@ -102,38 +133,58 @@ fn check_type(devices: &Devices, ptr_type: i32, dmabuf: bool) -> Result<()> {
     Ok(())
 }
 
-/// Registers host memory on both rails.
+/// Takes `range` on both NICs: a reference to each one's MR of those pages, made by `register`
+/// where it has none. Both or neither: a refusal by SUP releases what SOUT took.
+fn acquire_both(
+    info: &ConnectionInfo,
+    range: PageRange,
+    dmabuf: [Option<OwnedFd>; 2],
+    register: impl Fn(&dyn RailDevice, Option<i32>) -> FabricResult<MemoryKeys>,
+) -> Result<[SharedRegistration; 2]> {
+    let [sout_fd, sup_fd] = dmabuf;
+    let take = |rail: Rail, fd: Option<OwnedFd>| -> Result<SharedRegistration> {
+        let cache = &info.registrations[rail.index()];
+        let raw = fd.as_ref().map(|fd| fd.as_raw_fd());
+        let keys = cache.acquire(range, fd, |device| register(device, raw))?;
+        Ok(SharedRegistration {
+            cache: Arc::clone(cache),
+            range,
+            keys,
+            held: true,
+        })
+    };
+    let sout = take(Rail::ScaleOut, sout_fd)?;
+    let sup = take(Rail::ScaleUp, sup_fd)?;
+    Ok([sout, sup])
+}
+
+/// Registers host (or GPU) memory on both rails: the pages holding `[addr, addr + size)`, one MR
+/// per NIC however many handles ask for them.
 pub(crate) fn register(
-    devices: &Devices,
+    info: &ConnectionInfo,
     addr: u64,
     size: usize,
     ptr_type: i32,
 ) -> Result<Box<MemoryHandle>> {
-    check_type(devices, ptr_type, false)?;
+    check_type(&info.devices, ptr_type, false)?;
     if addr == 0 && size > 0 {
         return Err(Error::invalid_argument("regMr: data is NULL"));
     }
-    let register = |rail: Rail| Registration::new(&devices[rail.index()], addr, size, DATA_ACCESS);
-    let registrations = [register(Rail::ScaleOut)?, register(Rail::ScaleUp)?];
+    let range = PageRange::host(addr, size, crate::fabric::pages::page_size() as u64);
+    let registrations = acquire_both(info, range, [None, None], |device, _| {
+        let len = usize::try_from(range.len).unwrap_or(usize::MAX);
+        device.register(range.start, len, DATA_ACCESS)
+    })?;
     Ok(Box::new(MemoryHandle {
         magic: MEMORY_MAGIC,
         addr,
         len: size as u64,
         registrations,
-        _dmabuf: None,
     }))
 }
 
-/// Registers a DMA-BUF range on both rails, keeping a duplicate of `fd` for the handle's life.
-pub(crate) fn register_dmabuf(
-    devices: &Devices,
-    addr: u64,
-    size: usize,
-    ptr_type: i32,
-    offset: u64,
-    fd: i32,
-) -> Result<Box<MemoryHandle>> {
-    check_type(devices, ptr_type, true)?;
+/// Duplicates NCCL's DMA-BUF descriptor, which it closes when the call returns.
+fn duplicate(fd: i32) -> Result<OwnedFd> {
     // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an arbitrary int is safe; failure is reported.
     let duplicate = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if duplicate < 0 {
@@ -143,23 +194,35 @@ pub(crate) fn register_dmabuf(
         )));
     }
     // SAFETY: `duplicate` is a fresh descriptor owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(duplicate) };
-    let register = |rail: Rail| -> Result<Registration> {
-        let device = &devices[rail.index()];
-        let keys = device.register_dmabuf(offset, size, addr, duplicate, DATA_ACCESS)?;
-        Ok(Registration::from_keys(device, keys))
-    };
-    let registrations = [register(Rail::ScaleOut)?, register(Rail::ScaleUp)?];
+    Ok(unsafe { OwnedFd::from_raw_fd(duplicate) })
+}
+
+/// Registers a DMA-BUF range on both rails, each NIC's MR keeping a duplicate of `fd` for as
+/// long as it lives; a range already registered is shared like host pages.
+pub(crate) fn register_dmabuf(
+    info: &ConnectionInfo,
+    addr: u64,
+    size: usize,
+    ptr_type: i32,
+    offset: u64,
+    fd: i32,
+) -> Result<Box<MemoryHandle>> {
+    check_type(&info.devices, ptr_type, true)?;
+    let descriptors = [Some(duplicate(fd)?), Some(duplicate(fd)?)];
+    let range = PageRange::dmabuf(addr, size);
+    let registrations = acquire_both(info, range, descriptors, |device, kept| {
+        device.register_dmabuf(offset, size, addr, kept.unwrap_or(fd), DATA_ACCESS)
+    })?;
     Ok(Box::new(MemoryHandle {
         magic: MEMORY_MAGIC,
         addr,
         len: size as u64,
         registrations,
-        _dmabuf: Some(owned),
     }))
 }
 
-/// Deregisters both rails, reporting the first failure. Takes the `Box` NCCL's handle was.
+/// Releases the handle's references to both NICs' MRs, reporting the first failure. Takes the
+/// `Box` NCCL's handle was.
 #[allow(clippy::boxed_local)]
 pub(crate) fn deregister(handle: Box<MemoryHandle>) -> Result<()> {
     let mut handle = *handle;

@@ -8,5 +8,6 @@ pub(crate) mod dma;
 pub(crate) mod flush;
 pub(crate) mod memory;
 pub(crate) mod recv;
+pub(crate) mod registrations;
 pub(crate) mod request;
 pub(crate) mod send;

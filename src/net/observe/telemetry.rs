@@ -119,6 +119,12 @@ impl Telemetry {
         }
     }
 
+    /// Counters of the NIC at `slot` (its index among the opened NICs).
+    #[inline]
+    pub(crate) fn nic(&self, slot: usize) -> RailProbe<'_> {
+        self.file.rail(slot)
+    }
+
     /// Transfers-by-mask counters.
     #[inline]
     pub(crate) fn transfers(&self) -> TransferProbe<'_> {

@@ -417,6 +417,7 @@ impl Acceptance {
         data.announce_marks();
         let info = ConnectionInfo {
             devices: devices.clone(),
+            registrations: self.device.registrations.clone(),
             device_index: self.device.index,
             nic_slots: self.device.nic_slots,
             peer: self.peer,

@@ -26,8 +26,9 @@ pub(crate) struct Need {
     /// they are created, src/net/setup/receives.rs).
     pub srqs: u32,
     /// Memory registrations of its own: its CTS FIFO or shadow and its completion records (or
-    /// their shadow) on each NIC, and the flush's scratch word; not the buffers NCCL registers
-    /// with `regMr`, which are NCCL's to count.
+    /// their shadow) on each NIC, and the flush's scratch word. The buffers NCCL registers with
+    /// `regMr` are taken one MR per page range as they are registered
+    /// ([`NicBudget::take_registration`]), not per connection.
     pub mrs: u32,
 }
 
@@ -111,6 +112,7 @@ impl NicBudget {
             };
             let who = match kind {
                 2 if wanted == 1 && counts[0] == 0 => "a new shared receive queue",
+                3 if wanted == 1 && counts[0] == 0 => "a new memory registration (regMr)",
                 _ => "this connection",
             };
             return Err(Error::system(format!(
@@ -127,14 +129,27 @@ impl NicBudget {
     }
 
     /// Takes one shared receive queue (src/net/setup/receives.rs), held until the hold drops.
-    pub(crate) fn take_queue(self: &Arc<Self>) -> Result<QueueHold> {
-        let need = Need {
+    pub(crate) fn take_queue(self: &Arc<Self>) -> Result<Hold> {
+        self.take_one(Need {
             srqs: 1,
             ..Need::default()
-        };
+        })
+    }
+
+    /// Takes one memory registration NCCL asked for with `regMr` (one per page range however
+    /// many handles share it, src/net/data/registrations.rs), held until the hold drops.
+    pub(crate) fn take_registration(self: &Arc<Self>) -> Result<Hold> {
+        self.take_one(Need {
+            mrs: 1,
+            ..Need::default()
+        })
+    }
+
+    fn take_one(self: &Arc<Self>, need: Need) -> Result<Hold> {
         self.take(need, "")?;
-        Ok(QueueHold {
+        Ok(Hold {
             budget: Arc::clone(self),
+            need,
         })
     }
 
@@ -177,17 +192,16 @@ impl Drop for Reservation {
     }
 }
 
-/// One shared receive queue's share of its NIC's `max_srq`, given back on drop.
-pub(crate) struct QueueHold {
+/// One object a NIC holds beyond any connection's (a shared receive queue, a `regMr`
+/// registration), given back to its budget on drop.
+pub(crate) struct Hold {
     budget: Arc<NicBudget>,
+    need: Need,
 }
 
-impl Drop for QueueHold {
+impl Drop for Hold {
     fn drop(&mut self) {
-        self.budget.give_back(Need {
-            srqs: 1,
-            ..Need::default()
-        });
+        self.budget.give_back(self.need);
     }
 }
 

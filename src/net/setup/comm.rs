@@ -11,6 +11,7 @@ use crate::proto::island::PathClass;
 use crate::proto::qp_layout::QpLayout;
 
 use crate::net::agent::registration::AgentRegistration;
+use crate::net::data::registrations::RegistrationCache;
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
 use crate::net::setup::resources::Devices;
 
@@ -23,6 +24,8 @@ pub(crate) const RECV_MAGIC: u32 = 0x4D50_5352; // "MPSR"
 pub(crate) struct ConnectionInfo {
     /// The two rails: the fused device's SOUT and SUP NICs.
     pub devices: Devices,
+    /// The two NICs' `regMr` registrations, shared with every comm on them.
+    pub registrations: [Arc<RegistrationCache>; 2],
     /// The fused device's index (NCCL's `dev`).
     pub device_index: usize,
     /// The probes file's slots of the two NICs.

@@ -456,6 +456,7 @@ impl Connector {
         };
         let info = ConnectionInfo {
             devices: self.device.devices.clone(),
+            registrations: self.device.registrations.clone(),
             device_index: self.device.index,
             nic_slots: self.device.nic_slots,
             peer: self.remote,

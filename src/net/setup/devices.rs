@@ -14,6 +14,7 @@ use crate::pairing::locality::{pair_by_locality, Located, Nearness, PciLocation}
 use crate::pairing::{device_order, sup_in_order, SupChoice};
 use crate::params::Settings;
 
+use crate::net::data::registrations::RegistrationCache;
 use crate::net::observe::health::DeviceHealth;
 use crate::net::setup::budget::NicBudget;
 use crate::net::setup::receives::SharedReceives;
@@ -31,6 +32,8 @@ pub(crate) struct Nic {
     pub budget: Arc<NicBudget>,
     /// The receive queues its receive connections share.
     pub receives: Arc<SharedReceives>,
+    /// The MRs its `regMr` handles share, one per page range.
+    pub registrations: Arc<RegistrationCache>,
 }
 
 /// One fused NCCL device: a SOUT NIC and its SUP NIC.
@@ -45,6 +48,8 @@ pub(crate) struct FusedDevice {
     pub budgets: [Arc<NicBudget>; 2],
     /// The two NICs' shared receive queues (a shared SUP NIC's serve every device on it).
     pub receives: [Arc<SharedReceives>; 2],
+    /// The two NICs' `regMr` registrations (a shared SUP NIC's shared by every device on it).
+    pub registrations: [Arc<RegistrationCache>; 2],
     /// The two NICs' indices among the opened NICs (their probes slots).
     pub nic_slots: [usize; 2],
     /// The fabric's default address for the control connection (`Fabric::control_address`).
@@ -226,6 +231,10 @@ fn fuse(
                     Arc::clone(&budget),
                     rail,
                 )),
+                registrations: Arc::new(RegistrationCache::new(
+                    Arc::clone(&device),
+                    Arc::clone(&budget),
+                )),
                 budget,
                 device,
                 rail,
@@ -300,6 +309,10 @@ fn fused_device(
         health: [Arc::clone(&sout.health), Arc::clone(&sup.health)],
         budgets: [Arc::clone(&sout.budget), Arc::clone(&sup.budget)],
         receives: [Arc::clone(&sout.receives), Arc::clone(&sup.receives)],
+        registrations: [
+            Arc::clone(&sout.registrations),
+            Arc::clone(&sup.registrations),
+        ],
         nic_slots: slots,
         control_address: fabric.control_address(sout.device.as_ref()),
         sup_sharers: u32::try_from(sharers).unwrap_or(1),

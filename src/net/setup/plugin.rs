@@ -310,6 +310,9 @@ fn open(settings: &Settings) -> Result<Opened> {
         speeds.join(", ")
     );
     let telemetry = Arc::new(Telemetry::open(settings, &fused.nics, &fused.devices));
+    for (slot, nic) in fused.nics.iter().enumerate() {
+        nic.registrations.observe(Arc::clone(&telemetry), slot);
+    }
     let housekeeper = Housekeeper::start(Watched {
         nics: fused
             .nics

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use crate::error::{Error, Result};
 use crate::fabric::{Rail, RailDevice, SharedReceiveQueue};
 use crate::log;
-use crate::net::setup::budget::{NicBudget, QueueHold};
+use crate::net::setup::budget::{Hold, NicBudget};
 use crate::proto::srq_shared::{SharedSrqLedger, SHARED_SRQ_CAPACITY, SHARED_SRQ_FLOOR};
 use crate::proto::wr_id::receive_wr_id;
 
@@ -43,7 +43,7 @@ pub(crate) struct SharedQueue {
     srq: Box<dyn SharedReceiveQueue>,
     rail: Rail,
     /// Its share of the NIC's `max_srq`, given back when the queue is destroyed.
-    _hold: QueueHold,
+    _hold: Hold,
 }
 
 /// What a take brought.

@@ -45,25 +45,9 @@ impl Registration {
         })
     }
 
-    /// Wraps keys obtained another way (DMA-BUF).
-    pub(crate) fn from_keys(device: &Arc<dyn RailDevice>, keys: MemoryKeys) -> Self {
-        Registration {
-            device: Arc::clone(device),
-            keys: Some(keys),
-        }
-    }
-
     /// The keys.
     pub(crate) fn keys(&self) -> MemoryKeys {
         self.keys.unwrap_or(MemoryKeys { lkey: 0, rkey: 0 })
-    }
-
-    /// Deregisters now, reporting failure.
-    pub(crate) fn release(mut self) -> Result<()> {
-        match self.keys.take() {
-            Some(keys) => self.device.deregister(keys).map_err(Error::from),
-            None => Ok(()),
-        }
     }
 }
 
