@@ -3,9 +3,10 @@
 //! half receive, from `--comms / 2` pairs opened through the exported `ncclNetPlugin_v12` table)
 //! each `regMr` the same `--size` buffer, then each `deregMr` it. Per round it reports the time of
 //! one `regMr` (p50 / p99 / total) and of one `deregMr`, and what the NICs hold while every
-//! handle is live: the MRs the probes count on each NIC (made minus released,
-//! `mpib_rail_memory_registrations_total` − `mpib_rail_memory_deregistrations_total`) and the
-//! pinned bytes (`VmPin`, verbs only). Medians over `--rounds`.
+//! handle is live: the MRs the buffer added on each NIC, as the probes count them (made minus
+//! released, `mpib_rail_memory_registrations_total` − `mpib_rail_memory_deregistrations_total`,
+//! beside what the pairs' own buffers held before), and the pinned bytes (`VmPin`, verbs only).
+//! Medians over `--rounds`.
 //!
 //! `cargo bench --bench registrations -- --comms 1024 --size 67108864 --rounds 5` (the
 //! defaults). With `--fabric verbs` it runs on the NICs the environment names (the rig's). Prints
@@ -35,7 +36,8 @@ const PTR_HOST: i32 = 1;
 struct Round {
     register_ns: Vec<f64>,
     deregister_ns: Vec<f64>,
-    /// MRs held per NIC slot while every handle was live (`None`: the file does not count them).
+    /// MRs the buffer's handles added per NIC slot while all were live (`None`: the file does
+    /// not count them).
     held: Option<Vec<u64>>,
     pinned: u64,
 }
@@ -85,6 +87,8 @@ fn held_per_nic(dir: &Path) -> Option<Vec<u64>> {
 
 fn round(net: &NetV12, pairs: &[TablePair], buffer: &mut [u8], probes: &Path) -> Round {
     let comms: Vec<*mut c_void> = pairs.iter().flat_map(|p| [p.send, p.recv]).collect();
+    // The pairs' own buffers hold theirs already: what the one buffer adds is the difference.
+    let before = held_per_nic(probes);
     let mut handles = Vec::with_capacity(comms.len());
     let mut register_ns = Vec::with_capacity(comms.len());
     for comm in &comms {
@@ -104,7 +108,9 @@ fn round(net: &NetV12, pairs: &[TablePair], buffer: &mut [u8], probes: &Path) ->
         check(code, "regMr");
         handles.push(handle);
     }
-    let held = held_per_nic(probes);
+    let held = held_per_nic(probes)
+        .zip(before)
+        .map(|(during, before)| during.iter().zip(before).map(|(d, b)| d - b).collect());
     let pinned = pinned_bytes();
     let mut deregister_ns = Vec::with_capacity(comms.len());
     for (comm, handle) in comms.iter().zip(handles) {
@@ -190,7 +196,7 @@ fn report(comms: usize, size: usize, results: &[Round]) {
         results.len()
     );
     println!("  regMr p50 {p50:.1} us, p99 {p99:.1} us, all {comms} {total:.1} ms; deregMr p50 {dereg:.1} us");
-    println!("  MRs held per NIC while all are live: {held}; pinned {pinned:.0} MiB");
+    println!("  MRs the buffer adds per NIC while all are live: {held}; pinned {pinned:.0} MiB");
     println!(
         "row comms={comms} size={size} reg_p50_us={p50:.1} reg_p99_us={p99:.1} reg_total_ms={total:.1} \
          dereg_p50_us={dereg:.1} mrs_per_nic={held} pinned_mib={pinned:.0}"
