@@ -119,6 +119,12 @@ fn child_unload_every_abi() {
             version.has_context() || running.iter().any(|t| t == "mpib-housekeep"),
             "{label}: the housekeeper runs while the plugin is loaded and not finalized ({running:?})"
         );
+        let tcp = std::env::var("MPIB_FABRIC").is_ok_and(|f| f == "tcp");
+        assert!(
+            !tcp || version.has_context() || running.iter().any(|t| t.starts_with("mpib-tcp-")),
+            "{label}: the tcp rail threads run while the plugin is loaded and not finalized \
+             ({running:?})"
+        );
         drop(net);
         drop(plugin); // dlclose
                       // Longer than any plugin thread's sleep (the tcp rail thread's 200 ms): a thread left
@@ -137,6 +143,58 @@ fn child_unload_every_abi() {
         );
         eprintln!("{label}: unloaded, no plugin thread left");
     }
+}
+
+/// A process that forks once the plugin's threads run (a data loader, a launcher) has a child
+/// that inherits the plugin's state but none of its threads; when that child calls `exit`, the
+/// fini entry must not join its parent's threads, which it would wait for forever.
+#[test]
+fn a_forked_child_exits_without_waiting_for_its_parents_threads() {
+    let outcome = child::run_test("child_forks", &TCP, CHILD_LIMIT).unwrap();
+    outcome.assert_success("child_forks");
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_forked_child_exits_without_waiting_for_its_parents_threads"]
+fn child_forks() {
+    if !child::is_child("child_forks") {
+        return;
+    }
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V8).unwrap();
+    let mut pair = Pair::connect(&net).unwrap_or_else(|e| panic!("{e}"));
+    exchange_sizes(&mut pair, &[4097], "before the fork", 1).unwrap_or_else(|e| panic!("{e}"));
+    let running = running_plugin_threads();
+    assert!(
+        running.iter().any(|t| t.starts_with("mpib-tcp-")),
+        "the rail threads run before the fork ({running:?})"
+    );
+    // SAFETY: the child calls only `exit`, which runs the fini entries (what is tested).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: ends the forked child as a C program's `exit` would.
+        unsafe { libc::exit(0) };
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    // SAFETY: waits for our own child without blocking.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the forked child did not exit within 10 s (its exit waited for threads it does not have)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the forked child ended with status {status:#x}"
+    );
+    exchange_sizes(&mut pair, &[4097], "after the fork", 2).unwrap_or_else(|e| panic!("{e}"));
+    pair.close().unwrap_or_else(|e| panic!("{e}"));
+    drop(net);
+    drop(plugin);
 }
 
 #[test]

@@ -178,12 +178,16 @@ impl RegistrationCache {
         if entry.references > 0 {
             return Ok(());
         }
-        let keys = entry.keys;
-        // Removed even if the NIC refuses: the keys are not handed out again either way.
-        entries.remove(&range);
+        // Removed even if the NIC refuses: the keys are not handed out again either way. The
+        // entry (its DMA-BUF descriptor and its share of `max_mr`) goes only after the NIC let
+        // go of the MR, so the budget never counts an MR the NIC still holds as free.
+        let Some(entry) = entries.remove(&range) else {
+            return Ok(());
+        };
         self.count(MEMORY_DEREGISTRATIONS);
-        self.device.deregister(keys)?;
-        Ok(())
+        let released = self.device.deregister(entry.keys);
+        drop(entry);
+        released.map_err(Error::from)
     }
 }
 

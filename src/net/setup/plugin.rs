@@ -63,6 +63,9 @@ pub(crate) struct Opened {
     /// Reads the devices' async events and checks the shared files, off the data path; stopped
     /// at the last `finalize`, even if a comm NCCL never closed still holds the rails.
     housekeeper: Mutex<Option<Housekeeper>>,
+    /// The process that opened the rails and started their threads: a child forked from it
+    /// inherits this state but none of the threads, and must not join them when it exits.
+    opener: u32,
 }
 
 impl Opened {
@@ -143,8 +146,10 @@ extern "C" fn stop_threads_at_unload() {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
-        if let Some(opened) = &global.opened {
-            opened.stop_threads();
+        match &global.opened {
+            Some(opened) if opened.opener == std::process::id() => opened.stop_threads(),
+            // A forked child exiting: the threads were its parent's (joining them would hang).
+            _ => {}
         }
     });
 }
@@ -334,6 +339,7 @@ fn open(settings: &Settings) -> Result<Opened> {
             settings.force_flush,
         ),
         housekeeper: Mutex::new(Some(housekeeper)),
+        opener: std::process::id(),
         _fabric: fabric,
         devices: fused.devices,
         force_flush: settings.force_flush,
