@@ -10,14 +10,18 @@
 //! * after closing everything: resident memory before and after `malloc_trim(0)` against the
 //!   baseline, over `--cycles` open/close cycles (flat after trimming: no leak).
 //!
-//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults); `--warm 300`
+//! `cargo bench --bench scale -- --pairs 1,64,1024,8192 --cycles 3` (the defaults); `--order
+//! batched` sets the pairs up in NCCL's batch order (every listen first, then connect and accept
+//! round-robin) instead of one pair at a time; `--warm 300`
 //! adds 300 small transfers on every pair, one at a time, and prints what a pair holds once it
 //! has gone round its 256 CTS slots, as a busy connection has. With
 //! `--fabric verbs` it runs on the NICs the environment names (`MPIB_HCA_SOUT`, `MPIB_HCA_SUP`,
 //! `MPIB_OOB_ADDR`: the rig's) instead of the loopback fabric, and prints what `rdma resource
 //! show` counts on each NIC while the pairs are open. Prints a table and one
-//! `row pairs=N ...` line per N for scripts. Needs 2 descriptors per pair: the first `init`
-//! raises the soft limit to the hard one.
+//! `row pairs=N ...` line per N for scripts. A connected pair holds no descriptor of its own
+//! (one listening socket per device, a bounded number of handshakes in flight and one control
+//! link per pair of processes: src/net/setup/listener.rs, src/net/setup/admission.rs); the first `init` raises
+//! the soft limit to the hard one all the same.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;
@@ -175,6 +179,106 @@ fn open_pairs(net: &NetV12, source: &mut [u8], sinks: &mut [u8]) -> (Vec<TablePa
     (opened, connect_ns)
 }
 
+/// `--order batched`: NCCL's order for a batch (`ncclTransportP2pSetup`, docs/NCCL_NET_ABI.md
+/// "Connection setup"): every `listen` first (a context per pair, as per communicator), then
+/// `connect` and `accept` polled round-robin over all of them, `closeListen` after each
+/// `accept`, then the registrations. A pair's connect time is then the batch's over its pairs.
+fn open_pairs_batched(
+    net: &NetV12,
+    source: &mut [u8],
+    sinks: &mut [u8],
+) -> (Vec<TablePair>, Vec<f64>) {
+    let pairs = sinks.len() / TRANSFER;
+    let started = Instant::now();
+    let mut config = nccl_net_mpib::ffi::types::NetCommConfig { traffic_class: -1 };
+    let mut opened: Vec<TablePair> = Vec::with_capacity(pairs);
+    let mut handles = vec![[0u8; 128]; pairs];
+    let mut listens: Vec<*mut c_void> = vec![null_mut(); pairs];
+    for (index, handle) in handles.iter_mut().enumerate() {
+        let mut pair = TablePair {
+            ctx: null_mut(),
+            send: null_mut(),
+            recv: null_mut(),
+            send_memory: null_mut(),
+            recv_memory: null_mut(),
+        };
+        // SAFETY: NCCL ABI calls with valid pointers.
+        unsafe {
+            check(
+                net.init.unwrap()(&mut pair.ctx, index as u64 + 2, &mut config, None, None),
+                "init",
+            );
+            check(
+                net.listen.unwrap()(pair.ctx, 0, handle.as_mut_ptr().cast(), &mut listens[index]),
+                "listen",
+            );
+        }
+        opened.push(pair);
+    }
+    let mut up = 0;
+    while up < 2 * pairs {
+        for (index, pair) in opened.iter_mut().enumerate() {
+            // SAFETY: NCCL ABI calls on live objects; each listen is closed once.
+            unsafe {
+                if pair.send.is_null() {
+                    let handle = handles[index].as_mut_ptr().cast();
+                    let code =
+                        net.connect.unwrap()(pair.ctx, 0, handle, &mut pair.send, null_mut());
+                    check(code, "connect");
+                    up += usize::from(!pair.send.is_null());
+                }
+                if pair.recv.is_null() {
+                    check(
+                        net.accept.unwrap()(listens[index], &mut pair.recv, null_mut()),
+                        "accept",
+                    );
+                    if !pair.recv.is_null() {
+                        check(net.close_listen.unwrap()(listens[index]), "closeListen");
+                        up += 1;
+                    }
+                }
+            }
+        }
+    }
+    let per_pair = started.elapsed().as_nanos() as f64 / pairs as f64;
+    for (pair, sink) in opened.iter_mut().zip(sinks.chunks_mut(TRANSFER)) {
+        // SAFETY: `source` and `sinks` outlive the pairs (the caller closes them first).
+        unsafe {
+            let reg = net.reg_mr.unwrap();
+            let (send, recv) = (pair.send, pair.recv);
+            check(
+                reg(
+                    send,
+                    source.as_mut_ptr().cast(),
+                    source.len(),
+                    1,
+                    &mut pair.send_memory,
+                ),
+                "regMr",
+            );
+            check(
+                reg(
+                    recv,
+                    sink.as_mut_ptr().cast(),
+                    sink.len(),
+                    1,
+                    &mut pair.recv_memory,
+                ),
+                "regMr",
+            );
+        }
+    }
+    (opened, vec![per_pair; pairs])
+}
+
+/// `--order batched` (NCCL's, [`open_pairs_batched`]) or `sequential` (the default: a pair at a
+/// time, [`open_pairs`]).
+fn batched() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .any(|w| w[0] == "--order" && w[1] == "batched")
+}
+
 /// `--warm K`: K more small transfers on every pair, one at a time, so that each connection
 /// goes round its CTS slots (256) and queues as a busy one does; the resident bytes then.
 fn warm_up(net: &NetV12, opened: &[TablePair], base: *mut u8, sink_base: *mut u8) -> Option<u64> {
@@ -223,7 +327,11 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     let mut source: Vec<u8> = (0..TRANSFER + pairs).map(|i| (i * 7 % 251) as u8).collect();
     let mut sinks = vec![0u8; TRANSFER * pairs];
     let started = Instant::now();
-    let (opened, mut connect_ns) = open_pairs(net, &mut source, &mut sinks);
+    let (opened, mut connect_ns) = if batched() {
+        open_pairs_batched(net, &mut source, &mut sinks)
+    } else {
+        open_pairs(net, &mut source, &mut sinks)
+    };
     assert!(!opened.is_empty(), "not even one pair opened");
     let pairs = opened.len();
     let connect_total_s = started.elapsed().as_secs_f64();

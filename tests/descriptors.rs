@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use mpib_driver::batch::connect_batch;
 use mpib_driver::{child, Pair, Version};
 
 fn soft_and_hard() -> (u64, u64) {
@@ -93,4 +94,66 @@ fn child_descriptors() {
         pair.close().unwrap();
     }
     net.finalize(ctx).unwrap();
+}
+
+/// Pairs of the batch, and the descriptors a process has for them (hard and soft: `init` raises
+/// the soft limit to the hard one).
+const BATCH: usize = 1024;
+const BATCH_DESCRIPTORS: u64 = 512;
+
+/// NCCL's batch order (every `listen` first, then `connect` and `accept` polled round-robin,
+/// `closeListen` after each `accept`: NCCL's `ncclTransportP2pSetup`): 1,024 pairs
+/// in a process limited to 512 descriptors, so a descriptor per listen, per handshake in flight
+/// or per connection runs out; once connected it holds a handful more than before.
+#[test]
+fn a_batch_of_1024_pairs_in_nccls_order_fits_in_512_descriptors() {
+    let env = [("MPIB_FABRIC", "loopback"), ("MPIB_PROBES", "0")];
+    let outcome = child::run_test("child_batch", &env, Duration::from_secs(300)).unwrap();
+    outcome.assert_success("child_batch");
+    for line in outcome.output.lines().filter(|l| l.starts_with("batch:")) {
+        eprintln!("{line}");
+    }
+}
+
+#[test]
+#[ignore = "runs in a child process started by a_batch_of_1024_pairs_in_nccls_order_fits_in_512_descriptors"]
+fn child_batch() {
+    if !child::is_child("child_batch") {
+        return;
+    }
+    let limit = libc::rlimit {
+        rlim_cur: BATCH_DESCRIPTORS,
+        rlim_max: BATCH_DESCRIPTORS,
+    };
+    // SAFETY: a valid rlimit; lowering both limits needs no privilege.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
+    let net = plugin.net(Version::V12).unwrap();
+    let recv_ctx = net.init(0xB1).unwrap_or_else(|e| panic!("{e}"));
+    let send_ctx = net.init(0xB2).unwrap_or_else(|e| panic!("{e}"));
+    let before = open_descriptors();
+    let deadline = Duration::from_secs(120);
+    let batch = connect_batch(&net, &send_ctx, &recv_ctx, 0, BATCH, deadline)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let held = open_descriptors().saturating_sub(before);
+    let mut times: Vec<Duration> = batch.connect_times.clone();
+    times.sort();
+    eprintln!(
+        "batch: {BATCH} pairs under a limit of {BATCH_DESCRIPTORS} descriptors: {held} held once \
+         connected, the last up after {:?}",
+        times.last().copied().unwrap_or_default()
+    );
+    assert_eq!((batch.sends.len(), batch.recvs.len()), (BATCH, BATCH));
+    assert!(
+        held <= 16,
+        "{held} descriptors held for {BATCH} connected pairs: they grow with connections"
+    );
+    for send in batch.sends {
+        net.close_send(send).unwrap();
+    }
+    for recv in batch.recvs {
+        net.close_recv(recv).unwrap();
+    }
+    net.finalize(send_ctx).unwrap();
+    net.finalize(recv_ctx).unwrap();
 }

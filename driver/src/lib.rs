@@ -20,6 +20,7 @@
 
 pub mod abi;
 pub mod agent;
+pub mod batch;
 pub mod cases;
 pub mod child;
 pub mod env;

@@ -226,10 +226,10 @@ rig_table() { # rig_table SECTION: label, size, GB/s, p50, runs, runs with loss 
 scale_field() { # scale_field LINE NAME
   sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<" $1"
 }
-scale_table() {
+scale_table() { # scale_table LOG
   echo "| pairs | connect p50 | p99 | all pairs | resident per pair | descriptors per pair | transfer per pair (all in flight) | \`test\` beside N-1 idle | vs 1 pair | kept after closing | after \`malloc_trim\` |"
   echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  sed -n 's/^row //p' "$work/cost/scale.log" | while read -r line; do
+  sed -n 's/^row //p' "$1" | while read -r line; do
     f() { scale_field "$line" "$1"; }
     echo "| $(f pairs) | $(f connect_p50_ms) ms | $(f connect_p99_ms) ms | $(f connect_total_s) s | $(f rss_per_pair_kb) kB | $(f fds_per_pair) | $(f transfer_us) µs | $(f test_ns) ns | $(f test_vs_one) | $(f closed_mb) MB | $(f trimmed_mb) MB |"
   done
@@ -259,6 +259,15 @@ registrations_table() {
   done
 }
 
+batched_verdicts() {
+  local last; last=$(sed -n 's/^row //p' "$work/cost/scale-batched.log" | tail -1)
+  [ -n "$last" ] || return 0
+  local n p50 fds
+  n=$(scale_field "$last" pairs); p50=$(scale_field "$last" connect_p50_ms); fds=$(scale_field "$last" fds_per_pair)
+  echo "| $n pairs in NCCL's batch order (loopback): connect per pair | $p50 ms | | ≤ 1 ms | $(awk -v v="$p50" 'BEGIN { print (v + 0 <= 1) ? "met" : "**gap**" }') |"
+  echo "| $n pairs in NCCL's batch order: descriptors per connected pair | $fds | | < 0.1 | $(awk -v v="$fds" 'BEGIN { print (v + 0 < 0.1) ? "met" : "**gap**" }') |"
+}
+
 cost_table() {
   echo "| size | transfers/s, probes off | probes on | on/off | CPU ns/transfer, off | on | heap allocations/transfer |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
@@ -284,6 +293,7 @@ cost_table() {
   [ ! -s "$agent_medians" ] || agent_verdicts
   [ ! -s "$work/rig/records.tsv" ] || rig_verdicts
   [ ! -s "$work/cost/scale.log" ] || scale_verdicts
+  [ ! -s "$work/cost/scale-batched.log" ] || batched_verdicts
   allocs=$(sed -n 's/^row .*allocs_per_transfer=\([0-9.]*\).*/\1/p' "$work/cost/bench.log" | sort -n | tail -1)
   echo "| Heap allocations per transfer (loopback, probes on and off, 64 B ... 64 KiB) | ${allocs:--} | | 0 | $(awk -v a="${allocs:-x}" 'BEGIN { print (a == "x") ? "not measured" : (a + 0 == 0 ? "met" : "**gap**") }') |"
   echo
@@ -373,7 +383,17 @@ cost_table() {
     echo "then everything closed; each figure the median over the cycles (what changed and the rig's"
     echo "figures: \"Thousands of connections: what each costs\" below)."
     echo
-    scale_table
+    scale_table "$work/cost/scale.log"
+    echo
+  fi
+  if [ -s "$work/cost/scale-batched.log" ]; then
+    echo "### In NCCL's batch order"
+    echo
+    echo "\`cargo bench --bench scale -- --order batched\`: the same, with the pairs set up as NCCL sets up a"
+    echo "batch (\`ncclTransportP2pSetup\`: every \`listen\` first, then \`connect\` and \`accept\` polled"
+    echo "round-robin, \`closeListen\` after each \`accept\`); a pair's connect time is the batch's over its pairs."
+    echo
+    scale_table "$work/cost/scale-batched.log"
     echo
   fi
   if [ -s "$work/cost/registrations.log" ]; then

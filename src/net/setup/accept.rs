@@ -35,9 +35,9 @@ use crate::net::observe::link::{self, Attachment, Names};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::ConnectionInfo;
-use crate::net::setup::descriptors::socket_error;
 use crate::net::setup::devices::FusedDevice;
-use crate::net::setup::oob::{listen_on, local_address, ListenHandle, Transfer};
+use crate::net::setup::listener::{fresh_listen_id, SharedListener};
+use crate::net::setup::oob::{local_address, ListenHandle, Transfer};
 use crate::net::setup::resolve::Resolutions;
 use crate::net::setup::resources::{
     connect_queue_pairs, endpoint, qp_nums_by_rail, qp_settings, QueueBuilder, QueuePairs,
@@ -69,9 +69,17 @@ pub struct ListenComm {
     ctx: Arc<Context>,
     /// The fused device listened on: every connection accepted here uses its NICs.
     device: Arc<FusedDevice>,
-    listener: Socket,
-    address: SocketAddrV4,
+    /// The device's listening socket, shared with its other listen comms, and this one's name
+    /// on it (src/net/setup/listener.rs).
+    listener: Arc<SharedListener>,
+    listen_id: u64,
     pending: Option<Box<Acceptance>>,
+}
+
+impl Drop for ListenComm {
+    fn drop(&mut self) {
+        self.listener.leave(self.listen_id);
+    }
 }
 
 enum Stage {
@@ -115,14 +123,19 @@ pub(crate) fn listen(
     handle: &mut [u8; HANDLE_SIZE],
 ) -> Result<Box<ListenComm>> {
     let address = local_address(&ctx.settings, device.control_address)?;
-    let (listener, bound) = listen_on(address)?;
-    ListenHandle { address: bound }.write(handle);
+    let listen_id = fresh_listen_id()?;
+    let listener = SharedListener::join(device.index, address, listen_id)?;
+    ListenHandle {
+        address: listener.address(),
+        listen_id,
+    }
+    .write(handle);
     Ok(Box::new(ListenComm {
         magic: LISTEN_MAGIC,
         ctx: Arc::clone(ctx),
         device,
         listener,
-        address: bound,
+        listen_id,
         pending: None,
     }))
 }
@@ -141,10 +154,9 @@ impl ListenComm {
     /// One `accept` call.
     pub(crate) fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
         if self.pending.is_none() {
-            match self.listener.accept() {
-                Ok((socket, _)) => self.pending = Some(Box::new(self.start(socket)?)),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(socket_error(&format!("accept on {}", self.address), &e)),
+            match self.listener.next_for(self.listen_id)? {
+                Some(socket) => self.pending = Some(Box::new(self.start(socket)?)),
+                None => return Ok(None),
             }
         }
         let result = match self.pending.as_mut() {

@@ -1,8 +1,11 @@
 //! `connect`: the sender's non-blocking handshake, resumed on every call through a state word
 //! kept in NCCL's handle buffer (NCCL keeps that buffer alive across retries; net_ib does the same).
 //!
-//! Connecting -> Building -> SendingRequest -> ReceivingReply -> Resolving -> SendingReady ->
-//! ReceivingAnswer (the control link kept, src/net/observe/link.rs) -> [Registering] -> connected.
+//! [admitted: src/net/setup/admission.rs] -> Connecting -> Claiming (the listen comm, on the
+//! acceptor's shared socket: src/net/setup/listener.rs) -> Building -> SendingRequest ->
+//! ReceivingReply -> Resolving -> SendingReady -> ReceivingAnswer (the control link kept,
+//! src/net/observe/link.rs) -> [Registering] -> connected. A `connect` not admitted yet returns
+//! "not yet" holding nothing.
 //! Resolving polls the acceptor's rail addresses once per call and brings the QPs up only when
 //! no verb would wait for them (see `resolve.rs`). A call does at most one step that creates or
 //! modifies verbs resources (tens of milliseconds on emulated rails; docs/RELIABILITY.md), and
@@ -35,8 +38,10 @@ use crate::net::data::send::{SendComm, SendData};
 use crate::net::observe::link::{self, Attachment, Names, PathKey, Proposal};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::admission::Admission;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::devices::FusedDevice;
+use crate::net::setup::listener::{claim, CLAIM_LEN};
 use crate::net::setup::oob::{
     connect_finished, local_address, start_connect, ListenHandle, Transfer,
 };
@@ -61,6 +66,9 @@ const SENDER_SIZING: QueueSizing = QueueSizing {
 
 enum Stage {
     Connecting,
+    /// The claim naming the listen comm on the acceptor's shared socket
+    /// (src/net/setup/listener.rs), sent first.
+    Claiming(Transfer<CLAIM_LEN>),
     /// The CQs and QPs, a rail's worth per call; then the FIFO and the request.
     Building(PathClass, QueueBuilder),
     SendingRequest(Transfer<CONNECT_REQUEST_LEN>),
@@ -102,9 +110,13 @@ pub(crate) struct Connector {
     device: Arc<FusedDevice>,
     traffic_class: i32,
     remote: SocketAddrV4,
+    listen_id: u64,
     stream: TcpStream,
     stage: Stage,
     prepared: Option<Prepared>,
+    /// This handshake's place among those in flight to the acceptor's socket
+    /// (src/net/setup/admission.rs), until it is done.
+    admission: Option<Admission>,
 }
 
 /// One `connect` call: start or resume, `Ok(None)` while in progress.
@@ -116,7 +128,15 @@ pub(crate) fn connect(
 ) -> Result<Option<Box<SendComm>>> {
     let word = ListenHandle::state_word(handle);
     let connector = if word == 0 {
-        let remote = ListenHandle::read(handle)?.address;
+        let ListenHandle {
+            address: remote,
+            listen_id,
+        } = ListenHandle::read(handle)?;
+        // Past this destination's share of handshakes in flight: "not yet", holding nothing,
+        // and the next call asks again (first, so that waiting costs no system call).
+        let Some(admission) = Admission::try_admit(remote) else {
+            return Ok(None);
+        };
         let device = ctx.plugin.device(dev)?.clone();
         let local = local_address(&ctx.settings, device.control_address)?;
         let stream = start_connect(local, remote)?;
@@ -126,9 +146,11 @@ pub(crate) fn connect(
             device,
             traffic_class,
             remote,
+            listen_id,
             stream,
             stage: Stage::Connecting,
             prepared: None,
+            admission: Some(admission),
         })
     } else {
         // SAFETY: a non-zero word is a `Box<Connector>` leaked by a previous call on this very
@@ -152,6 +174,12 @@ impl Connector {
             match &mut self.stage {
                 Stage::Connecting => {
                     if !connect_finished(&self.stream, self.remote)? {
+                        return Ok(None);
+                    }
+                    self.stage = Stage::Claiming(Transfer::outgoing(claim(self.listen_id)));
+                }
+                Stage::Claiming(transfer) => {
+                    if !transfer.send(&mut self.stream, &peer)? {
                         return Ok(None);
                     }
                     let settings = &self.ctx.settings;
@@ -411,6 +439,10 @@ impl Connector {
         }
         if let Some(prepared) = self.prepared.as_mut() {
             prepared.link = Some(share);
+        }
+        // The link to the acceptor's process is there for the next handshakes to ride.
+        if let Some(admission) = self.admission.take() {
+            admission.completed();
         }
         Ok(())
     }

@@ -16,15 +16,19 @@ use crate::params::Settings;
 
 use crate::net::HANDLE_SIZE;
 
-/// Marks a handle written by `listen` ("MPIBLSN1").
-const HANDLE_MAGIC: u64 = 0x4D50_4942_4C53_4E31;
+/// Marks a handle written by `listen` ("MPIBLSN2": the socket's address and a listen id).
+const HANDLE_MAGIC: u64 = 0x4D50_4942_4C53_4E32;
+/// The magic of the handles of MPIB before listen comms shared a socket ("MPIBLSN1").
+const HANDLE_MAGIC_WITHOUT_ID: u64 = 0x4D50_4942_4C53_4E31;
 
 /// The listen handle NCCL ships to the peer. Bytes 16..24 hold the connector's in-progress state
 /// (NCCL keeps the handle buffer alive across `connect` retries, as net_ib relies on too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ListenHandle {
-    /// Where the listener accepts.
+    /// Where the device's shared listening socket accepts (src/net/setup/listener.rs).
     pub address: SocketAddrV4,
+    /// Which listen comm on that socket: the connector claims it first.
+    pub listen_id: u64,
 }
 
 impl ListenHandle {
@@ -34,11 +38,21 @@ impl ListenHandle {
         out[0..8].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
         out[8..12].copy_from_slice(&self.address.ip().octets());
         out[12..14].copy_from_slice(&self.address.port().to_be_bytes());
+        out[24..32].copy_from_slice(&self.listen_id.to_le_bytes());
     }
 
     /// Parses a handle; anything not written by `write` is refused.
     pub(crate) fn read(bytes: &[u8; HANDLE_SIZE]) -> Result<ListenHandle> {
-        let magic = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default());
+        let word = |range: std::ops::Range<usize>| {
+            u64::from_le_bytes(bytes[range].try_into().unwrap_or_default())
+        };
+        let magic = word(0..8);
+        if magic == HANDLE_MAGIC_WITHOUT_ID {
+            return Err(Error::invalid_usage(
+                "connect: the handle comes from an older MPIB, whose listen comms had a socket \
+                 each; both sides must load the same plugin version",
+            ));
+        }
         if magic != HANDLE_MAGIC {
             return Err(Error::invalid_argument(format!(
                 "connect: the handle is not an MPIB listen handle (magic {magic:#x}); was it \
@@ -49,6 +63,7 @@ impl ListenHandle {
         let port = u16::from_be_bytes([bytes[12], bytes[13]]);
         Ok(ListenHandle {
             address: SocketAddrV4::new(ip, port),
+            listen_id: word(24..32),
         })
     }
 
@@ -104,7 +119,9 @@ pub(crate) fn listen_on(address: Ipv4Addr) -> Result<(Socket, SocketAddrV4)> {
     let bind = SocketAddr::V4(SocketAddrV4::new(address, 0));
     socket
         .bind(&bind.into())
-        .and_then(|()| socket.listen(128))
+        // Deep enough for a batch's handshakes towards one device's shared socket while its
+        // claims are read (src/net/setup/listener.rs); the kernel caps it at somaxconn.
+        .and_then(|()| socket.listen(4096))
         .and_then(|()| socket.set_nonblocking(true))
         .map_err(|e| Error::system(format!("listen on {address}: {e}")))?;
     let local = socket
@@ -227,6 +244,7 @@ mod tests {
     fn handle_round_trips_and_rejects_foreign_bytes() {
         let handle = ListenHandle {
             address: SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4567),
+            listen_id: 0x1234_5678_9abc_def0,
         };
         let mut bytes = [0xAA; HANDLE_SIZE];
         handle.write(&mut bytes);
@@ -239,6 +257,10 @@ mod tests {
             error.message.contains("not an MPIB listen handle"),
             "{error}"
         );
+        let mut older = bytes;
+        older[0..8].copy_from_slice(&HANDLE_MAGIC_WITHOUT_ID.to_le_bytes());
+        let error = ListenHandle::read(&older).unwrap_err();
+        assert!(error.message.contains("older MPIB"), "{error}");
     }
 
     #[test]

@@ -1,0 +1,157 @@
+//! How many handshakes this process runs at once towards one listening socket.
+//!
+//! Each handshake is a TCP connection of its own while it runs (a descriptor on each side); a
+//! made connection keeps none, since the comms between two processes share a control link
+//! (src/net/observe/link.rs). NCCL starts every `connect` of a batch before any completes
+//! (docs/NCCL_NET_ABI.md "Connection setup"), so without a bound 8,192 connects held 8,192
+//! handshake sockets at once, and each of them, finding no link yet, kept its own as one.
+//! Here a `connect` is admitted only while fewer than [`IN_FLIGHT_LINKED`] handshakes run to
+//! its destination — one, until a handshake there has made the link that the later ones then
+//! ride — and otherwise answers "not yet" holding nothing, as NCCL expects of a `connect` that
+//! is not done. The destination is the listening socket a handle names, which is one per peer
+//! process and device (src/net/setup/listener.rs). So a process holds O(destinations) handshake
+//! descriptors whatever the batch, and O(peer processes) links once connected.
+//!
+//! A handshake in flight may wait on something outside this process's batch: the peer may be
+//! another rank that polls its `accept` only after a setup of its own, which may in turn wait for
+//! a `connect` of this process that is not admitted (several ranks or communicators in one
+//! process share the destinations), and NCCL may abandon a `connect` half way (an abort) and
+//! never drop it. So the bound gives way when stuck: when nothing towards a destination was
+//! admitted or finished for [`STALL`], one more is admitted. The bound costs a batch nothing
+//! while its handshakes progress, and a stuck one at most [`STALL`] per extra handshake.
+//!
+//! What this keeps per destination (a count, whether it was linked, when it last moved) stays
+//! for the process's life: one entry per peer socket ever connected to.
+
+use std::collections::HashMap;
+use std::net::SocketAddrV4;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Handshakes in flight at once towards a destination this process has a link to. Each is one
+/// descriptor here and one at the acceptor while it runs.
+pub(crate) const IN_FLIGHT_LINKED: u32 = 32;
+/// With nothing admitted or finished towards a destination for this long, one more handshake is
+/// admitted whatever the bound.
+pub(crate) const STALL: Duration = Duration::from_secs(1);
+
+struct Destination {
+    in_flight: u32,
+    /// A handshake to it completed: its link exists, and later handshakes ride it.
+    linked: bool,
+    /// When a handshake to it was last admitted or finished.
+    moved: Instant,
+}
+
+fn destinations() -> MutexGuard<'static, HashMap<SocketAddrV4, Destination>> {
+    static DESTINATIONS: OnceLock<Mutex<HashMap<SocketAddrV4, Destination>>> = OnceLock::new();
+    DESTINATIONS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A handshake's place among those in flight to its destination, given back on drop.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    destination: SocketAddrV4,
+}
+
+impl Admission {
+    /// A place for a handshake to `destination`, or `None` while it has its share in flight
+    /// (and they moved within [`STALL`]).
+    pub(crate) fn try_admit(destination: SocketAddrV4) -> Option<Admission> {
+        Admission::try_admit_at(destination, Instant::now())
+    }
+
+    fn try_admit_at(destination: SocketAddrV4, now: Instant) -> Option<Admission> {
+        let mut destinations = destinations();
+        let entry = destinations.entry(destination).or_insert(Destination {
+            in_flight: 0,
+            linked: false,
+            moved: now,
+        });
+        let share = if entry.linked { IN_FLIGHT_LINKED } else { 1 };
+        let stuck = now.saturating_duration_since(entry.moved) >= STALL;
+        if entry.in_flight >= share && !stuck {
+            return None;
+        }
+        entry.in_flight += 1;
+        entry.moved = now;
+        Some(Admission { destination })
+    }
+
+    /// The handshake completed: its destination has a link now.
+    pub(crate) fn completed(self) {
+        if let Some(entry) = destinations().get_mut(&self.destination) {
+            entry.linked = true;
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(entry) = destinations().get_mut(&self.destination) {
+            entry.in_flight = entry.in_flight.saturating_sub(1);
+            entry.moved = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn destination(port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(127, 9, 9, 9), port)
+    }
+
+    #[test]
+    fn one_handshake_until_the_first_completes_then_a_bounded_share() {
+        let to = destination(40_001);
+        let first = Admission::try_admit(to).expect("the first is admitted");
+        assert!(
+            Admission::try_admit(to).is_none(),
+            "one until a link exists"
+        );
+        assert!(
+            Admission::try_admit(destination(40_002)).is_some(),
+            "another destination has its own share"
+        );
+        first.completed();
+        let admitted: Vec<_> = (0..IN_FLIGHT_LINKED)
+            .map_while(|_| Admission::try_admit(to))
+            .collect();
+        assert_eq!(admitted.len(), IN_FLIGHT_LINKED as usize);
+        assert!(Admission::try_admit(to).is_none(), "the share is bounded");
+        drop(admitted);
+        assert!(Admission::try_admit(to).is_some(), "places come back");
+    }
+
+    #[test]
+    fn a_stuck_destination_admits_one_more_after_the_stall() {
+        let to = destination(40_004);
+        let start = Instant::now();
+        let stuck = Admission::try_admit_at(to, start).expect("the first is admitted");
+        assert!(Admission::try_admit_at(to, start + STALL / 2).is_none());
+        let next = Admission::try_admit_at(to, start + STALL).expect("admitted past the stall");
+        assert!(
+            Admission::try_admit_at(to, start + STALL + STALL / 2).is_none(),
+            "the stall counts again from the last admission"
+        );
+        drop((stuck, next));
+    }
+
+    #[test]
+    fn a_failed_first_handshake_gives_its_place_back_without_a_link() {
+        let to = destination(40_003);
+        drop(Admission::try_admit(to).expect("admitted"));
+        let again = Admission::try_admit(to).expect("the place came back");
+        assert!(
+            Admission::try_admit(to).is_none(),
+            "still one: no link was made"
+        );
+        drop(again);
+    }
+}
