@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 /// Handshakes in flight at once towards a destination this process has a link to. Each is one
 /// descriptor here and one at the acceptor while it runs.
-pub(crate) const IN_FLIGHT_LINKED: u32 = 32;
+pub(crate) const IN_FLIGHT_LINKED: u32 = 128;
 /// With nothing admitted or finished towards a destination for this long, one more handshake is
 /// admitted whatever the bound.
 pub(crate) const STALL: Duration = Duration::from_secs(1);

@@ -140,8 +140,9 @@ pub(crate) fn connect(
         let device = ctx.plugin.device(dev)?.clone();
         let local = local_address(&ctx.settings, device.control_address)?;
         let stream = start_connect(local, remote)?;
-        // The first call only starts the TCP connection; the next ones go on from here.
-        Box::new(Connector {
+        // The first call starts the TCP connection and, if it is up already (a local peer),
+        // sends the claim; the next ones go on from where it stopped.
+        let mut connector = Box::new(Connector {
             ctx: Arc::clone(ctx),
             device,
             traffic_class,
@@ -151,7 +152,11 @@ pub(crate) fn connect(
             stage: Stage::Connecting,
             prepared: None,
             admission: Some(admission),
-        })
+        });
+        connector
+            .start()
+            .map_err(|e| e.context(format!("connect to {remote}")))?;
+        connector
     } else {
         // SAFETY: a non-zero word is a `Box<Connector>` leaked by a previous call on this very
         // handle buffer (below); NCCL hands the same buffer back until connect completes.
@@ -168,6 +173,18 @@ pub(crate) fn connect(
 }
 
 impl Connector {
+    /// The first call's share: the claim, if the TCP connection is up at once; nothing more
+    /// (the queues are built from the next call on, a step per call).
+    fn start(&mut self) -> Result<()> {
+        if !connect_finished(&self.stream, self.remote)? {
+            return Ok(());
+        }
+        let mut claim = Transfer::outgoing(claim(self.listen_id));
+        claim.send(&mut self.stream, &self.remote.to_string())?;
+        self.stage = Stage::Claiming(claim);
+        Ok(())
+    }
+
     fn progress(&mut self) -> Result<Option<Box<SendComm>>> {
         loop {
             let peer = self.remote.to_string();

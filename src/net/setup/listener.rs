@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,9 @@ pub(crate) const UNCLAIMED_MAX: usize = 256;
 /// Connections filed under one listen comm and not yet taken by its `accept`; past it the
 /// newest is dropped (its connector hears the socket close).
 pub(crate) const FILED_MAX: usize = 1024;
+/// The socket and the waiting claims are read at most once per this interval, whichever listen
+/// comm's `accept` comes: a batch calls every one of thousands in turn.
+const PUMP_INTERVAL: Duration = Duration::from_micros(20);
 /// At most one WARN about dropped strangers per this interval, with the count since the last.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -64,6 +68,29 @@ pub(crate) fn read_claim(bytes: &[u8; CLAIM_LEN]) -> std::result::Result<u64, St
     let mut id = [0u8; 8];
     id.copy_from_slice(&bytes[8..]);
     Ok(u64::from_le_bytes(id))
+}
+
+/// Which of `waiting` have bytes (or their end, or an error) to read: one `poll` for all of
+/// them, so that a pump reads only those (a batch keeps up to a hundred waiting for the claim
+/// their connector sends at its next call). All, if `poll` itself fails.
+fn readable(waiting: &VecDeque<Unclaimed>) -> Vec<bool> {
+    let mut polled: Vec<libc::pollfd> = waiting
+        .iter()
+        .map(|one| libc::pollfd {
+            fd: one.socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if polled.is_empty() {
+        return Vec::new();
+    }
+    // SAFETY: `polled` is a live array of its length; zero timeout (never waits).
+    let ready = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, 0) };
+    if ready < 0 {
+        return vec![true; polled.len()];
+    }
+    polled.iter().map(|p| p.revents != 0).collect()
 }
 
 /// Errors `accept(2)` reports for a connection that failed before it was taken, which its
@@ -125,6 +152,8 @@ struct State {
     filed: HashMap<u64, VecDeque<(Socket, SocketAddrV4)>>,
     unclaimed: VecDeque<Unclaimed>,
     dropped: Dropped,
+    /// When the socket and the waiting claims were last read.
+    pumped: Option<Instant>,
 }
 
 /// One device's listening socket on one address, shared by its listen comms.
@@ -160,6 +189,7 @@ impl SharedListener {
                         filed: HashMap::new(),
                         unclaimed: VecDeque::new(),
                         dropped: Dropped::default(),
+                        pumped: None,
                     }),
                 });
                 registry.retain(|_, weak| weak.strong_count() > 0);
@@ -199,15 +229,30 @@ impl SharedListener {
 
     fn next_for_at(&self, listen_id: u64, now: Instant) -> Result<Option<Socket>> {
         let mut state = self.state();
+        let filed = |state: &mut State| {
+            state
+                .filed
+                .get_mut(&listen_id)
+                .and_then(VecDeque::pop_front)
+                .map(|(socket, _)| socket)
+        };
+        if let Some(socket) = filed(&mut state) {
+            return Ok(Some(socket));
+        }
+        // In NCCL's batch every listen comm's `accept` is called in turn: the socket is read
+        // at most once per PUMP_INTERVAL, not once per call (two system calls at least).
+        let due = state.pumped.map_or(true, |last| {
+            now.saturating_duration_since(last) >= PUMP_INTERVAL
+        });
+        if !due {
+            return Ok(None);
+        }
+        state.pumped = Some(now);
         // Claims first: what is filed makes room for the connections still in the backlog.
         state.read_claims(now);
         state.accept_pending(self.address, now)?;
         state.read_claims(now);
-        Ok(state
-            .filed
-            .get_mut(&listen_id)
-            .and_then(VecDeque::pop_front)
-            .map(|(socket, _)| socket))
+        Ok(filed(&mut state))
     }
 
     /// Connections waiting for a claim (tests).
@@ -255,8 +300,18 @@ impl State {
 
     /// Reads what has arrived of each waiting claim; files the complete ones, drops the bad.
     fn read_claims(&mut self, now: Instant) {
+        let readable = readable(&self.unclaimed);
         let waiting = std::mem::take(&mut self.unclaimed);
-        for mut one in waiting {
+        for (mut one, readable) in waiting.into_iter().zip(readable) {
+            if !readable {
+                if now.saturating_duration_since(one.since) < CLAIM_DEADLINE {
+                    self.unclaimed.push_back(one);
+                } else {
+                    let why = format!("{}: no claim within {CLAIM_DEADLINE:?}", one.peer);
+                    self.drop_stranger(&why, now);
+                }
+                continue;
+            }
             let peer = one.peer.to_string();
             let mut stream: std::net::TcpStream = one.socket.into();
             let received = one.claim.receive(&mut stream, &peer);
