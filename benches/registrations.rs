@@ -13,7 +13,7 @@
 //! a table and one `row comms=N ...` line for scripts.
 
 use std::ffi::c_void;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr::null_mut;
 use std::time::Instant;
 
@@ -23,6 +23,8 @@ use nccl_net_mpib::ffi::ncclNetPlugin_v12;
 use nccl_net_mpib::ffi::types::NetV12;
 
 mod common;
+#[path = "../tests/common/process.rs"]
+mod process;
 #[path = "../tests/common/table.rs"]
 mod table;
 
@@ -42,32 +44,9 @@ struct Round {
     pinned: u64,
 }
 
-fn pinned_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status
-                .lines()
-                .find(|l| l.starts_with("VmPin:"))?
-                .to_string();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
 /// MRs each NIC slot holds for `regMr` handles, from this process's probes file in `dir`.
 fn held_per_nic(dir: &Path) -> Option<Vec<u64>> {
-    let prefix = format!("mpib-{}-", std::process::id());
-    let path: PathBuf = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix))
-        })?;
+    let path = process::own_probes_path(dir)?;
     let Ok(LoadState::Ready(reader)) = ProbesReader::open(&path) else {
         return None;
     };
@@ -111,7 +90,7 @@ fn round(net: &NetV12, pairs: &[TablePair], buffer: &mut [u8], probes: &Path) ->
     let held = held_per_nic(probes)
         .zip(before)
         .map(|(during, before)| during.iter().zip(before).map(|(d, b)| d - b).collect());
-    let pinned = pinned_bytes();
+    let pinned = common::pinned_bytes();
     let mut deregister_ns = Vec::with_capacity(comms.len());
     for (comm, handle) in comms.iter().zip(handles) {
         let started = Instant::now();

@@ -107,17 +107,7 @@ fn footprint() -> Footprint {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     let descriptors = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
     let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
-    let pinned = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status
-                .lines()
-                .find(|l| l.starts_with("VmPin:"))?
-                .to_string();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .unwrap_or(0)
-        * 1024;
+    let pinned = common::pinned_bytes();
     Footprint {
         resident: pages * page,
         pinned,
@@ -195,13 +185,7 @@ fn open_pairs_batched(
     let mut handles = vec![[0u8; 128]; pairs];
     let mut listens: Vec<*mut c_void> = vec![null_mut(); pairs];
     for (index, handle) in handles.iter_mut().enumerate() {
-        let mut pair = TablePair {
-            ctx: null_mut(),
-            send: null_mut(),
-            recv: null_mut(),
-            send_memory: null_mut(),
-            recv_memory: null_mut(),
-        };
+        let mut pair = TablePair::empty();
         // SAFETY: NCCL ABI calls with valid pointers.
         unsafe {
             check(
@@ -243,30 +227,7 @@ fn open_pairs_batched(
     let per_pair = started.elapsed().as_nanos() as f64 / pairs as f64;
     for (pair, sink) in opened.iter_mut().zip(sinks.chunks_mut(TRANSFER)) {
         // SAFETY: `source` and `sinks` outlive the pairs (the caller closes them first).
-        unsafe {
-            let reg = net.reg_mr.unwrap();
-            let (send, recv) = (pair.send, pair.recv);
-            check(
-                reg(
-                    send,
-                    source.as_mut_ptr().cast(),
-                    source.len(),
-                    1,
-                    &mut pair.send_memory,
-                ),
-                "regMr",
-            );
-            check(
-                reg(
-                    recv,
-                    sink.as_mut_ptr().cast(),
-                    sink.len(),
-                    1,
-                    &mut pair.recv_memory,
-                ),
-                "regMr",
-            );
-        }
+        unsafe { table::register(net, pair, source, sink) };
     }
     (opened, vec![per_pair; pairs])
 }

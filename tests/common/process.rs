@@ -1,18 +1,19 @@
 //! What a child test process reads about itself: its own probes file and its resident memory.
-//! Shared by `tests/srq_starvation.rs`, `tests/soak.rs` and `tests/lifecycle.rs` (`#[path]`).
+//! Shared by `tests/srq_starvation.rs`, `tests/soak.rs`, `tests/lifecycle.rs` and
+//! `benches/registrations.rs` (`#[path]`).
 
 // Each test binary uses part of it.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mpib_probes::{LoadState, ProbesReader, Snapshot};
 
-/// A copy of this process's probes file in `dir` (`mpib-<pid>-*.probes`).
-pub fn own_probes(dir: &Path) -> Snapshot {
+/// This process's probes file in `dir` (`mpib-<pid>-*.probes`), if there is one.
+pub fn own_probes_path(dir: &Path) -> Option<PathBuf> {
     let prefix = format!("mpib-{}-", std::process::id());
-    let path = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("probes dir {}: {e}", dir.display()))
+    std::fs::read_dir(dir)
+        .ok()?
         .flatten()
         .map(|e| e.path())
         .find(|p| {
@@ -20,7 +21,11 @@ pub fn own_probes(dir: &Path) -> Snapshot {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with(&prefix))
         })
-        .expect("this process's probes file");
+}
+
+/// A copy of this process's probes file in `dir` (`mpib-<pid>-*.probes`).
+pub fn own_probes(dir: &Path) -> Snapshot {
+    let path = own_probes_path(dir).expect("this process's probes file");
     match ProbesReader::open(&path) {
         Ok(LoadState::Ready(reader)) => reader.snapshot(),
         other => panic!("probes file {} not ready: {other:?}", path.display()),

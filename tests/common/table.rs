@@ -21,6 +21,19 @@ pub struct TablePair {
     pub recv_memory: *mut c_void,
 }
 
+impl TablePair {
+    /// Nothing made yet.
+    pub fn empty() -> TablePair {
+        TablePair {
+            ctx: null_mut(),
+            send: null_mut(),
+            recv: null_mut(),
+            send_memory: null_mut(),
+            recv_memory: null_mut(),
+        }
+    }
+}
+
 /// Panics with the entry point's name unless it returned ncclSuccess.
 pub fn check(code: i32, what: &str) {
     assert_eq!(code, 0, "{what} returned ncclResult {code}");
@@ -51,13 +64,7 @@ pub unsafe fn try_connect(
     sink: &mut [u8],
 ) -> Result<TablePair, String> {
     let mut config = NetCommConfig { traffic_class: -1 };
-    let mut pair = TablePair {
-        ctx: null_mut(),
-        send: null_mut(),
-        recv: null_mut(),
-        send_memory: null_mut(),
-        recv_memory: null_mut(),
-    };
+    let mut pair = TablePair::empty();
     let mut listen: *mut c_void = null_mut();
     // Closes what exists and says what failed.
     let fail = |pair: &TablePair, listen: *mut c_void, what: &str, code: i32| {
@@ -115,11 +122,22 @@ pub unsafe fn try_connect(
             }
         }
         check(net.close_listen.unwrap()(listen), "closeListen");
-        let (send, recv) = (pair.send, pair.recv);
-        let reg = net.reg_mr.unwrap();
+        register(net, &mut pair, source, sink);
+    }
+    Ok(pair)
+}
+
+/// regMr `source` on the pair's send comm and `sink` on its receive comm (host memory).
+///
+/// # Safety
+/// The pair's comms are live; `source` and `sink` stay valid until [`close`].
+pub unsafe fn register(net: &NetV12, pair: &mut TablePair, source: &mut [u8], sink: &mut [u8]) {
+    let reg = net.reg_mr.unwrap();
+    // SAFETY: NCCL ABI calls on live comms with host buffers the caller keeps alive.
+    unsafe {
         check(
             reg(
-                send,
+                pair.send,
                 source.as_mut_ptr().cast(),
                 source.len(),
                 1,
@@ -129,7 +147,7 @@ pub unsafe fn try_connect(
         );
         check(
             reg(
-                recv,
+                pair.recv,
                 sink.as_mut_ptr().cast(),
                 sink.len(),
                 1,
@@ -138,7 +156,6 @@ pub unsafe fn try_connect(
             "regMr",
         );
     }
-    Ok(pair)
 }
 
 /// deregMr both, closeSend, closeRecv, finalize.
