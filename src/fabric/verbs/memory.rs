@@ -20,9 +20,12 @@ pub const GDR_PATHS: [&str; 3] = [
 ];
 
 /// Whether GPUDirect RDMA through a peer-memory module is available on this host, so that
-/// `NCCL_PTR_CUDA` may be advertised (NCCL's test: any of [`GDR_PATHS`] exists).
+/// `NCCL_PTR_CUDA` may be advertised (NCCL's test: any of [`GDR_PATHS`] exists). Looked at once
+/// per process, as net_ib does (its `ibGdrSupportInitOnce`): `regMr` asks on every call, and
+/// three `stat`s each time cost 55 µs a call under the rig's emulation.
 pub fn gdr_supported() -> bool {
-    GDR_PATHS.iter().any(|p| std::path::Path::new(p).exists())
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| GDR_PATHS.iter().any(|p| std::path::Path::new(p).exists()))
 }
 
 /// `ibv_access_flags` bits for a registration, and whether relaxed ordering applies: local
