@@ -98,6 +98,16 @@ fn unload_rounds_in_a_child(fabric: &[(&str, &str)]) {
     outcome.assert_success("child_unload_every_abi");
 }
 
+/// Fails unless `dlclose` unmapped `image` (nothing pinned it).
+fn assert_unmapped(image: &std::path::Path, label: &str) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let image = image.to_string_lossy();
+    assert!(
+        !maps.lines().any(|line| line.ends_with(image.as_ref())),
+        "{label}: {image} is still mapped after dlclose"
+    );
+}
+
 #[test]
 #[ignore = "runs in a child process started by every_abi_unloads_without_leaving_a_thread_on_*"]
 fn child_unload_every_abi() {
@@ -135,12 +145,7 @@ fn child_unload_every_abi() {
             left.is_empty(),
             "{label}: plugin threads outlived dlclose: {left:?}"
         );
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let image = image.to_string_lossy();
-        assert!(
-            !maps.lines().any(|line| line.ends_with(image.as_ref())),
-            "{label}: {image} is still mapped after dlclose"
-        );
+        assert_unmapped(&image, &label);
         eprintln!("{label}: unloaded, no plugin thread left");
     }
 }
@@ -221,12 +226,7 @@ fn child_rounds() {
         drop(plugin); // dlclose
                       // Nothing pins the image (no thread-exit destructor registered from it): dlclose
                       // unmapped it, so a later dlopen starts from fresh statics.
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let image = image.to_string_lossy();
-        assert!(
-            !maps.lines().any(|line| line.ends_with(image.as_ref())),
-            "round {round}: {image} is still mapped after dlclose"
-        );
+        assert_unmapped(&image, &case);
     }
     let (before, after) = (baseline.unwrap(), resources());
     eprintln!("after {WARM_UP} rounds: {before:?}; after {ROUNDS}: {after:?}");

@@ -17,6 +17,7 @@
 //! device lock), so two comms registering the same pages at once make one MR; the fabric's
 //! calls never come back into this cache.
 
+use std::collections::hash_map::Entry::Occupied;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -166,7 +167,7 @@ impl RegistrationCache {
     /// Drops one reference to `range`'s MR, releasing it on the NIC with the last.
     pub(crate) fn release(&self, range: PageRange) -> Result<()> {
         let mut entries = self.entries();
-        let Some(entry) = entries.get_mut(&range) else {
+        let Occupied(mut slot) = entries.entry(range) else {
             return Err(Error::internal(format!(
                 "deregMr: no registration of [{:#x}, +{}) on {}",
                 range.start,
@@ -174,16 +175,14 @@ impl RegistrationCache {
                 self.device.info().name
             )));
         };
-        entry.references -= 1;
-        if entry.references > 0 {
+        slot.get_mut().references -= 1;
+        if slot.get().references > 0 {
             return Ok(());
         }
         // Removed even if the NIC refuses: the keys are not handed out again either way. The
         // entry (its DMA-BUF descriptor and its share of `max_mr`) goes only after the NIC let
         // go of the MR, so the budget never counts an MR the NIC still holds as free.
-        let Some(entry) = entries.remove(&range) else {
-            return Ok(());
-        };
+        let entry = slot.remove();
         self.count(MEMORY_DEREGISTRATIONS);
         let released = self.device.deregister(entry.keys);
         drop(entry);

@@ -127,7 +127,7 @@ pub(crate) fn connect(
     traffic_class: i32,
 ) -> Result<Option<Box<SendComm>>> {
     let word = ListenHandle::state_word(handle);
-    let connector = if word == 0 {
+    let mut connector = if word == 0 {
         let ListenHandle {
             address: remote,
             listen_id,
@@ -140,9 +140,9 @@ pub(crate) fn connect(
         let device = ctx.plugin.device(dev)?.clone();
         let local = local_address(&ctx.settings, device.control_address)?;
         let stream = start_connect(local, remote)?;
-        // The first call starts the TCP connection and, if it is up already (a local peer),
-        // sends the claim; the next ones go on from where it stopped.
-        let mut connector = Box::new(Connector {
+        // The first call goes on as far as the others do: with a local peer the connection is
+        // up at once and the claim goes out now.
+        Box::new(Connector {
             ctx: Arc::clone(ctx),
             device,
             traffic_class,
@@ -152,39 +152,24 @@ pub(crate) fn connect(
             stage: Stage::Connecting,
             prepared: None,
             admission: Some(admission),
-        });
-        connector
-            .start()
-            .map_err(|e| e.context(format!("connect to {remote}")))?;
-        connector
+        })
     } else {
         // SAFETY: a non-zero word is a `Box<Connector>` leaked by a previous call on this very
         // handle buffer (below); NCCL hands the same buffer back until connect completes.
-        let mut connector = unsafe { Box::from_raw(word as usize as *mut Connector) };
+        let connector = unsafe { Box::from_raw(word as usize as *mut Connector) };
         ListenHandle::set_state_word(handle, 0);
-        match connector.progress() {
-            Ok(Some(comm)) => return Ok(Some(comm)),
-            Ok(None) => connector,
-            Err(e) => return Err(e.context(format!("connect to {}", connector.remote))),
-        }
+        connector
     };
+    match connector.progress() {
+        Ok(Some(comm)) => return Ok(Some(comm)),
+        Ok(None) => {}
+        Err(e) => return Err(e.context(format!("connect to {}", connector.remote))),
+    }
     ListenHandle::set_state_word(handle, Box::into_raw(connector) as usize as u64);
     Ok(None)
 }
 
 impl Connector {
-    /// The first call's share: the claim, if the TCP connection is up at once; nothing more
-    /// (the queues are built from the next call on, a step per call).
-    fn start(&mut self) -> Result<()> {
-        if !connect_finished(&self.stream, self.remote)? {
-            return Ok(());
-        }
-        let mut claim = Transfer::outgoing(claim(self.listen_id));
-        claim.send(&mut self.stream, &self.remote.to_string())?;
-        self.stage = Stage::Claiming(claim);
-        Ok(())
-    }
-
     fn progress(&mut self) -> Result<Option<Box<SendComm>>> {
         loop {
             let peer = self.remote.to_string();

@@ -139,7 +139,7 @@ struct Unclaimed {
     since: Instant,
 }
 
-/// Why a stranger's connection was dropped, for the rate-limited WARN.
+/// Strangers' connections dropped since the last WARN about them, and when that was.
 #[derive(Default)]
 struct Dropped {
     count: u64,
@@ -149,7 +149,7 @@ struct Dropped {
 struct State {
     socket: Socket,
     /// Connections filed under each live listen comm, oldest first.
-    filed: HashMap<u64, VecDeque<(Socket, SocketAddrV4)>>,
+    filed: HashMap<u64, VecDeque<Socket>>,
     unclaimed: VecDeque<Unclaimed>,
     dropped: Dropped,
     /// When the socket and the waiting claims were last read.
@@ -229,13 +229,7 @@ impl SharedListener {
 
     fn next_for_at(&self, listen_id: u64, now: Instant) -> Result<Option<Socket>> {
         let mut state = self.state();
-        let filed = |state: &mut State| {
-            state
-                .filed
-                .get_mut(&listen_id)
-                .and_then(VecDeque::pop_front)
-                .map(|(socket, _)| socket)
-        };
+        let filed = |state: &mut State| state.filed.get_mut(&listen_id)?.pop_front();
         if let Some(socket) = filed(&mut state) {
             return Ok(Some(socket));
         }
@@ -298,34 +292,30 @@ impl State {
         Ok(())
     }
 
-    /// Reads what has arrived of each waiting claim; files the complete ones, drops the bad.
+    /// Reads what has arrived of each waiting claim; files the complete ones, drops the bad and
+    /// those past [`CLAIM_DEADLINE`].
     fn read_claims(&mut self, now: Instant) {
         let readable = readable(&self.unclaimed);
         let waiting = std::mem::take(&mut self.unclaimed);
         for (mut one, readable) in waiting.into_iter().zip(readable) {
-            if !readable {
-                if now.saturating_duration_since(one.since) < CLAIM_DEADLINE {
-                    self.unclaimed.push_back(one);
-                } else {
-                    let why = format!("{}: no claim within {CLAIM_DEADLINE:?}", one.peer);
-                    self.drop_stranger(&why, now);
-                }
-                continue;
-            }
-            let peer = one.peer.to_string();
-            let mut stream: std::net::TcpStream = one.socket.into();
-            let received = one.claim.receive(&mut stream, &peer);
-            one.socket = stream.into();
+            let received = if readable {
+                let mut stream: std::net::TcpStream = one.socket.into();
+                let received = one.claim.receive(&mut stream, &one.peer.to_string());
+                one.socket = stream.into();
+                received
+            } else {
+                Ok(false)
+            };
             match received {
-                Ok(false) if now.duration_since(one.since) < CLAIM_DEADLINE => {
+                Ok(true) => self.file(one, now),
+                Ok(false) if now.saturating_duration_since(one.since) < CLAIM_DEADLINE => {
                     self.unclaimed.push_back(one);
                 }
                 Ok(false) => {
-                    let why = format!("{peer}: no claim within {CLAIM_DEADLINE:?}");
+                    let why = format!("{}: no claim within {CLAIM_DEADLINE:?}", one.peer);
                     self.drop_stranger(&why, now);
                 }
-                Ok(true) => self.file(one, now),
-                Err(error) => self.drop_stranger(&format!("{peer}: {error}"), now),
+                Err(error) => self.drop_stranger(&format!("{}: {error}", one.peer), now),
             }
         }
     }
@@ -336,7 +326,7 @@ impl State {
             Err(why) => return self.drop_stranger(&format!("{}: {why}", one.peer), now),
         };
         match self.filed.get_mut(&id) {
-            Some(queue) if queue.len() < FILED_MAX => queue.push_back((one.socket, one.peer)),
+            Some(queue) if queue.len() < FILED_MAX => queue.push_back(one.socket),
             Some(_) => {
                 let why = format!("{}: {FILED_MAX} connections wait for that listen", one.peer);
                 self.drop_stranger(&why, now);

@@ -27,7 +27,7 @@ pub(crate) type Devices = [Arc<dyn RailDevice>; 2];
 /// One memory registration on one rail, deregistered on drop.
 pub(crate) struct Registration {
     device: Arc<dyn RailDevice>,
-    keys: Option<MemoryKeys>,
+    keys: MemoryKeys,
 }
 
 impl Registration {
@@ -41,22 +41,20 @@ impl Registration {
         let keys = device.register(addr, len, access)?;
         Ok(Registration {
             device: Arc::clone(device),
-            keys: Some(keys),
+            keys,
         })
     }
 
     /// The keys.
     pub(crate) fn keys(&self) -> MemoryKeys {
-        self.keys.unwrap_or(MemoryKeys { lkey: 0, rkey: 0 })
+        self.keys
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(keys) = self.keys.take() {
-            if let Err(e) = self.device.deregister(keys) {
-                warn!(log::NET, "teardown: {e}");
-            }
+        if let Err(e) = self.device.deregister(self.keys) {
+            warn!(log::NET, "teardown: {e}");
         }
     }
 }
