@@ -5,9 +5,15 @@
 //! the slot is in use and which occupant it holds:
 //!
 //! * claim (any thread, not the hot path): CAS the word from `UNUSED`, or from `CLOSED` once
-//!   the slot has lingered [`REUSE_LINGER_NS`], to `(generation + 1, CLAIMING)`; release fence;
-//!   write the attributes and zero the byte counters; store `(generation + 1, ACTIVE)` with
-//!   Release.
+//!   the slot has lingered [`REUSE_LINGER_NS`], to `(generation + 1, CLAIMING)`; raise the
+//!   header's high-water mark past the slot; release fence; write the attributes and zero the
+//!   byte counters; store `(generation + 1, ACTIVE)` with Release.
+//! * which slot: the lowest free one, found from the writer's cursor (process memory, not the
+//!   file): the lowest slot that may be free. A claim moves it past the slot it took (or back
+//!   to the first closed slot it saw still lingering), a close moves it down to the slot it
+//!   freed. So the slots in use stay packed at the bottom of the table, the high-water mark
+//!   stays near the most connections open at once, and a claim in NCCL's setup (thousands of
+//!   claims, no close) looks at one slot, not at every slot below it (16,384 slots, 3.2 on).
 //! * close: store `closed_ns`, then `(generation, CLOSED)` with Release. The slot keeps its
 //!   final counters for the collector until it is reused.
 //! * read: load the word; skip `UNUSED`/`CLAIMING`; copy the fields; acquire fence; reload the
@@ -19,7 +25,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use crate::counters::bump;
 use crate::layout::{ConnSlot, MAX_RAILS};
-use crate::sync::{fence, spin_hint, Ordering};
+use crate::sync::{fence, spin_hint, AtomicU32, Ordering};
 use crate::types::{now_ns, ConnectionInfo, Direction, Mode, PathClass, NO_CONNECTION};
 use crate::writer::DUMMY;
 
@@ -104,6 +110,8 @@ pub struct ConnectionProbe<'a> {
     slot: &'a ConnSlot,
     index: u32,
     generation: u32,
+    /// The writer's claim cursor, moved down to this slot at close (`None`: disabled).
+    cursor: Option<&'a AtomicU32>,
 }
 
 impl<'a> ConnectionProbe<'a> {
@@ -113,6 +121,7 @@ impl<'a> ConnectionProbe<'a> {
             slot: &DUMMY.conns[0],
             index: NO_CONNECTION,
             generation: 0,
+            cursor: None,
         }
     }
 
@@ -170,6 +179,10 @@ impl Drop for ConnectionProbe<'_> {
         // CLOSED sees `closed_ns` and the final byte counts.
         let closed = word(self.generation, CLOSED);
         self.slot.state.store(closed, Ordering::Release);
+        if let Some(cursor) = self.cursor {
+            // A hint, not a guard (a claim that finds nothing from it wraps around): Relaxed.
+            cursor.fetch_min(self.index, Ordering::Relaxed);
+        }
     }
 }
 
@@ -182,25 +195,39 @@ impl std::fmt::Debug for ConnectionProbe<'_> {
     }
 }
 
-/// Claim a free slot in `table` for `info`; `None` when every slot is active or closed too
-/// recently. Lock-free (one CAS per candidate slot); safe to call from any thread.
+/// The connection table as a claim sees it.
+pub(crate) struct ClaimTable<'a> {
+    /// The slots, in the file.
+    pub(crate) slots: &'a [ConnSlot],
+    /// The lowest slot that may be free (the writer's, in process memory; module docs).
+    pub(crate) cursor: &'a AtomicU32,
+    /// The header's mark: one past the highest slot ever claimed.
+    pub(crate) high_water: &'a AtomicU32,
+}
+
+/// Claim the lowest free slot at or after the cursor (wrapping round to the slots below it)
+/// for `info`; `None` when every slot is active or closed too recently. Lock-free (one CAS per
+/// candidate slot); safe to call from any thread.
 pub(crate) fn claim<'a>(
-    table: &'a [ConnSlot],
+    table: &ClaimTable<'a>,
     info: &ConnectionInfo,
 ) -> Option<ConnectionProbe<'a>> {
     let now = now_ns();
-    for (index, slot) in table.iter().enumerate() {
-        let Ok(index) = u32::try_from(index) else {
-            break;
-        };
+    let count = table.slots.len().min(u32::MAX as usize);
+    let start = (table.cursor.load(Ordering::Relaxed) as usize).min(count);
+    let mut first_lingering = None;
+    for index in (start..count).chain(0..start) {
+        let slot = &table.slots[index];
         let current = slot.state.load(Ordering::Relaxed);
         let (generation, state) = split(current);
-        let lingered = || {
-            let closed = slot.closed_ns.load(Ordering::Relaxed);
-            now.saturating_sub(closed) >= REUSE_LINGER_NS
-        };
-        if !(state == UNUSED || (state == CLOSED && lingered())) {
-            continue;
+        match state {
+            UNUSED => {}
+            CLOSED if lingered(slot, now) => {}
+            CLOSED => {
+                first_lingering.get_or_insert(index);
+                continue;
+            }
+            _ => continue,
         }
         let next = generation.wrapping_add(1).max(1);
         // Acquire: we take the slot over after its previous owner's last stores.
@@ -213,6 +240,14 @@ pub(crate) fn claim<'a>(
         if won.is_err() {
             continue;
         }
+        // `count` fits in u32, so every index below it does.
+        let index = index as u32;
+        // SYNC: none needed: a reader that loads an older mark misses this slot for one read
+        // only, and the mark never falls, so Relaxed.
+        table.high_water.fetch_max(index + 1, Ordering::Relaxed);
+        let resume = first_lingering.filter(|&l| l < index as usize);
+        let resume = resume.map_or(index + 1, |l| l as u32);
+        table.cursor.store(resume, Ordering::Relaxed);
         // SYNC: pairs with the fence(Acquire) before the second state load in `read_slot`: a
         // reader whose copy saw any field stored below sees CLAIMING (or later) on reload.
         fence(Ordering::Release);
@@ -223,9 +258,16 @@ pub(crate) fn claim<'a>(
             slot,
             index,
             generation: next,
+            cursor: Some(table.cursor),
         });
     }
     None
+}
+
+/// Whether a closed slot has kept its final values long enough to be reused.
+fn lingered(slot: &ConnSlot, now: u64) -> bool {
+    let closed = slot.closed_ns.load(Ordering::Relaxed);
+    now.saturating_sub(closed) >= REUSE_LINGER_NS
 }
 
 fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
@@ -322,9 +364,39 @@ fn copy_fields(
 mod tests {
     use super::*;
 
-    fn table(n: usize) -> Vec<ConnSlot> {
-        // SAFETY: all-zero bytes are a valid ConnSlot (atomics and byte arrays): UNUSED.
-        (0..n).map(|_| unsafe { std::mem::zeroed() }).collect()
+    struct Table {
+        slots: Vec<ConnSlot>,
+        cursor: AtomicU32,
+        high_water: AtomicU32,
+    }
+
+    impl Table {
+        fn claim(&self, info: &ConnectionInfo) -> Option<ConnectionProbe<'_>> {
+            let table = ClaimTable {
+                slots: &self.slots,
+                cursor: &self.cursor,
+                high_water: &self.high_water,
+            };
+            claim(&table, info)
+        }
+
+        fn mark(&self) -> u32 {
+            self.high_water.load(Ordering::Relaxed)
+        }
+
+        /// Ages slot `index`'s close past the linger time.
+        fn age(&self, index: usize) {
+            self.slots[index].closed_ns.store(1, Ordering::Relaxed);
+        }
+    }
+
+    fn table(n: usize) -> Table {
+        Table {
+            // SAFETY: all-zero bytes are a valid ConnSlot (atomics and byte arrays): UNUSED.
+            slots: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            cursor: AtomicU32::new(0),
+            high_water: AtomicU32::new(0),
+        }
     }
 
     fn info(port: u16) -> ConnectionInfo {
@@ -341,16 +413,16 @@ mod tests {
     #[test]
     fn claim_fill_and_release() {
         let t = table(2);
-        let a = claim(&t, &info(1)).unwrap();
-        let b = claim(&t, &info(2)).unwrap();
+        let a = t.claim(&info(1)).unwrap();
+        let b = t.claim(&info(2)).unwrap();
         assert_eq!((a.index(), b.index()), (0, 1));
-        assert!(claim(&t, &info(3)).is_none(), "table full");
+        assert!(t.claim(&info(3)).is_none(), "table full");
         a.add_split([5, 7]);
         a.add_rail_bytes(1, 1);
         a.add_rail_bytes(9, 1000); // ignored
         a.add_rail_done(1, 8, 300);
         a.add_rail_done(7, 8, 300); // ignored
-        let s = read_slot(&t[0], 0).unwrap();
+        let s = read_slot(&t.slots[0], 0).unwrap();
         assert_eq!(
             (s.state, s.generation, s.info),
             (ConnectionState::Active, 1, info(1))
@@ -358,26 +430,29 @@ mod tests {
         assert_eq!((s.rail_bytes, s.closed_ns), ([5, 8], 0));
         assert_eq!((s.rail_done_bytes, s.rail_busy_ns), ([0, 8], [0, 300]));
         a.close();
-        let s = read_slot(&t[0], 0).unwrap();
+        let s = read_slot(&t.slots[0], 0).unwrap();
         assert_eq!(s.state, ConnectionState::Closed);
         assert!(s.closed_ns >= s.opened_ns && s.closed_ns > 0);
         assert_eq!(s.rail_bytes, [5, 8], "final values kept after close");
         assert!(
-            claim(&t, &info(3)).is_none(),
+            t.claim(&info(3)).is_none(),
             "a closed slot lingers before reuse"
         );
         // Age the closed slot past the linger time: it is reused with a new generation.
-        t[0].closed_ns.store(1, Ordering::Relaxed);
-        let c = claim(&t, &info(3)).unwrap();
-        let s = read_slot(&t[0], c.index()).unwrap();
+        t.slots[0].closed_ns.store(1, Ordering::Relaxed);
+        let c = t.claim(&info(3)).unwrap();
+        let s = read_slot(&t.slots[0], c.index()).unwrap();
         assert_eq!(
             (s.generation, s.info.peer.port(), s.rail_bytes),
             (2, 3, [0, 0])
         );
         drop(b);
-        assert_eq!(read_slot(&t[1], 1).unwrap().state, ConnectionState::Closed);
+        assert_eq!(
+            read_slot(&t.slots[1], 1).unwrap().state,
+            ConnectionState::Closed
+        );
         assert!(
-            read_slot(&table(1)[0], 0).is_none(),
+            read_slot(&table(1).slots[0], 0).is_none(),
             "an unused slot reads as none"
         );
     }
@@ -385,9 +460,9 @@ mod tests {
     #[test]
     fn claiming_slot_is_neither_read_nor_claimed() {
         let t = table(1);
-        t[0].state.store(word(4, CLAIMING), Ordering::Relaxed);
-        assert!(read_slot(&t[0], 0).is_none());
-        assert!(claim(&t, &info(1)).is_none());
+        t.slots[0].state.store(word(4, CLAIMING), Ordering::Relaxed);
+        assert!(read_slot(&t.slots[0], 0).is_none());
+        assert!(t.claim(&info(1)).is_none());
     }
 
     #[test]
@@ -396,5 +471,44 @@ mod tests {
         assert_eq!(p.index(), NO_CONNECTION);
         p.add_split([1, 2]);
         p.close();
+    }
+
+    #[test]
+    fn the_lowest_free_slot_is_taken_and_the_mark_follows_the_most_open_at_once() {
+        let t = table(8);
+        let probes: Vec<_> = (0..5).map(|p| t.claim(&info(p)).unwrap()).collect();
+        assert_eq!(t.mark(), 5);
+        let [a, b, c, d, e] = probes.try_into().unwrap();
+        let (b_index, d_index) = (b.index(), d.index());
+        drop(b);
+        drop(d);
+        // Both still linger: the next claim goes above them, and comes back for them.
+        let f = t.claim(&info(6)).unwrap();
+        assert_eq!((f.index(), t.mark()), (5, 6));
+        t.age(b_index as usize);
+        t.age(d_index as usize);
+        let reused: Vec<u32> = (0..2).map(|p| t.claim(&info(p)).unwrap().index()).collect();
+        assert_eq!(
+            reused,
+            [1, 3],
+            "the closed slots below are reused, lowest first"
+        );
+        assert_eq!(t.mark(), 6, "reuse does not raise the mark");
+        drop((a, c, e, f));
+    }
+
+    #[test]
+    fn a_claim_wraps_round_from_the_cursor() {
+        let t = table(3);
+        let probes: Vec<_> = (0..3).map(|p| t.claim(&info(p)).unwrap()).collect();
+        assert_eq!(t.cursor.load(Ordering::Relaxed), 3);
+        // A stale cursor (several threads) past the free slot: the scan wraps round.
+        let [a, b, c] = probes.try_into().unwrap();
+        drop(a);
+        t.age(0);
+        t.cursor.store(2, Ordering::Relaxed);
+        let again = t.claim(&info(9)).unwrap();
+        assert_eq!((again.index(), t.mark()), (0, 3));
+        drop((b, c, again));
     }
 }

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 3;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 2;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails a connection uses, one NIC each (rail 0 = SOUT, rail 1 = SUP): the per-rail arrays of
@@ -42,8 +42,12 @@ pub const MAX_DEVICES: usize = 16;
 pub const WRITER_LANES: usize = 16;
 /// The lane written with read-modify-writes by every thread that found no free lane.
 pub const SHARED_LANE: usize = WRITER_LANES - 1;
-/// Connection table slots.
-pub const CONNECTION_SLOTS: usize = 64;
+/// Connection table slots (64 before 3.2): as many connections as the largest process NCCL's
+/// batched setup makes in the scale target (8,192 pairs, 16,384 connections; issue 32). The
+/// table is 2 MiB of the file, but the file is sparse and slots are claimed lowest first, so
+/// only the pages of slots ever used are paged in, and readers look no further than the
+/// header's high-water mark (docs/PROBES_LAYOUT.md, "Connection slot").
+pub const CONNECTION_SLOTS: usize = 16_384;
 /// Event ring records (a power of two).
 pub const EVENT_CAPACITY: usize = 1024;
 /// Payload words of an event record (after its sequence word).
@@ -147,7 +151,9 @@ pub(crate) struct Header {
     pub(crate) regions: [RegionDesc; REGION_COUNT],
     /// Fused devices described in `devices` (3.0 on).
     pub(crate) device_count: u32,
-    pub(crate) _reserved: [u8; 4],
+    /// One past the highest connection slot ever claimed (3.2 on; 0 in older files, whose
+    /// readers scan the whole table): a reader needs to look at no slot from it on.
+    pub(crate) connection_high_water: AtomicU32,
     pub(crate) host_name: [u8; NAME_LEN],
     pub(crate) rails: [RailDesc; MAX_NICS],
     pub(crate) devices: [DeviceDesc; MAX_DEVICES],
@@ -269,7 +275,7 @@ pub(crate) const EVENTS_OFF: usize = RING_OFF + RING_LEN;
 pub(crate) const EVENTS_LEN: usize = EVENT_CAPACITY * size_of::<EventSlot>();
 pub(crate) const DECLARATIONS_OFF: usize = EVENTS_OFF + EVENTS_LEN;
 pub(crate) const DECLARATIONS_LEN: usize = DECLARATION_CAPACITY * size_of::<DeclarationRecord>();
-/// Total file length written by this version (391,680 bytes).
+/// Total file length written by this version (2,480,640 bytes; 391,680 before 3.2).
 pub const FILE_LEN: usize = DECLARATIONS_OFF + DECLARATIONS_LEN;
 
 /// The whole file of this version as one struct: the writer's view of its own mapping (and of
@@ -349,6 +355,7 @@ const _: () = {
     assert!(offset_of!(Header, region_count) == 68);
     assert!(offset_of!(Header, regions) == 72);
     assert!(offset_of!(Header, device_count) == 184);
+    assert!(offset_of!(Header, connection_high_water) == 188);
     assert!(offset_of!(Header, host_name) == 192);
     assert!(offset_of!(Header, rails) == 256);
     assert!(offset_of!(Header, devices) == 2304);
@@ -395,8 +402,8 @@ const _: () = {
 
 const _: () = {
     assert!(RAILS_OFF == 4352 && PROCESS_OFF == 233_728 && LANES_OFF == 233_856);
-    assert!(CONNECTIONS_OFF == 235_904 && RING_OFF == 244_096 && EVENTS_OFF == 244_224);
-    assert!(DECLARATIONS_OFF == 375_296 && FILE_LEN == 391_680 && LANES_OFF % 128 == 0);
+    assert!(CONNECTIONS_OFF == 235_904 && RING_OFF == 2_333_056 && EVENTS_OFF == 2_333_184);
+    assert!(DECLARATIONS_OFF == 2_464_256 && FILE_LEN == 2_480_640 && LANES_OFF % 128 == 0);
     assert!(RAILS_OFF % 128 == 0 && PROCESS_OFF % 128 == 0 && CONNECTIONS_OFF % 128 == 0);
     assert!(RING_OFF % 128 == 0 && EVENTS_OFF % 128 == 0);
     assert!(FILE_LEN <= u32::MAX as usize);

@@ -7,35 +7,13 @@
 //! offsets (never pointers), counters written by plain stores from one thread each (a writer
 //! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 3.0, 391,680 bytes)
+//! # Layout (ABI 3.2, 2,480,640 bytes, sparse)
 //!
-//! ```text
-//! offset   size
-//!      0   4352  Header
-//!                  0 magic "MPIBPROB"        8 abi_version u32 (major<<16|minor, written LAST)
-//!                 12 header_len u32         16 file_len u64
-//!                 24 writer_pid u32         28 rail_count u32 (NIC slots in use, 1..16)
-//!                 32 start_ns u64           40 heartbeat_ns u64 (atomic, refreshed)
-//!                 48 closed_ns u64 (atomic) 56 slow_threshold_ns u64
-//!                 64 sample_one_in u32      68 region_count u32
-//!                 72 regions[7] {offset u32, len u32, stride u32, count u32}
-//!                184 device_count u32      188 reserved[4]       192 host_name[64]
-//!                256 rails[16] {device[64], port u32, speed_mbps u32, rail u8, reserved[55]}
-//!               2304 devices[16] {name[64], nics[2] u8 (SOUT, SUP NIC slots), reserved[62]}
-//!   4352 229376  Rail blocks, 16 lanes x 16 NIC slots x 896 (lane l, NIC slot n at l * 16 + n;
-//!                the slot's rail in its description: 0 = SOUT, 1 = SUP)
-//!                  +0   values[32] u64 (the lane's thread; meanings declared) -> 256
-//!                  +256 latency: seq u64, sum_ns u64, buckets[64] u64 + pad -> 640
-//! 233728    128  Process block: values[16] u64 (any thread; meanings declared)
-//! 233856   2048  Lane blocks, 16 x 128: owner u64, claims u64, transfers_by_mask[4] u64
-//! 235904   8192  Connection table, 64 x 128: state word (generation<<32|state, written LAST),
-//!                peer ipv4/port, direction, path class, mode, device, hint slot, opened/closed
-//!                ns, bytes, busy ns and completed bytes per rail
-//! 244096    128  Event ring control: written u64 (total records ever written), writing u64
-//! 244224 131072  Event records, 1024 x 128: seq u64 (seqlock) + 15 payload words
-//! 375296  16384  Declarations, 64 x 256: what each value word means (name, kind, unit, help,
-//!                slot, lane merge rule), written before the version ([`declared`])
-//! ```
+//! A 4,352-byte header (version word written last, the region table, the NIC slots and fused
+//! devices, the connection table's high-water mark), then the regions: rail blocks (16 writer
+//! lanes x 16 NIC slots: declared values and a latency histogram), the process block, the lane
+//! blocks, the connection table (16,384 slots, used from the first up), the event ring and the
+//! value declarations. `docs/PROBES_LAYOUT.md` has the diagram with every offset.
 //!
 //! Every region starts on a 128-byte boundary; sizes and offsets are frozen by compile-time
 //! asserts (`layout.rs`). `docs/PROBES_LAYOUT.md` has the field tables, the event word layout

@@ -302,10 +302,24 @@ impl ProbesReader {
         self.info.abi_version >> 16 >= 3 || self.info.abi_version & 0xffff >= 2
     }
 
+    /// How many connection slots from the first a reader looks at: up to the header's
+    /// high-water mark (3.2 on), the whole table in older files. Bounded by the table, whatever
+    /// the mark says. Slots above the mark were never claimed, and looking at them would page in
+    /// a table that is mostly holes (2 MiB of slots, 3.2 on).
+    pub fn connection_slots_used(&self) -> u32 {
+        let count = self.regions[REGION_CONNECTIONS].count;
+        let (major, minor) = (self.info.abi_version >> 16, self.info.abi_version & 0xffff);
+        if major == 3 && minor < 2 {
+            return count;
+        }
+        let mark = self.header().connection_high_water.load(Ordering::Relaxed);
+        mark.min(count)
+    }
+
     /// Visits every active connection's in-flight state: cheap enough to call thousands of times
     /// a second (no snapshot, no allocation).
     pub fn sample_in_flight(&self, mut visit: impl FnMut(InFlightSample)) {
-        for i in 0..self.regions[REGION_CONNECTIONS].count {
+        for i in 0..self.connection_slots_used() {
             // SAFETY: REGION_CONNECTIONS holds ConnSlots and `i` is below its count.
             let slot = unsafe { self.record::<ConnSlot>(REGION_CONNECTIONS, i as usize) };
             if let Some(sample) = sample_slot(slot) {
@@ -334,7 +348,7 @@ impl ProbesReader {
             lanes_in_use += u32::from(writer_thread_alive(self.info.pid, load(&block.owner)));
         }
         let [no_rail, sout_only, sup_only, both] = by_mask;
-        let connections = (0..self.regions[REGION_CONNECTIONS].count)
+        let connections = (0..self.connection_slots_used())
             .filter_map(|i| {
                 // SAFETY: REGION_CONNECTIONS holds ConnSlots and `i` is below its count.
                 let slot = unsafe { self.record::<ConnSlot>(REGION_CONNECTIONS, i as usize) };

@@ -97,9 +97,9 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x01, 0x00, 0x03, 0x00, // abi_version 3.1
+        0x02, 0x00, 0x03, 0x00, // abi_version 3.2
         0x00, 0x11, 0x00, 0x00, // header_len 4352
-        0x00, 0xfa, 0x05, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 391680
+        0x00, 0xda, 0x25, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 2480640
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
         0x02, 0x00, 0x00, 0x00, // rail_count (NIC slots) 2
         0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, // start_ns
@@ -117,20 +117,20 @@ fn golden_header_bytes() {
     let expected = [
         [4352, 229_376, 896, 256],
         [233_728, 128, 128, 1],
-        [235_904, 8192, 128, 64],
-        [244_096, 128, 128, 1],
-        [244_224, 131_072, 128, 1024],
+        [235_904, 2_097_152, 128, 16_384],
+        [2_333_056, 128, 128, 1],
+        [2_333_184, 131_072, 128, 1024],
         [233_856, 2048, 128, 16],
-        [375_296, 16_384, 256, 64],
+        [2_464_256, 16_384, 256, 64],
     ];
     assert_eq!(regions, expected);
     assert_eq!(le32(&bytes, 184), 1, "device_count");
-    assert!(bytes[188..192].iter().all(|b| *b == 0), "reserved is zero");
+    assert_eq!(le32(&bytes, 188), 0, "no connection slot claimed yet");
     // The first declaration record: rail, counter, bytes, sum, slot 0, its name.
-    let record = &bytes[375_296..375_296 + 256];
+    let record = &bytes[2_464_256..2_464_256 + 256];
     assert_eq!(record[..8], [1, 1, 2, 1, 0, 0, 0, 0]);
     assert_eq!(&record[16..41], b"mpib_rail_tx_bytes_total\0");
-    let depth = &bytes[375_296 + 5 * 256..][..8];
+    let depth = &bytes[2_464_256 + 5 * 256..][..8];
     assert_eq!(
         depth,
         [1, 2, 1, 3, 5, 0, 7, 0],
@@ -147,7 +147,7 @@ fn golden_header_bytes() {
     assert_eq!(&bytes[2304..2318], b"mlx5_0+mlx5_3\0", "device 0's name");
     assert_eq!(bytes[2304 + 64..2304 + 66], [0, 1], "device 0's NIC slots");
     assert!(
-        bytes[4352..375_296].iter().all(|b| *b == 0),
+        bytes[4352..2_464_256].iter().all(|b| *b == 0),
         "regions start zeroed"
     );
 }
@@ -197,7 +197,7 @@ fn bad_declarations_are_refused_by_name() {
     // A record a reader cannot use is skipped with its reason; the others stay.
     let probes = ProbesFile::create(&dir.0, &info()).unwrap();
     let mut bytes = fs::read(probes.path().unwrap()).unwrap();
-    bytes[375_296 + 256] = 9; // the second record's scope
+    bytes[2_464_256 + 256] = 9; // the second record's scope
     let LoadState::Ready(reader) = open_state(&bytes, &dir.0) else {
         panic!("still readable")
     };
@@ -349,6 +349,45 @@ fn conn_info(port: u16) -> ConnectionInfo {
     }
 }
 
+/// Readers look at the slots below the high-water mark only (3.2 on), all of them in an older
+/// file, and never past the table whatever the mark says; the 2 MiB table of a file with a few
+/// connections takes a few pages on disk.
+#[test]
+fn a_reader_looks_no_further_than_the_connection_mark() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = TempDir::new();
+    let probes = ProbesFile::create(&dir.0, &info()).unwrap();
+    let path = probes.path().unwrap().to_path_buf();
+    assert_eq!(open_ready(&path).connection_slots_used(), 0);
+    let held: Vec<_> = (0..3)
+        .map(|p| probes.claim_connection(&conn_info(p)).unwrap())
+        .collect();
+    let reader = open_ready(&path);
+    assert_eq!(reader.connection_slots_used(), 3);
+    assert_eq!(reader.snapshot().connections.len(), 3);
+    let allocated = fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(
+        allocated < 1 << 20,
+        "{allocated} bytes allocated for a {FILE_LEN}-byte file with 3 connections"
+    );
+    let bytes = fs::read(&path).unwrap();
+    let mut older = bytes.clone();
+    older[8..12].copy_from_slice(&0x0003_0001u32.to_le_bytes());
+    older[188..192].copy_from_slice(&[0; 4]);
+    let LoadState::Ready(older) = open_state(&older, &dir.0) else {
+        panic!("a 3.1 file is readable")
+    };
+    assert_eq!(older.connection_slots_used(), CONNECTION_SLOTS as u32);
+    assert_eq!(older.snapshot().connections.len(), 3);
+    let mut lying = bytes;
+    lying[188..192].copy_from_slice(&u32::MAX.to_le_bytes());
+    let LoadState::Ready(lying) = open_state(&lying, &dir.0) else {
+        panic!("a file whose mark is past its table is still readable")
+    };
+    assert_eq!(lying.connection_slots_used(), CONNECTION_SLOTS as u32);
+    drop(held);
+}
+
 #[test]
 fn connection_claim_and_release_through_a_file() {
     let dir = TempDir::new();
@@ -433,7 +472,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("4.3".into(), "3.1".into())
+                ("4.3".into(), "3.2".into())
             );
         }
         other => panic!("{other:?}"),

@@ -68,6 +68,9 @@ pub(crate) struct Owner {
     serial: u64,
     path: PathBuf,
     removed: AtomicBool,
+    /// The lowest connection slot that may be free (src/conn.rs): process memory, so that no
+    /// reader of the file can steer where the writer claims.
+    claim_cursor: AtomicU32,
 }
 
 // SAFETY: the image is shared memory accessed only through atomics (and header fields that
@@ -193,6 +196,7 @@ impl ProbesFile {
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             path,
             removed: AtomicBool::new(false),
+            claim_cursor: AtomicU32::new(0),
         };
         Ok(ProbesFile {
             image,
@@ -272,11 +276,14 @@ impl ProbesFile {
     /// failure is counted). Any thread. Callers that want no branch later use
     /// `.unwrap_or_else(ConnectionProbe::disabled)`.
     pub fn claim_connection(&self, info: &ConnectionInfo) -> Option<ConnectionProbe<'_>> {
-        if !self.is_enabled() {
-            return None;
-        }
+        let owner = self.owner.as_ref()?;
         let image = self.image();
-        let claimed = conn::claim(&image.conns, info);
+        let table = conn::ClaimTable {
+            slots: &image.conns,
+            cursor: &owner.claim_cursor,
+            high_water: &image.header.connection_high_water,
+        };
+        let claimed = conn::claim(&table, info);
         if claimed.is_none() {
             // Several threads may claim: a locked add, off the hot path.
             self.add(CONNECTION_CLAIM_FAILURES, 1);
@@ -437,7 +444,7 @@ fn header_image(info: &WriterInfo) -> Header {
         region_count: REGION_COUNT as u32,
         regions: REGION_TABLE,
         device_count: info.devices.len().min(MAX_DEVICES) as u32,
-        _reserved: [0; 4],
+        connection_high_water: AtomicU32::new(0),
         host_name: encode_name(&info.host),
         rails: std::array::from_fn(rail),
         devices: std::array::from_fn(device),

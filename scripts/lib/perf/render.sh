@@ -259,6 +259,15 @@ registrations_table() {
   done
 }
 
+connections_table() {
+  echo "| connections | claim | file memory | snapshot | snapshot, no mark (3.1 reader) | agent sample | agent sample, no mark | agent CPU at 2,000 samples/s |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  sed -n 's/^row //p' "$work/cost/connections.log" | while read -r line; do
+    f() { scale_field "$line" "$1"; }
+    echo "| $(f connections) | $(f claim_ns) ns | $(f file_kib) KiB | $(f snapshot_us) µs | $(f snapshot_full_us) µs | $(f sample_us) µs | $(f sample_full_us) µs | $(f agent_cpu_percent) % |"
+  done
+}
+
 batched_verdicts() {
   local last; last=$(sed -n 's/^row //p' "$work/cost/scale-batched.log" | tail -1)
   [ -n "$last" ] || return 0
@@ -404,6 +413,18 @@ cost_table() {
     echo "are what the probes count on each NIC while every handle is live (one per page range)."
     echo
     registrations_table
+    echo
+  fi
+  if [ -s "$work/cost/connections.log" ]; then
+    echo "## The connection table at NCCL's counts"
+    echo
+    echo "\`cargo bench -p mpib-probes --bench connections\`: N connections claimed in a row in a fresh probes"
+    echo "file under /dev/shm (as NCCL's setup makes them), then what a reader pays per look: \`snapshot\`"
+    echo "(the collector and \`mpib-top\`, once an interval) and \`sample_in_flight\` (the agent, every"
+    echo "500 µs), up to the table's high-water mark and, beside it, over every one of the 16,384 slots"
+    echo "as a 3.1 reader does; the file's memory is its allocated blocks. Medians over the rounds."
+    echo
+    connections_table
     echo
   fi
   echo "## The plugin's own cost"
