@@ -119,6 +119,15 @@ const CONN_INFO_LABELS: &[&str] = &[
     "mode",
     "hint_slot",
 ];
+const PEER_LABELS: &[&str] = &["host", "pid", "nccl_device", "peer_host", "direction"];
+const PEER_RAIL_LABELS: &[&str] = &[
+    "host",
+    "pid",
+    "nccl_device",
+    "peer_host",
+    "direction",
+    "rail",
+];
 const COLLECTOR_LABELS: &[&str] = &["host"];
 const SKIP_LABELS: &[&str] = &["host", "reason"];
 const RESULT_LABELS: &[&str] = &["host", "result"];
@@ -150,13 +159,28 @@ specs! {
         "Completed transfers by the rails they used: mask sout, sup or both.";
     /// Bytes per connection and rail.
     CONNECTION_BYTES = "mpib_connection_bytes_total", Counter, Bytes, CONN_RAIL_LABELS,
-        "Bytes moved per peer connection and rail (connections with equal labels summed).";
+        "Bytes moved per peer connection and rail (connections with equal labels summed), for \
+         the process's first --connection-series label sets.";
     /// Connection attributes.
     CONNECTION_INFO = "mpib_connection_info", Gauge, Info, CONN_INFO_LABELS,
-        "Open connections, 1 per label set; hint_slot is the agent hint table slot.";
+        "Open connections, 1 per label set (the process's first --connection-series); \
+         hint_slot is the agent hint table slot.";
     /// The agent's SUP share hint.
     CONNECTION_HINT_SUP_RATIO = "mpib_connection_hint_sup_ratio", Gauge, Ratio, CONN_LABELS,
         "Advanced mode: the agent's current SUP share hint (sup_bw / 1024, at most 1).";
+    /// Bytes per fused device, peer host, direction and rail: every connection.
+    PEER_BYTES = "mpib_peer_bytes_total", Counter, Bytes, PEER_RAIL_LABELS,
+        "Bytes moved per fused device, peer host and direction, on each rail: every connection \
+         of the process, listed one by one in mpib_connection_bytes_total or not.";
+    /// Open connections per fused device, peer host and direction.
+    PEER_CONNECTIONS = "mpib_peer_connections", Gauge, Count, PEER_LABELS,
+        "Open connections per fused device, peer host and direction (every connection of the \
+         process).";
+    /// Open connections without series of their own.
+    CONNECTIONS_UNLISTED = "mpib_connections_unlisted", Gauge, Count, PROCESS_LABELS,
+        "Open connections with no mpib_connection_* series of their own: their label sets came \
+         after the process's first --connection-series (their bytes are in \
+         mpib_peer_bytes_total).";
     /// Slow transfers read from the event ring.
     SLOW_TRANSFERS = "mpib_slow_transfers_total", Counter, Count, PROCESS_LABELS,
         "Slow transfers (over MPIB_SLOW_US) read from the event ring and exported as spans.";

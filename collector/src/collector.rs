@@ -152,6 +152,7 @@ impl Collector {
             hints: hints.as_ref(),
             traces: traces.as_deref(),
             now_ns: mpib_probes::now_ns(),
+            connection_series: self.config.connection_series,
         };
         let mut histograms = Vec::new();
         let listed = self.list();

@@ -36,9 +36,20 @@ pub struct Config {
     /// Owners whose probes files may be exported; `None` = any owner (the other trust checks
     /// still apply: docs/SECURITY.md).
     pub allowed_uids: Option<BTreeSet<u32>>,
+    /// Connection label sets of each process exported one by one; the rest only in the
+    /// per-peer sums (src/connections.rs).
+    pub connection_series: usize,
     /// Scan and export once, print the Prometheus text to stdout and exit.
     pub once: bool,
 }
+
+/// The default of `--connection-series`: a job of a few nodes lists every connection, and a
+/// node of 8 processes exports at most 8 x 128 label sets of them (docs/OBSERVABILITY.md, "How
+/// many series").
+pub const DEFAULT_CONNECTION_SERIES: usize = 128;
+
+/// The most `--connection-series` accepts.
+const MAX_CONNECTION_SERIES: usize = 16_384;
 
 impl Default for Config {
     fn default() -> Self {
@@ -54,6 +65,7 @@ impl Default for Config {
             hint_path: PathBuf::from("/tmp/mpib/hints"),
             sysfs_root: PathBuf::from("/sys"),
             allowed_uids: None,
+            connection_series: DEFAULT_CONNECTION_SERIES,
             once: false,
         }
     }
@@ -200,6 +212,11 @@ OPTIONS:
                              only when it is a regular file nobody but its owner may write,
                              owned by root or by the user of the live process it claims.
                              [env: MPIB_COLLECTOR_ALLOWED_UIDS] [default: any owner]
+    --connection-series <N>  Connection label sets of each process exported one by one
+                             (mpib_connection_*), 0..=16384; the process's later ones are
+                             summed per device, peer host and direction only
+                             (mpib_peer_*, which count every connection).
+                             [env: MPIB_COLLECTOR_CONNECTION_SERIES] [default: 128]
     --once                   Scan once, print the Prometheus text to stdout, flush traces,
                              export the OTLP metrics once and exit (no HTTP endpoint).
     -h, --help               Print this help and exit.
@@ -229,9 +246,10 @@ enum Opt {
     HintPath,
     SysfsRoot,
     AllowedUids,
+    ConnectionSeries,
 }
 
-const OPTIONS: [(&str, &str, Opt); 11] = [
+const OPTIONS: [(&str, &str, Opt); 12] = [
     ("--probes-dir", "MPIB_PROBES_DIR", Opt::ProbesDir),
     (
         "--interval-ms",
@@ -270,6 +288,11 @@ const OPTIONS: [(&str, &str, Opt); 11] = [
         "--allowed-uids",
         "MPIB_COLLECTOR_ALLOWED_UIDS",
         Opt::AllowedUids,
+    ),
+    (
+        "--connection-series",
+        "MPIB_COLLECTOR_CONNECTION_SERIES",
+        Opt::ConnectionSeries,
     ),
 ];
 
@@ -333,6 +356,15 @@ fn apply(config: &mut Config, opt: Opt, value: &str) -> Result<(), String> {
         Opt::HintPath => config.hint_path = PathBuf::from(value),
         Opt::SysfsRoot => config.sysfs_root = PathBuf::from(value),
         Opt::AllowedUids => config.allowed_uids = Some(crate::trust::parse_uids(value)?),
+        Opt::ConnectionSeries => {
+            let bad =
+                || format!("'{value}' is not a number of series in 0..={MAX_CONNECTION_SERIES}");
+            let n: usize = value.parse().map_err(|_| bad())?;
+            if n > MAX_CONNECTION_SERIES {
+                return Err(bad());
+            }
+            config.connection_series = n;
+        }
     }
     Ok(())
 }
@@ -503,6 +535,28 @@ mod tests {
             .unwrap_err()
             .0;
         assert!(e.starts_with("MPIB_COLLECTOR_ALLOWED_UIDS"), "{e}");
+    }
+
+    #[test]
+    fn connection_series() {
+        let Command::Run(c) = run(&["--connection-series", "0"], &[]).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.connection_series, 0);
+        let env = [("MPIB_COLLECTOR_CONNECTION_SERIES", "4096")];
+        let Command::Run(c) = run(&[], &env).unwrap() else {
+            panic!("not run")
+        };
+        assert_eq!(c.connection_series, 4096);
+        let e = run(&["--connection-series=16385"], &[]).unwrap_err().0;
+        assert!(
+            e.starts_with("--connection-series") && e.contains("'16385'"),
+            "{e}"
+        );
+        let e = run(&[], &[("MPIB_COLLECTOR_CONNECTION_SERIES", "many")])
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("MPIB_COLLECTOR_CONNECTION_SERIES"), "{e}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod app;
 pub mod catalog;
 pub mod collector;
 pub mod config;
+mod connections;
 pub mod export;
 pub mod files;
 pub mod hint;

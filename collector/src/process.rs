@@ -1,16 +1,16 @@
 //! One writer process: its mapped probes file, its event cursor, and the translation of a
 //! snapshot into catalog series.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use mpib_probes::{
-    ConnectionSnapshot, ConnectionState, EventCursor, EventKind, FileInfo, Mode, PathClass,
-    ProbesReader, Scope, SlowTransferRecord, Snapshot, MAX_NICS, MAX_RAILS, RAIL_NAMES,
+    EventCursor, EventKind, FileInfo, ProbesReader, Scope, SlowTransferRecord, Snapshot, MAX_NICS,
+    MAX_RAILS, RAIL_NAMES,
 };
 use tracing::{debug, info, warn};
 
 use crate::catalog::{self, declared_family, Family};
+use crate::connections::{self, ConnectionTotals};
 use crate::export::Exporter;
 use crate::hint::HintTable;
 use crate::latency;
@@ -36,58 +36,8 @@ pub struct ExportContext<'a> {
     pub traces: Option<&'a Traces>,
     /// The collector's clock, ns since the Unix epoch.
     pub now_ns: u64,
-}
-
-/// Labels of a connection (without `host`/`pid`): NCCL device, peer, direction, path class,
-/// mode.
-type ConnKey = [String; 5];
-
-/// Byte totals per connection label set, monotonic across slot reuse: when a slot shows a
-/// new generation, the old connection's last bytes move into `retired`.
-#[derive(Default)]
-struct ConnTotals {
-    live: BTreeMap<u32, (u32, ConnKey, [u64; MAX_RAILS])>,
-    retired: BTreeMap<ConnKey, [u64; MAX_RAILS]>,
-}
-
-impl ConnTotals {
-    fn update(&mut self, info: &FileInfo, conns: &[ConnectionSnapshot]) {
-        for c in conns {
-            let key = conn_key(info, c);
-            match self.live.get_mut(&c.index) {
-                Some((generation, _, bytes)) if *generation == c.generation => {
-                    for (old, new) in bytes.iter_mut().zip(c.rail_bytes) {
-                        *old = (*old).max(new);
-                    }
-                }
-                _ => {
-                    let entry = (c.generation, key, c.rail_bytes);
-                    if let Some((_, old_key, old_bytes)) = self.live.insert(c.index, entry) {
-                        let total = self.retired.entry(old_key).or_default();
-                        for (t, b) in total.iter_mut().zip(old_bytes) {
-                            *t = t.wrapping_add(b);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn totals(&self) -> BTreeMap<&ConnKey, [u64; MAX_RAILS]> {
-        let mut out: BTreeMap<&ConnKey, [u64; MAX_RAILS]> =
-            self.retired.iter().map(|(k, v)| (k, *v)).collect();
-        for (_, key, bytes) in self.live.values() {
-            let total = out.entry(key).or_default();
-            for (t, b) in total.iter_mut().zip(bytes) {
-                *t = t.wrapping_add(*b);
-            }
-        }
-        out
-    }
-}
-
-fn code_name(known: Option<&'static str>, code: u8) -> String {
-    known.map_or_else(|| format!("unknown-{code}"), str::to_owned)
+    /// Connection label sets of a process listed one by one (`--connection-series`).
+    pub connection_series: usize,
 }
 
 /// The `nccl_device` label: the fused device's name from the header (`mlx5_0+mlx5_1`).
@@ -97,32 +47,12 @@ pub(crate) fn device_name(info: &FileInfo, device: u8) -> String {
         .map_or_else(|| format!("unknown-{device}"), |d| d.name.clone())
 }
 
-fn conn_key(info: &FileInfo, c: &ConnectionSnapshot) -> ConnKey {
-    let path = match c.info.path_class {
-        PathClass::IntraIsland => Some("intra"),
-        PathClass::InterIsland => Some("inter"),
-        PathClass::Unknown(_) => None,
-    };
-    let mode = match c.info.mode {
-        Mode::Vanilla => Some("vanilla"),
-        Mode::Advanced => Some("advanced"),
-        Mode::Unknown(_) => None,
-    };
-    [
-        device_name(info, c.info.device),
-        c.info.peer.to_string(),
-        traces::direction_name(c.info.direction),
-        code_name(path, c.info.path_class.code()),
-        code_name(mode, c.info.mode.code()),
-    ]
-}
-
 /// A mapped probes file being exported.
 pub struct Process {
     reader: ProbesReader,
     pid: String,
     cursor: EventCursor,
-    conns: ConnTotals,
+    conns: ConnectionTotals,
     slow_seen: u64,
     dropped: u64,
     /// The file's declared values, admitted on the first export.
@@ -139,7 +69,7 @@ impl Process {
             reader,
             pid,
             cursor: EventCursor::default(),
-            conns: ConnTotals::default(),
+            conns: ConnectionTotals::default(),
             slow_seen: 0,
             dropped: 0,
             values: None,
@@ -246,7 +176,7 @@ impl Process {
             ctx.exporter
                 .counter(&catalog::TRANSFERS, &[host, pid, mask], value, start);
         }
-        self.export_connections(ctx, snap);
+        connections::export(ctx, &mut self.conns, &info, pid, &snap.connections);
         self.drain_events(ctx);
         let exporter = ctx.exporter;
         exporter.counter(&catalog::SLOW_TRANSFERS, &process, self.slow_seen, start);
@@ -257,55 +187,6 @@ impl Process {
         let age = age_ns as f64 / 1e9;
         exporter.gauge(&catalog::WRITER_HEARTBEAT_AGE, &process, age, start);
         histograms
-    }
-
-    fn export_connections(&mut self, ctx: &ExportContext<'_>, snap: &Snapshot) {
-        let info = self.reader.info();
-        let (host, pid) = (info.host.as_str(), self.pid.as_str());
-        let start = info.start_ns;
-        self.conns.update(info, &snap.connections);
-        for (key, bytes) in self.conns.totals() {
-            for (r, value) in bytes.iter().enumerate() {
-                let [device, peer, direction, path, mode] = key.each_ref().map(String::as_str);
-                let labels = [
-                    host,
-                    pid,
-                    device,
-                    peer,
-                    direction,
-                    path,
-                    mode,
-                    RAIL_NAMES[r],
-                ];
-                ctx.exporter
-                    .counter(&catalog::CONNECTION_BYTES, &labels, *value, start);
-            }
-        }
-        let mut ratios: BTreeMap<ConnKey, (f64, u32)> = BTreeMap::new();
-        for c in &snap.connections {
-            if c.state != ConnectionState::Active {
-                continue;
-            }
-            let key = conn_key(info, c);
-            let slot = c.info.hint_slot.to_string();
-            let labels = [
-                host, pid, &key[0], &key[1], &key[2], &key[3], &key[4], &slot,
-            ];
-            ctx.exporter
-                .gauge(&catalog::CONNECTION_INFO, &labels, 1.0, start);
-            let ratio = ctx.hints.and_then(|h| h.sup_ratio(c.info.hint_slot));
-            if let (Mode::Advanced, Some(ratio)) = (c.info.mode, ratio) {
-                let entry = ratios.entry(key).or_insert((0.0, 0));
-                entry.0 += ratio;
-                entry.1 += 1;
-            }
-        }
-        for (key, (sum, n)) in ratios {
-            let labels = [host, pid, &key[0], &key[1], &key[2], &key[3], &key[4]];
-            let mean = sum / f64::from(n.max(1));
-            ctx.exporter
-                .gauge(&catalog::CONNECTION_HINT_SUP_RATIO, &labels, mean, start);
-        }
     }
 
     fn drain_events(&mut self, ctx: &ExportContext<'_>) {
@@ -375,69 +256,4 @@ fn log_slow(info: &FileInfo, record: &SlowTransferRecord) {
         sup_bw = t.sup_bw,
         "slow transfer"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mpib_probes::{ConnectionInfo, Direction};
-    use std::net::{Ipv4Addr, SocketAddrV4};
-
-    fn conn(index: u32, generation: u32, port: u16, bytes: [u64; 2]) -> ConnectionSnapshot {
-        ConnectionSnapshot {
-            index,
-            generation,
-            state: ConnectionState::Active,
-            info: ConnectionInfo {
-                peer: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), port),
-                direction: Direction::Send,
-                path_class: PathClass::InterIsland,
-                mode: Mode::Vanilla,
-                hint_slot: 0,
-                device: 0,
-            },
-            opened_ns: 1,
-            closed_ns: 0,
-            rail_bytes: bytes,
-            rail_busy_ns: [0; 2],
-            rail_done_bytes: [0; 2],
-            rail_in_flight: [0; 2],
-        }
-    }
-
-    fn file_info() -> FileInfo {
-        FileInfo {
-            abi_version: mpib_probes::ABI_VERSION,
-            pid: 7,
-            start_ns: 1,
-            host: "h".into(),
-            rails: Vec::new(),
-            rail_kinds: Vec::new(),
-            devices: vec![mpib_probes::DeviceEntry {
-                name: "mlx5_0+mlx5_1".into(),
-                nics: [0, 1],
-            }],
-            slow_threshold_ns: 0,
-            sample_one_in: 0,
-        }
-    }
-
-    #[test]
-    fn totals_stay_monotonic_across_slot_reuse_and_sum_equal_labels() {
-        let info = file_info();
-        let mut totals = ConnTotals::default();
-        totals.update(
-            &info,
-            &[conn(0, 1, 5000, [100, 10]), conn(1, 1, 5000, [1, 1])],
-        );
-        let key = conn_key(&info, &conn(0, 1, 5000, [0, 0]));
-        assert_eq!(totals.totals()[&key], [101, 11]);
-        totals.update(&info, &[conn(1, 1, 5000, [2, 2])]); // slot 0 invisible (being reclaimed)
-        assert_eq!(totals.totals()[&key], [102, 12]);
-        totals.update(&info, &[conn(0, 2, 5000, [5, 0]), conn(1, 1, 5000, [2, 2])]);
-        assert_eq!(totals.totals()[&key], [107, 12]);
-        assert_eq!(key[2..], ["send", "inter", "vanilla"]);
-        assert_eq!(key[..2], ["mlx5_0+mlx5_1", "10.0.0.2:5000"]);
-        assert_eq!(device_name(&info, 3), "unknown-3");
-    }
 }

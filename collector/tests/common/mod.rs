@@ -271,23 +271,43 @@ pub fn run_once(dir: &Path, extra: &[&str]) -> Output {
     wait_bounded(child, Duration::from_secs(60))
 }
 
-/// Wait for `child` at most `limit`, killing it past that (and failing).
+/// Wait for `child` at most `limit`, killing it past that (and failing). Its output is read
+/// while it runs: a child that writes more than a pipe holds (64 KiB, a scrape of thousands of
+/// series) would otherwise wait on the pipe for ever.
 pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+    let (status, late) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (status, false);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "collector ran past {limit:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            break (child.wait().unwrap(), true);
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    assert!(
+        !late,
+        "collector ran past {limit:?}; stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// A collector serving on an ephemeral port; killed on drop.
