@@ -121,6 +121,10 @@ specs! {
     /// Operator pin.
     FLOW_PINNED = "mpib_agent_flow_pinned", Gauge, FLOW_LABELS,
         "1 when an operator (mpib-agent set) or another writer fixed the flow's share.";
+    /// Send connections the last measurement read.
+    FLOW_MEASURED_CONNECTIONS = "mpib_agent_flow_measured_connections", Gauge, FLOW_LABELS,
+        "Send connections of the flow the agent read in the probes files on its last measuring \
+         interval (every one the plugins' connection tables hold).";
     /// Age of the flow's telemetry.
     FLOW_TELEMETRY_AGE = "mpib_agent_flow_telemetry_age_seconds", Gauge, FLOW_LABELS,
         "Seconds since the flow's senders last moved data the agent saw in a probes file.";

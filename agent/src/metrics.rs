@@ -100,7 +100,7 @@ fn render_flows(o: &mut String, state: &State, host: &str) {
         })
         .collect();
     let label = |i: usize| -> [&str; 3] { [&ids[i][0], &ids[i][1], &ids[i][2]] };
-    let per_flow: [(&'static MetricSpec, FlowValue<'_>); 5] = [
+    let per_flow: [(&'static MetricSpec, FlowValue<'_>); 6] = [
         (&catalog::FLOW_SUP_RATIO, &|i| {
             Some(f64::from(flows[i].1.sup_bw) / 1024.0)
         }),
@@ -117,6 +117,9 @@ fn render_flows(o: &mut String, state: &State, host: &str) {
         }),
         (&catalog::FLOW_PINNED, &|i| {
             Some(f64::from(u8::from(flows[i].1.pinned.is_some())))
+        }),
+        (&catalog::FLOW_MEASURED_CONNECTIONS, &|i| {
+            Some(flows[i].1.measured.connections as f64)
         }),
         (&catalog::FLOW_TELEMETRY_AGE, &|i| Some(flows[i].1.idle_s)),
     ];

@@ -5,8 +5,9 @@
 //! a message, must never stall the others (plugins register from NCCL's proxy thread with a
 //! 500 ms budget). Each message must arrive whole within [`CLIENT_TIMEOUT`] (a deadline per
 //! message, not per read, so a byte every 0.9 s does not hold a thread), and an idle client is
-//! closed after the same time; past
-//! [`MAX_CLIENTS`] at once, new ones are closed at once. Bad input is answered with status 2
+//! closed after the same time. Past [`MAX_CLIENTS`] at once, new ones wait in the socket's
+//! backlog until a thread is free (NCCL's batched setup registers hundreds of connections of
+//! a process at once; refusing them left their transfers all-SOUT). Bad input is answered with status 2
 //! (invalid request) where a response shape is known, and the connection is closed.
 //!
 //! The client's pid comes from the socket's peer credentials (`SO_PEERCRED`), not from the
@@ -70,6 +71,11 @@ pub fn serve(listener: UnixListener, shared: Shared) {
         return;
     }
     while !shared.stop.load(Ordering::Relaxed) {
+        // Only this thread adds to `active`, so a client accepted below always has a thread.
+        if active.load(Ordering::Acquire) >= MAX_CLIENTS {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -82,11 +88,7 @@ pub fn serve(listener: UnixListener, shared: Shared) {
                 continue;
             }
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            shared.lock().bad_client("busy");
-            continue;
-        }
+        active.fetch_add(1, Ordering::AcqRel);
         let (client_shared, client_active) = (shared.clone(), Arc::clone(&active));
         let spawned = std::thread::Builder::new()
             .name("mpib-agent-client".into())

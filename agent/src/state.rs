@@ -86,7 +86,6 @@ impl Counters {
                 "wrong_type",
                 "wrong_length",
                 "silent",
-                "busy",
                 "no_credentials",
                 "not_allowed",
             ]),

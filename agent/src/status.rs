@@ -42,7 +42,7 @@ pub fn render(state: &State, policies: &Policies, describe: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}",
+        "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}  {:>5}",
         "FLOW",
         "SOUT PAIR",
         "POLICY",
@@ -51,12 +51,13 @@ pub fn render(state: &State, policies: &Policies, describe: &str) -> String {
         "SOUT RATE",
         "SUP RATE",
         "THROUGHPUT",
-        "CONNS"
+        "CONNS",
+        "SEEN"
     );
     for line in lines(state) {
         let _ = writeln!(
             out,
-            "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}{}",
+            "{:>4}  {:<31}  {:<9}  {:>6}  {:>8}  {:>11}  {:>11}  {:>11}  {:>5}  {:>5}{}",
             line.slot,
             line.pair,
             line.policy,
@@ -66,6 +67,7 @@ pub fn render(state: &State, policies: &Policies, describe: &str) -> String {
             rate(line.rates[SUP]),
             rate(line.throughput),
             line.connections,
+            line.measured_connections,
             if line.recovered {
                 "  (from before a restart)"
             } else {
@@ -86,6 +88,8 @@ struct Line {
     rates: [Option<f64>; 2],
     throughput: Option<f64>,
     connections: usize,
+    /// Send connections the last measurement read in the probes files.
+    measured_connections: usize,
     recovered: bool,
 }
 
@@ -108,6 +112,7 @@ fn lines(state: &State) -> Vec<Line> {
             rates: [sample.rate(SOUT), sample.rate(SUP)],
             throughput: sample.fresh().then(|| sample.throughput()),
             connections: flow.connections.len(),
+            measured_connections: agent.measured.connections,
             recovered: flow.recovered,
         });
     }
@@ -116,18 +121,19 @@ fn lines(state: &State) -> Vec<Line> {
 
 /// The header line of [`flows`]: the columns, in order.
 pub const FLOWS_HEADER: &str =
-    "flow\tsout_pair\tpolicy\tsup_bw\tmeasured_sup_bw\tsout_bytes_per_second\tsup_bytes_per_second\tthroughput_bytes_per_second\tconnections\trecovered";
+    "flow\tsout_pair\tpolicy\tsup_bw\tmeasured_sup_bw\tsout_bytes_per_second\tsup_bytes_per_second\tthroughput_bytes_per_second\tconnections\trecovered\tmeasured_connections";
 
 /// The `flows` reply, for programs (`mpib-top`): [`FLOWS_HEADER`], then one tab-separated line
 /// per flow; `-` where nothing was measured, rates in bytes per second, `recovered` 1 for a flow
-/// restored from before a restart.
+/// restored from before a restart, `measured_connections` the send connections the last
+/// measurement read.
 pub fn flows(state: &State) -> String {
     let mut out = format!("{FLOWS_HEADER}\n");
     let number = |v: Option<f64>| v.map_or("-".to_string(), |r| format!("{r:.0}"));
     for line in lines(state) {
         let _ = writeln!(
             out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             line.slot,
             line.pair,
             line.policy,
@@ -137,7 +143,8 @@ pub fn flows(state: &State) -> String {
             number(line.rates[SUP]),
             number(line.throughput),
             line.connections,
-            u8::from(line.recovered)
+            u8::from(line.recovered),
+            line.measured_connections
         );
     }
     out

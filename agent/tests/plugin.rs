@@ -140,7 +140,9 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
         "{flows}"
     );
     let fields: Vec<&str> = lines.next().unwrap().split('\t').collect();
-    assert_eq!(fields.len(), 10, "{flows}");
+    assert_eq!(fields.len(), 11, "{flows}");
+    // 2 connections registered (both directions), its 1 send connection measured.
+    assert_eq!((fields[8], fields[10]), ("2", "1"), "{flows}");
     assert_eq!(fields[2], "adaptive", "{flows}");
     let sup_bw: u32 = fields[3].parse().unwrap();
     assert!((640..=726).contains(&sup_bw), "{flows}");

@@ -114,6 +114,10 @@ fn flow(line: &str) -> Result<Flow, String> {
         measured_sup_bw: optional(fields[4])?.map(|v| v as u32),
         throughput_bytes_per_second: optional(fields[7])?,
         connections: fields[8].parse().map_err(|_| bad())?,
+        measured_connections: match fields.get(10) {
+            Some(text) => Some(text.parse().map_err(|_| bad())?),
+            None => None,
+        },
     })
 }
 
@@ -125,7 +129,7 @@ mod tests {
     #[test]
     fn a_reply_parses_and_a_bad_one_says_why() {
         let reply = format!(
-            "{FLOWS_HEADER}\n0\t10.0.0.1->10.0.1.2\tadaptive\t683\t681\t2010000000\t3980000000\t5870000000\t16\t0\n\
+            "{FLOWS_HEADER}\n0\t10.0.0.1->10.0.1.2\tadaptive\t683\t681\t2010000000\t3980000000\t5870000000\t16\t0\t8\n\
              2\t10.0.0.1->10.0.2.9\tadaptive\t597\t-\t-\t-\t-\t0\t1\n"
         );
         let flows = parse(&reply).unwrap();
@@ -133,6 +137,10 @@ mod tests {
         assert_eq!(flows[0].sup_bw, 683);
         assert_eq!(flows[0].measured_sup_bw, Some(681));
         assert_eq!(flows[1].throughput_bytes_per_second, None);
+        assert_eq!(
+            (flows[0].measured_connections, flows[1].measured_connections),
+            (Some(8), None)
+        );
         assert!(parse("error: unknown command \"flows\"\n")
             .unwrap_err()
             .contains("older"));

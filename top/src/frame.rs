@@ -188,6 +188,9 @@ pub struct Flow {
     pub throughput_bytes_per_second: Option<f64>,
     /// Its connections.
     pub connections: u32,
+    /// Its send connections the agent read in the probes files on its last measurement
+    /// (`None`: an agent older than the column).
+    pub measured_connections: Option<u32>,
 }
 
 /// A slow transfer the plugin recorded.

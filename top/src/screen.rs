@@ -241,6 +241,7 @@ fn agent_section(frame: &Frame, wide: bool) -> Section {
         ("MEASURED", 8, true),
         ("THROUGHPUT", 11, true),
         ("CONNS", 5, true),
+        ("SEEN", 5, wide),
     ];
     let (rows, empty) = match &frame.agent {
         Agent::Off => (Vec::new(), "not asked (--agent-control off)".to_string()),
@@ -257,6 +258,8 @@ fn agent_section(frame: &Frame, wide: bool) -> Section {
                         ppk(f.measured_sup_bw),
                         rate(f.throughput_bytes_per_second),
                         f.connections.to_string(),
+                        f.measured_connections
+                            .map_or_else(|| "-".to_string(), |n| n.to_string()),
                     ];
                     (
                         pick(cells.into_iter().zip(columns.iter().map(|c| c.2)).collect()),
