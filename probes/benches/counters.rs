@@ -141,6 +141,7 @@ mod bench {
             qp_num: [11, 12],
             peer: "10.0.0.1:4000".parse().unwrap(),
             device: 0,
+            operation: mpib_probes::Operation::default(),
         };
         report(
             "slow-transfer event push (128 B record)",

@@ -25,6 +25,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use crate::counters::bump;
 use crate::layout::{ConnSlot, MAX_RAILS};
+use crate::operation::Operation;
 use crate::sync::{fence, spin_hint, AtomicU32, Ordering};
 use crate::types::{now_ns, ConnectionInfo, Direction, Mode, PathClass, NO_CONNECTION};
 use crate::writer::DUMMY;
@@ -85,6 +86,8 @@ pub struct ConnectionSnapshot {
     pub rail_done_bytes: [u64; MAX_RAILS],
     /// Parts in flight on each rail when read (always 0 in files older than 2.2).
     pub rail_in_flight: [u32; MAX_RAILS],
+    /// What NCCL last said about its operations (nothing in files older than 3.2).
+    pub operation: Operation,
 }
 
 /// What a sampler needs of an active connection, read without the seqlock's retries (a sample
@@ -166,6 +169,13 @@ impl<'a> ConnectionProbe<'a> {
         if let Some(word) = self.slot.rail_in_flight.get(rail) {
             word.store(parts, Ordering::Relaxed);
         }
+    }
+
+    /// Publish what NCCL says about the connection's operations now: a word from
+    /// [`Operation::encode`].
+    #[inline]
+    pub fn set_operation(&self, word: u64) {
+        self.slot.operation.store(word, Ordering::Relaxed);
     }
 
     /// Release the slot now (the same as dropping the handle).
@@ -288,6 +298,7 @@ fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
     for parts in &slot.rail_in_flight {
         parts.store(0, relaxed);
     }
+    slot.operation.store(0, relaxed);
 }
 
 /// The slot's in-flight state if it holds an active connection.
@@ -356,6 +367,7 @@ fn copy_fields(
         rail_busy_ns: core::array::from_fn(|r| slot.rail_busy_ns[r].load(relaxed)),
         rail_done_bytes: core::array::from_fn(|r| slot.rail_done_bytes[r].load(relaxed)),
         rail_in_flight: core::array::from_fn(|r| slot.rail_in_flight[r].load(relaxed)),
+        operation: Operation::decode(slot.operation.load(relaxed)),
     }
 }
 

@@ -230,7 +230,10 @@ pub(crate) struct ConnSlot {
     /// Parts of the connection in flight on each rail now; single writer (2.2 on, zero before).
     /// (What the policy agent samples for a flow's busy time across connections and processes.)
     pub(crate) rail_in_flight: [AtomicU32; MAX_RAILS],
-    pub(crate) _reserved: [u8; 32],
+    /// What NCCL last said about the connection's operations (`setNetAttr`, src/operation.rs);
+    /// single writer, 0 until it says something (3.2 on).
+    pub(crate) operation: AtomicU64,
+    pub(crate) _reserved: [u8; 24],
 }
 
 /// One value declaration (Aeron's counter metadata record), 256 bytes; written before the
@@ -389,7 +392,8 @@ const _: () = {
     assert!(offset_of!(ConnSlot, rail_busy_ns) == 56);
     assert!(offset_of!(ConnSlot, rail_done_bytes) == 72);
     assert!(offset_of!(ConnSlot, rail_in_flight) == 88);
-    assert!(offset_of!(ConnSlot, _reserved) == 96);
+    assert!(offset_of!(ConnSlot, operation) == 96);
+    assert!(offset_of!(ConnSlot, _reserved) == 104);
     assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
     assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
     assert!(EVENT_CAPACITY.is_power_of_two());

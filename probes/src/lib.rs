@@ -96,6 +96,8 @@ mod lanes;
 #[cfg(not(loom))]
 mod layout;
 #[cfg(not(loom))]
+pub mod operation;
+#[cfg(not(loom))]
 mod reader;
 #[cfg(not(loom))]
 mod snapshot;
@@ -126,6 +128,7 @@ pub use crate::{
         PROCESS_VALUE_SLOTS, RAIL_NAMES, RAIL_SOUT, RAIL_SUP, RAIL_VALUE_SLOTS, REGION_COUNT,
         SHARED_LANE, WRITER_LANES,
     },
+    operation::Operation,
     reader::{version_string, Corruption, LoadState, ProbesReader},
     snapshot::{
         DrainedEvents, EventCursor, FileInfo, LatencySnapshot, RailSnapshot, SlowTransferRecord,

@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::layout::{EVENT_WORDS, MAX_RAILS, NAME_LEN};
+use crate::operation::Operation;
 
 /// ns since the Unix epoch (CLOCK_REALTIME, read through the vDSO: no syscall), 0 if the
 /// clock is before the epoch. Every timestamp in the probes file uses this clock.
@@ -231,6 +232,8 @@ pub struct SlowTransfer {
     pub peer: SocketAddrV4,
     /// The fused device the connection uses, an index into the header's devices (3.0 on).
     pub device: u8,
+    /// What NCCL said about the operation it served (`setNetAttr`; nothing before 3.2).
+    pub operation: Operation,
 }
 
 impl SlowTransfer {
@@ -251,6 +254,9 @@ impl SlowTransfer {
         w[10] = u64::from(u32::from(*self.peer.ip()))
             | (u64::from(self.peer.port()) << 32)
             | (u64::from(self.device) << 48);
+        // The writer encodes (and reports what does not fit) when NCCL sets the attributes;
+        // a transfer carries the word, so nothing is lost here.
+        w[11] = self.operation.encode().0;
         w
     }
 
@@ -271,6 +277,7 @@ impl SlowTransfer {
             qp_num: [w[9] as u32, (w[9] >> 32) as u32],
             peer: SocketAddrV4::new(Ipv4Addr::from(w[10] as u32), (w[10] >> 32) as u16),
             device: (w[10] >> 48) as u8,
+            operation: Operation::decode(w[11]),
         }
     }
 }
@@ -296,6 +303,13 @@ pub(crate) mod tests {
             qp_num: [0x00ab_cdef, 0x0012_3456],
             peer: SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 40_000),
             device: 5,
+            operation: Operation {
+                functions: 1 << 4,
+                algorithms: 1 << 1,
+                protocols: 1 << 2,
+                peers: 2,
+                flows_per_peer: 8,
+            },
         }
     }
 

@@ -48,6 +48,7 @@ fn event(i: u64) -> SlowTransfer {
         qp_num: [i as u32 ^ 0xaaaa, i as u32 ^ 0x5555],
         peer: SocketAddrV4::new(Ipv4Addr::new(10, 9, 8, 7), (i % 65_536) as u16),
         device: 0,
+        operation: mpib_probes::Operation::default(),
     }
 }
 

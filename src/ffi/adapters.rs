@@ -330,7 +330,10 @@ pub unsafe extern "C" fn connect_v11(
     )
 }
 
-/// `setNetAttr(ctx, netAttr)` (v11, v12): accepted and logged at TRACE.
-pub unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, net_attr: *mut NetAttr) -> c_int {
-    entry!("setNetAttr", common::set_net_attr(net_attr))
+/// `setNetAttr(ctx, netAttr)` (v11, v12): kept per context for the comms made with it.
+pub unsafe extern "C" fn set_net_attr(ctx: *mut c_void, net_attr: *mut NetAttr) -> c_int {
+    entry!(
+        "setNetAttr",
+        common::set_net_attr(ContextArg::Raw(ctx), net_attr)
+    )
 }

@@ -20,8 +20,8 @@ use super::types::{FromProperties, NetAttr, NetCommConfig, NetDeviceHandle, NetV
 use crate::error::{Error, Result};
 use crate::log::{self, LoggerFn};
 use crate::net::{
-    self, Context, InitParams, ListenComm, MemoryHandle, ProfilerCallback, RecvBuffer, RecvComm,
-    SendComm, HANDLE_SIZE, MAX_RECVS,
+    self, Context, InitParams, ListenComm, MemoryHandle, NetAttributeValues, ProfilerCallback,
+    RecvBuffer, RecvComm, SendComm, HANDLE_SIZE, MAX_RECVS,
 };
 
 /// `NCCL_NET_TRAFFIC_CLASS_UNDEF`.
@@ -493,13 +493,31 @@ pub unsafe fn make_v_device<const N: usize>(
     Ok(())
 }
 
-/// `setNetAttr` (v11+): hints only; logged at TRACE.
+/// `setNetAttr` (v11+): what NCCL says about the context's next operations, kept for the comms
+/// made with it (src/net/observe/attributes.rs).
 ///
 /// # Safety
-/// `attr` NULL or readable.
-pub unsafe fn set_net_attr(attr: *const NetAttr) -> Result<()> {
+/// `ctx` as for [`ContextArg::resolve`]; `attr` NULL or readable.
+pub unsafe fn set_net_attr(ctx: ContextArg, attr: *const NetAttr) -> Result<()> {
     // SAFETY: forwarded contract.
-    let attr = unsafe { attr.as_ref() };
-    crate::trace!(log::NET, "setNetAttr: {attr:?}");
+    let attr = unsafe { attr.as_ref() }
+        .ok_or_else(|| Error::invalid_argument("setNetAttr: netAttr is NULL"))?;
+    // SAFETY: forwarded contract.
+    let ctx = unsafe { ctx.resolve() }?;
+    crate::trace!(log::NET, "setNetAttr on comm {:#x}: {attr:?}", ctx.comm_id);
+    let values = NetAttributeValues {
+        functions: attr.op,
+        algorithms: attr.algo,
+        protocols: attr.proto,
+        send: [
+            attr.send_comm_attr.max_concurrent_peers,
+            attr.send_comm_attr.max_flows_per_peer,
+        ],
+        recv: [
+            attr.recv_comm_attr.max_concurrent_peers,
+            attr.recv_comm_attr.max_flows_per_peer,
+        ],
+    };
+    net::set_net_attributes(&ctx, &values);
     Ok(())
 }

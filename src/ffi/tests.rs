@@ -199,11 +199,12 @@ fn optional_entry_points() {
             0
         );
         let set_net_attr = t.set_net_attr.expect("setNetAttr");
+        // A NULL context or attribute pointer is refused (ncclInvalidArgument), not ignored.
         assert_eq!(
             set_net_attr(null_mut(), &attr as *const NetAttr as *mut NetAttr),
-            0
+            4
         );
-        assert_eq!(set_net_attr(null_mut(), null_mut()), 0);
+        assert_eq!(set_net_attr(null_mut(), null_mut()), 4);
         let make_v_device = t.make_v_device.expect("makeVDevice");
         assert_eq!(make_v_device(&mut vdev, &mut props), 4);
         assert_eq!(make_v_device(&mut vdev, null_mut()), 4);

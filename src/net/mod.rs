@@ -26,6 +26,7 @@ mod setup;
 
 pub use agent::hints::read_hint_file;
 
+pub use observe::attributes::NetAttributeValues;
 pub use setup::plugin::{Context, InitParams, ProfilerCallback};
 
 /// Size of NCCL's opaque listen handle (`NCCL_NET_HANDLE_MAXSIZE`).
@@ -193,6 +194,12 @@ pub fn make_vdevice(ndevs: i32) -> Result<i32> {
         "makeVDevice({ndevs} devices) is not supported: MPIB already fuses each MPIB_HCA_SOUT \
          NIC with its MPIB_HCA_SUP NIC into one device"
     )))
+}
+
+/// `setNetAttr` (v11+): what NCCL says about the communicator's next operations, shown in each
+/// connection's probes slot and carried by its slow transfers (src/net/observe/attributes.rs).
+pub fn set_net_attributes(ctx: &Context, values: &NetAttributeValues) {
+    ctx.attributes.set(values);
 }
 
 /// `listen`: writes the handle to ship to the peer.

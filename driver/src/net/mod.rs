@@ -414,6 +414,26 @@ impl Net<'_> {
         self.check(code, "finalize", || format!("commId {:#x}", ctx.comm_id))
     }
 
+    /// `setNetAttr(ctx, attr)` (v11, v12), as NCCL's proxy calls it before operations whose
+    /// attributes changed; refused for older versions, whose tables have no such entry.
+    pub fn set_net_attr(&self, ctx: &NetCtx, attr: &crate::abi::NetAttr) -> Result<()> {
+        let f = match self.table {
+            // SAFETY: see `common_slot!`.
+            Table::V11(t) => unsafe { (*t).set_net_attr },
+            // SAFETY: see `common_slot!`.
+            Table::V12(t) => unsafe { (*t).set_net_attr },
+            _ => {
+                let version = self.version;
+                return Err(Error::Refused(format!("{version:?} has no setNetAttr")));
+            }
+        };
+        let f = self.need(f, "setNetAttr")?;
+        let mut attr = *attr;
+        // SAFETY: `ctx` came from this table's `init` and is live; `attr` is a valid struct.
+        let code = self.timed("setNetAttr", || unsafe { f(ctx.ptr, &mut attr) });
+        self.check(code, "setNetAttr", || format!("{attr:?}"))
+    }
+
     /// `devices(ndev)` with a caller-chosen pointer (may be NULL).
     ///
     /// # Safety

@@ -208,6 +208,8 @@ impl RecvComm {
         else {
             return Ok(None);
         };
+        data.telemetry
+            .set_operation(self.info.attributes.word(false));
         let request = data.pool.get_mut(index);
         request.count = count as u8;
         request.posted_ns = now_ns();

@@ -3,6 +3,7 @@
 //! control connection (`peer`, shared per pair of processes: `link`), and the housekeeping thread that does the upkeep needing system
 //! calls (`housekeeper`).
 
+pub(crate) mod attributes;
 pub(crate) mod health;
 pub(crate) mod housekeeper;
 pub(crate) mod link;

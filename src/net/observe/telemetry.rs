@@ -304,6 +304,12 @@ impl ConnectionTelemetry {
     pub(crate) fn add_split(&self, bytes: [u64; 2]) {
         self.probe.add_split(bytes);
     }
+
+    /// What NCCL says of the operation a transfer posted now serves (src/net/observe/attributes.rs).
+    #[inline]
+    pub(crate) fn set_operation(&self, word: u64) {
+        self.probe.set_operation(word);
+    }
 }
 
 /// Widens a probe's lifetime.

@@ -441,6 +441,7 @@ impl Acceptance {
             profiler: ctx.profiler,
             health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&data.qps, layout),
+            attributes: Arc::clone(&ctx.attributes),
         };
         self.built = Some((info, data));
         self.peer_rail_addresses = request.rails.map(|rail| address_of_wire(rail.address));

@@ -12,6 +12,7 @@ use crate::proto::qp_layout::QpLayout;
 
 use crate::net::agent::registration::AgentRegistration;
 use crate::net::data::registrations::RegistrationCache;
+use crate::net::observe::attributes::NetAttributes;
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
 use crate::net::setup::resources::Devices;
 
@@ -48,6 +49,8 @@ pub(crate) struct ConnectionInfo {
     pub health: [Arc<DeviceHealth>; 2],
     /// This connection's QP numbers per rail (to match QP-level async events).
     pub qp_nums: [Vec<u32>; 2],
+    /// Its context's `setNetAttr` attributes, read at each post.
+    pub attributes: Arc<NetAttributes>,
 }
 
 impl ConnectionInfo {

@@ -502,6 +502,7 @@ impl Connector {
             profiler: self.ctx.profiler,
             health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&prepared.qps, prepared.layout),
+            attributes: Arc::clone(&self.ctx.attributes),
         };
         info!(
             log::NET | log::INIT,

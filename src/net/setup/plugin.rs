@@ -19,6 +19,7 @@ use crate::params::Settings;
 use crate::proto::qp_layout::QpLayout;
 
 use crate::net::data::send::MAX_TRANSFER;
+use crate::net::observe::attributes::NetAttributes;
 use crate::net::observe::housekeeper::{Housekeeper, Watched};
 use crate::net::observe::telemetry::Telemetry;
 use crate::net::setup::budget::{self, limits, Need};
@@ -111,6 +112,9 @@ pub struct Context {
     pub traffic_class: i32,
     /// NCCL's profiler callback.
     pub profiler: Option<ProfilerCallback>,
+    /// What NCCL last said about the communicator's operations (`setNetAttr`), read by every
+    /// comm made with this context.
+    pub(crate) attributes: Arc<NetAttributes>,
     pub(crate) plugin: Arc<Opened>,
 }
 
@@ -183,6 +187,7 @@ pub(crate) fn init(params: InitParams) -> Result<Arc<Context>> {
         comm_id: params.comm_id,
         traffic_class: params.traffic_class,
         profiler: params.profiler,
+        attributes: Arc::default(),
         plugin: opened,
     }))
 }

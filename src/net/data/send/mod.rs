@@ -42,6 +42,8 @@ struct PostedSlot {
     rail_bytes: [u64; 2],
     sup_bw: u32,
     qp_nums: [u32; 2],
+    /// What NCCL said of the operation it serves, when posted (probes word).
+    operation: u64,
 }
 
 /// Mutable data-path state; touched only by the comm's progress thread.
@@ -375,6 +377,7 @@ impl SendComm {
             qp_num: posted.qp_nums,
             peer: self.info.peer,
             device: u8::try_from(self.info.device_index).unwrap_or(u8::MAX),
+            operation: mpib_probes::Operation::decode(posted.operation),
         });
     }
 }

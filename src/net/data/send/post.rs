@@ -166,10 +166,13 @@ impl SendComm {
         for rail in plan.mask.rails() {
             qp_nums[rail.index()] = data.qps.qps[qp_indices[rail.index()]].qp_num();
         }
+        let operation = self.info.attributes.word(true);
+        data.telemetry.set_operation(operation);
         data.posted[slot] = PostedSlot {
             rail_bytes: plan.rail_bytes,
             sup_bw,
             qp_nums,
+            operation,
         };
     }
 
