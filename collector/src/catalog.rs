@@ -128,6 +128,15 @@ const PEER_RAIL_LABELS: &[&str] = &[
     "direction",
     "rail",
 ];
+const OPERATION_LABELS: &[&str] = &[
+    "host",
+    "pid",
+    "nccl_device",
+    "direction",
+    "function",
+    "algorithm",
+    "protocol",
+];
 const COLLECTOR_LABELS: &[&str] = &["host"];
 const SKIP_LABELS: &[&str] = &["host", "reason"];
 const RESULT_LABELS: &[&str] = &["host", "result"];
@@ -181,6 +190,11 @@ specs! {
         "Open connections with no mpib_connection_* series of their own: their label sets came \
          after the process's first --connection-series (their bytes are in \
          mpib_peer_bytes_total).";
+    /// Open connections by what NCCL said they serve.
+    CONNECTIONS_BY_OPERATION = "mpib_connections_by_operation", Gauge, Count, OPERATION_LABELS,
+        "Open connections by the operation NCCL said (setNetAttr, ABI v11 on) their last posted \
+         transfer served: function, algorithm and protocol (- for point-to-point calls); \
+         connections it said nothing about are not counted.";
     /// Slow transfers read from the event ring.
     SLOW_TRANSFERS = "mpib_slow_transfers_total", Counter, Count, PROCESS_LABELS,
         "Slow transfers (over MPIB_SLOW_US) read from the event ring and exported as spans.";

@@ -204,6 +204,43 @@ pub(crate) fn export(
         unlisted,
         start,
     );
+    export_operations(ctx, info, pid, connections);
+}
+
+/// Open connections per device, direction and the operation NCCL said their last transfer
+/// served: a handful of series whatever the connections (NCCL's functions, algorithms and
+/// protocols are few).
+fn export_operations(
+    ctx: &ExportContext<'_>,
+    info: &FileInfo,
+    pid: &str,
+    connections: &[ConnectionSnapshot],
+) {
+    let mut counts: BTreeMap<[String; 5], u32> = BTreeMap::new();
+    let open = connections
+        .iter()
+        .filter(|c| c.state == ConnectionState::Active);
+    for c in open.filter(|c| c.operation.is_known()) {
+        let key = [
+            device_name(info, c.info.device),
+            traces::direction_name(c.info.direction),
+            c.operation.function_label(),
+            c.operation.algorithm_label(),
+            c.operation.protocol_label(),
+        ];
+        *counts.entry(key).or_default() += 1;
+    }
+    let (host, start) = (info.host.as_str(), info.start_ns);
+    for (key, n) in counts {
+        let [device, direction, function, algorithm, protocol] = key.each_ref().map(String::as_str);
+        let labels = [host, pid, device, direction, function, algorithm, protocol];
+        ctx.exporter.gauge(
+            &catalog::CONNECTIONS_BY_OPERATION,
+            &labels,
+            f64::from(n),
+            start,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +268,7 @@ mod tests {
             rail_busy_ns: [0; 2],
             rail_done_bytes: [0; 2],
             rail_in_flight: [0; 2],
+            operation: mpib_probes::Operation::default(),
         }
     }
 

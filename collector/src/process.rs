@@ -254,6 +254,7 @@ fn log_slow(info: &FileInfo, record: &SlowTransferRecord) {
         sout_bytes = t.rail_bytes[0],
         sup_bytes = t.rail_bytes[1],
         sup_bw = t.sup_bw,
+        operation = t.operation.describe(),
         "slow transfer"
     );
 }

@@ -238,6 +238,15 @@ fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
         ),
         KeyValue::new("mpib.host", info.host.clone()),
         KeyValue::new("mpib.pid", i64::from(info.pid)),
+        // What NCCL said the transfer served (`setNetAttr`; "none" before ABI v11).
+        KeyValue::new("mpib.nccl.function", t.operation.function_label()),
+        KeyValue::new("mpib.nccl.algorithm", t.operation.algorithm_label()),
+        KeyValue::new("mpib.nccl.protocol", t.operation.protocol_label()),
+        KeyValue::new("mpib.nccl.peers", i64::from(t.operation.peers)),
+        KeyValue::new(
+            "mpib.nccl.flows_per_peer",
+            i64::from(t.operation.flows_per_peer),
+        ),
     ]
 }
 

@@ -172,6 +172,11 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
     assert_eq!(text(pa, "mpib.peer"), "10.0.0.2:5000");
     assert_eq!(text(pa, "mpib.direction"), "send");
     assert_eq!(text(pa, "mpib.kind"), "slow");
+    assert_eq!(text(pa, "mpib.nccl.function"), "AllReduce");
+    assert_eq!(text(pa, "mpib.nccl.algorithm"), "Ring");
+    assert_eq!(text(pa, "mpib.nccl.protocol"), "Simple");
+    assert_eq!(int(pa, "mpib.nccl.peers"), 2);
+    assert_eq!(int(pa, "mpib.nccl.flows_per_peer"), 4);
     assert_eq!(text(pa, "mpib.host"), HOST);
 
     check_children(&spans, parent, &transfer);

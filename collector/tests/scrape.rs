@@ -104,6 +104,24 @@ fn check_fixture_values(scrape: &Scrape) {
     check_histogram(scrape, &sout, 3.0, 3_003_000e-9);
     check_histogram(scrape, &sup, 1.0, 100e-9);
     check_process_values(scrape);
+    // The send connection's last transfer served a ring all-reduce (setNetAttr); the receive
+    // connection's operation was never said, so it is not counted.
+    let operation = [
+        p[0],
+        p[1],
+        ("direction", "send"),
+        ("function", "AllReduce"),
+        ("algorithm", "Ring"),
+        ("protocol", "Simple"),
+    ];
+    assert_eq!(
+        scrape.value("mpib_connections_by_operation", &operation),
+        1.0
+    );
+    assert_eq!(
+        scrape.matching("mpib_connections_by_operation", &[]).len(),
+        1
+    );
 }
 
 fn check_process_values(scrape: &Scrape) {

@@ -129,6 +129,7 @@ fn connection(
             .filter(|_| advanced)
             .and_then(|h| h.sup_bw(c.info.hint_slot)),
         split_applied: both.and_then(split_of),
+        operation: crate::frame::Operation::of(&c.operation),
     }
 }
 

@@ -150,6 +150,8 @@ pub struct Connection {
     pub split_asked: Option<u32>,
     /// The split its bytes took over the interval.
     pub split_applied: Option<u32>,
+    /// What NCCL said its last posted transfer served (`None`: nothing said).
+    pub operation: Option<Operation>,
 }
 
 /// The agent, seen through its control socket.
@@ -193,6 +195,38 @@ pub struct Flow {
     pub measured_connections: Option<u32>,
 }
 
+/// What NCCL said (`setNetAttr`, ABI v11 on) a transfer served.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Operation {
+    /// `AllReduce`, `Send`, ... (several joined by `|`).
+    pub function: String,
+    /// `Ring`, `Tree`, ...; `-` for point-to-point calls.
+    pub algorithm: String,
+    /// `Simple`, `LL`, `LL128`; `-` for point-to-point calls.
+    pub protocol: String,
+    /// Peers the communicator moves data with at once (`None`: undefined).
+    pub peers: Option<u32>,
+    /// Flows (channels) per peer (`None`: undefined).
+    pub flows_per_peer: Option<u32>,
+    /// `AllReduce Ring Simple`: what the screen shows.
+    pub name: String,
+}
+
+impl Operation {
+    /// `None` when NCCL said nothing.
+    pub fn of(operation: &mpib_probes::Operation) -> Option<Operation> {
+        let count = |n: i32| u32::try_from(n).ok();
+        operation.is_known().then(|| Operation {
+            function: operation.function_label(),
+            algorithm: operation.algorithm_label(),
+            protocol: operation.protocol_label(),
+            peers: count(operation.peers),
+            flows_per_peer: count(operation.flows_per_peer),
+            name: operation.name(),
+        })
+    }
+}
+
 /// A slow transfer the plugin recorded.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct SlowTransfer {
@@ -214,6 +248,8 @@ pub struct SlowTransfer {
     pub sup_bw: u32,
     /// When it completed, ns since the Unix epoch.
     pub done_ns: u64,
+    /// What NCCL said it served (`None`: nothing said).
+    pub operation: Option<Operation>,
 }
 
 /// `sup * 1024 / (sout + sup)`, rounded; `None` when nothing moved.

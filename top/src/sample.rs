@@ -271,6 +271,7 @@ fn collect_slow(reader: &ProbesReader, previous: &mut Previous, now: u64) {
             rail_bytes: t.rail_bytes,
             sup_bw: t.sup_bw,
             done_ns: end,
+            operation: crate::frame::Operation::of(&t.operation),
         });
     }
     let oldest = now.saturating_sub(SLOW_WINDOW.as_nanos() as u64);

@@ -146,6 +146,11 @@ fn rails_section(frame: &Frame, wide: bool) -> Section {
     }
 }
 
+/// What NCCL said a transfer served, as the screen shows it (`-`: nothing said).
+fn operation(operation: Option<&crate::frame::Operation>) -> String {
+    operation.map_or_else(|| "-".to_string(), |o| o.name.clone())
+}
+
 fn connections_section(frame: &Frame, wide: bool) -> Section {
     let columns = [
         ("PID", 8, true),
@@ -160,6 +165,7 @@ fn connections_section(frame: &Frame, wide: bool) -> Section {
         ("TOTAL/s", 10, true),
         ("ASKED", 5, true),
         ("APPLIED", 7, true),
+        ("OPERATION", 24, wide),
     ];
     let mut rows = Vec::new();
     for p in &frame.processes {
@@ -177,6 +183,7 @@ fn connections_section(frame: &Frame, wide: bool) -> Section {
                 rate(c.bytes_per_second),
                 ppk(c.split_asked),
                 ppk(c.split_applied),
+                operation(c.operation.as_ref()),
             ];
             rows.push((
                 pick(cells.into_iter().zip(columns.iter().map(|c| c.2)).collect()),
@@ -296,6 +303,7 @@ fn slowest_section(frame: &Frame) -> Section {
                 us(s.rail_us[1]),
                 s.sup_bw.to_string(),
                 age(ago),
+                operation(s.operation.as_ref()),
             ];
             (cells, false)
         })
@@ -303,9 +311,18 @@ fn slowest_section(frame: &Frame) -> Section {
     Section {
         title: "SLOWEST TRANSFERS  last minute".into(),
         header: vec![
-            "PID", "PEER", "DIR", "SIZE", "TOTAL", "SOUT", "SUP", "SUP_BW", "AGO",
+            "PID",
+            "PEER",
+            "DIR",
+            "SIZE",
+            "TOTAL",
+            "SOUT",
+            "SUP",
+            "SUP_BW",
+            "AGO",
+            "OPERATION",
         ],
-        widths: vec![8, 21, 4, 9, 10, 10, 10, 6, 6],
+        widths: vec![8, 21, 4, 9, 10, 10, 10, 6, 6, 24],
         rows,
         empty: Some("none".into()),
     }

@@ -303,6 +303,7 @@ fn values_declared_later_show_with_no_change_and_only_slow_transfers_are_listed(
         qp_num: [1, 2],
         peer: "10.0.0.2:5000".parse().unwrap(),
         device: 0,
+        operation: mpib_probes::Operation::default(),
     };
     file.record_slow_transfer(&event(1, [base, base + 1000], [base + 4000, base + 9000]));
     file.record_slow_transfer(&event(1, [base, 0], [base + 2000, base + 3000]));

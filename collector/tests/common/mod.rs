@@ -124,6 +124,18 @@ pub fn both_rails_transfer(base: u64, conn_index: u32) -> SlowTransfer {
         qp_num: [0x1234, 0x5678],
         peer: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 5000),
         device: 0,
+        operation: all_reduce(),
+    }
+}
+
+/// What NCCL says of a ring all-reduce with the simple protocol, 2 peers and 4 flows each.
+pub fn all_reduce() -> mpib_probes::Operation {
+    mpib_probes::Operation {
+        functions: 1 << 4,
+        algorithms: 1 << 1,
+        protocols: 1 << 2,
+        peers: 2,
+        flows_per_peer: 4,
     }
 }
 
@@ -210,6 +222,7 @@ pub fn fill_fixture(p: &ProbesFile) {
         ))
         .unwrap();
     a.add_split([700, 300]);
+    a.set_operation(all_reduce().encode().0);
     let b = p
         .claim_connection(&conn_info(
             [10, 0, 0, 3],
