@@ -2,8 +2,9 @@
 //! communicators' contexts as NCCL's proxy calls it, before transfers, it shows in each
 //! connection's probes slot (for its direction) and in the record of every transfer posted after
 //! it; a point-to-point call after a collective drops the collective's algorithm and protocol
-//! from what is shown; a NULL context or attribute pointer is refused. In a child process: the
-//! probes directory and the sampling (every transfer recorded) are fixed at the first `init`.
+//! from what is shown (a NULL context or attribute pointer is refused: src/ffi/tests.rs). In a
+//! child process: the probes directory and the sampling (every transfer recorded) are fixed at
+//! the first `init`.
 
 #[path = "common/process.rs"]
 mod process;
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use mpib_driver::abi::{CommAttr, NetAttr};
 use mpib_driver::batch::connect_batch;
-use mpib_driver::net::{Net, RecvBuf};
+use mpib_driver::net::{Net, NetCtx, RecvBuf};
 use mpib_driver::{child, Version};
 use mpib_probes::{Direction, EventCursor, LoadState, Operation, ProbesReader};
 
@@ -96,6 +97,37 @@ struct Pair {
     handles: [mpib_driver::net::MemHandle; 2],
 }
 
+impl Pair {
+    /// One pair in NCCL's order, each side's buffer registered.
+    fn open(net: &Net<'_>, contexts: [&NetCtx; 2], buffers: &mut [Vec<u8>; 2]) -> Pair {
+        let [send_ctx, recv_ctx] = contexts;
+        let batch = connect_batch(net, send_ctx, recv_ctx, 0, 1, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let [source, sink] = buffers;
+        let handles = [
+            // SAFETY: the buffers outlive their handles (deregistered in `close`).
+            unsafe { net.reg_mr(&batch.sends[0], source.as_mut_ptr().cast(), SIZE, PTR_HOST) },
+            // SAFETY: as above.
+            unsafe { net.reg_mr(&batch.recvs[0], sink.as_mut_ptr().cast(), SIZE, PTR_HOST) },
+        ]
+        .map(Result::unwrap);
+        Pair { batch, handles }
+    }
+
+    fn close(self, net: &Net<'_>) {
+        let Pair { batch, handles } = self;
+        let [send_handle, recv_handle] = handles;
+        net.dereg_mr(&batch.sends[0], send_handle).unwrap();
+        net.dereg_mr(&batch.recvs[0], recv_handle).unwrap();
+        for send in batch.sends {
+            net.close_send(send).unwrap();
+        }
+        for recv in batch.recvs {
+            net.close_recv(recv).unwrap();
+        }
+    }
+}
+
 /// The operation of this process's send and receive connections, and of the records written
 /// since `cursor`.
 fn seen(reader: &ProbesReader, cursor: &mut EventCursor) -> ([Operation; 2], Vec<Operation>) {
@@ -122,31 +154,8 @@ fn child_attributes() {
     let plugin = mpib_driver::load_built_plugin().unwrap_or_else(|e| panic!("{e}"));
     let net = plugin.net(Version::V12).unwrap();
     let (recv_ctx, send_ctx) = (net.init(0xD1).unwrap(), net.init(0xD2).unwrap());
-    let batch = connect_batch(&net, &send_ctx, &recv_ctx, 0, 1, Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{e}"));
     let mut buffers = [vec![7u8; SIZE], vec![0u8; SIZE]];
-    let handles = [
-        // SAFETY: the buffers outlive their handles (deregistered below).
-        unsafe {
-            net.reg_mr(
-                &batch.sends[0],
-                buffers[0].as_mut_ptr().cast(),
-                SIZE,
-                PTR_HOST,
-            )
-        },
-        // SAFETY: as above.
-        unsafe {
-            net.reg_mr(
-                &batch.recvs[0],
-                buffers[1].as_mut_ptr().cast(),
-                SIZE,
-                PTR_HOST,
-            )
-        },
-    ]
-    .map(Result::unwrap);
-    let pair = Pair { batch, handles };
+    let pair = Pair::open(&net, [&send_ctx, &recv_ctx], &mut buffers);
     let path = process::own_probes_path(&dir).expect("this process's probes file");
     let LoadState::Ready(reader) = ProbesReader::open(&path).unwrap() else {
         panic!("the probes file is not ready")
@@ -194,16 +203,7 @@ fn child_attributes() {
     let sent: Vec<String> = records.iter().map(Operation::name).collect();
     assert_eq!(sent, ["Send"]);
 
-    let Pair { batch, handles } = pair;
-    let [send_handle, recv_handle] = handles;
-    net.dereg_mr(&batch.sends[0], send_handle).unwrap();
-    net.dereg_mr(&batch.recvs[0], recv_handle).unwrap();
-    for send in batch.sends {
-        net.close_send(send).unwrap();
-    }
-    for recv in batch.recvs {
-        net.close_recv(recv).unwrap();
-    }
+    pair.close(&net);
     net.finalize(send_ctx).unwrap();
     net.finalize(recv_ctx).unwrap();
 }

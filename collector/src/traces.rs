@@ -217,6 +217,15 @@ pub fn direction_name(direction: Direction) -> String {
     }
 }
 
+/// A count NCCL said, -1 when it said nothing or said it is undefined.
+fn count(operation: &mpib_probes::Operation, n: i32) -> i64 {
+    if operation.is_known() && n >= 0 {
+        i64::from(n)
+    } else {
+        -1
+    }
+}
+
 fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
     let conn = if t.conn_index == NO_CONNECTION {
         -1
@@ -242,10 +251,10 @@ fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
         KeyValue::new("mpib.nccl.function", t.operation.function_label()),
         KeyValue::new("mpib.nccl.algorithm", t.operation.algorithm_label()),
         KeyValue::new("mpib.nccl.protocol", t.operation.protocol_label()),
-        KeyValue::new("mpib.nccl.peers", i64::from(t.operation.peers)),
+        KeyValue::new("mpib.nccl.peers", count(&t.operation, t.operation.peers)),
         KeyValue::new(
             "mpib.nccl.flows_per_peer",
-            i64::from(t.operation.flows_per_peer),
+            count(&t.operation, t.operation.flows_per_peer),
         ),
     ]
 }

@@ -8,14 +8,12 @@
 //!   the slot has lingered [`REUSE_LINGER_NS`], to `(generation + 1, CLAIMING)`; raise the
 //!   header's high-water mark past the slot; release fence; write the attributes and zero the
 //!   byte counters; store `(generation + 1, ACTIVE)` with Release.
-//! * which slot: the lowest free one, found from the writer's cursor (process memory, not the
-//!   file): the lowest slot that may be free. A claim moves it past the slot it took (or back
-//!   to the first closed slot it saw still lingering), a close moves it down to the slot it
-//!   freed. So the slots in use stay packed at the bottom of the table, the high-water mark
-//!   stays near the most connections open at once, and a claim in NCCL's setup (thousands of
-//!   claims, no close) looks at one slot, not at every slot below it (16,384 slots, 3.2 on).
-//! * close: store `closed_ns`, then `(generation, CLOSED)` with Release. The slot keeps its
-//!   final counters for the collector until it is reused.
+//! * which slot: the writer's bookkeeping says ([`crate::claims`]): the oldest closed slot
+//!   once it has lingered, else the next never used; the slots in use stay below the most that
+//!   were open at once plus those lingering, and a claim costs the same whatever the table holds.
+//! * close: store `closed_ns`, then `(generation, CLOSED)` with Release, then hand the slot to
+//!   the writer's bookkeeping. The slot keeps its final counters for the collector until it is
+//!   reused.
 //! * read: load the word; skip `UNUSED`/`CLAIMING`; copy the fields; acquire fence; reload the
 //!   word and retry if it changed (a seqlock whose "odd" value is `CLAIMING`, with the
 //!   generation making every claim a new value). The byte counters keep changing while the
@@ -23,6 +21,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use crate::claims::{Candidate, FreeSlots};
 use crate::counters::bump;
 use crate::layout::{ConnSlot, MAX_RAILS};
 use crate::operation::Operation;
@@ -113,8 +112,8 @@ pub struct ConnectionProbe<'a> {
     slot: &'a ConnSlot,
     index: u32,
     generation: u32,
-    /// The writer's claim cursor, moved down to this slot at close (`None`: disabled).
-    cursor: Option<&'a AtomicU32>,
+    /// The writer's free slots, which take this one back at close (`None`: disabled).
+    free: Option<&'a FreeSlots>,
 }
 
 impl<'a> ConnectionProbe<'a> {
@@ -124,7 +123,7 @@ impl<'a> ConnectionProbe<'a> {
             slot: &DUMMY.conns[0],
             index: NO_CONNECTION,
             generation: 0,
-            cursor: None,
+            free: None,
         }
     }
 
@@ -184,14 +183,14 @@ impl<'a> ConnectionProbe<'a> {
 
 impl Drop for ConnectionProbe<'_> {
     fn drop(&mut self) {
-        self.slot.closed_ns.store(now_ns(), Ordering::Relaxed);
+        let closed_ns = now_ns();
+        self.slot.closed_ns.store(closed_ns, Ordering::Relaxed);
         // SYNC: pairs with the Relaxed load + fence(Acquire) in `read_slot`: a reader that sees
         // CLOSED sees `closed_ns` and the final byte counts.
         let closed = word(self.generation, CLOSED);
         self.slot.state.store(closed, Ordering::Release);
-        if let Some(cursor) = self.cursor {
-            // A hint, not a guard (a claim that finds nothing from it wraps around): Relaxed.
-            cursor.fetch_min(self.index, Ordering::Relaxed);
+        if let Some(free) = self.free {
+            free.closed(self.index, closed_ns);
         }
     }
 }
@@ -209,35 +208,35 @@ impl std::fmt::Debug for ConnectionProbe<'_> {
 pub(crate) struct ClaimTable<'a> {
     /// The slots, in the file.
     pub(crate) slots: &'a [ConnSlot],
-    /// The lowest slot that may be free (the writer's, in process memory; module docs).
-    pub(crate) cursor: &'a AtomicU32,
+    /// The writer's free slots (process memory).
+    pub(crate) free: &'a FreeSlots,
     /// The header's mark: one past the highest slot ever claimed.
     pub(crate) high_water: &'a AtomicU32,
 }
 
-/// Claim the lowest free slot at or after the cursor (wrapping round to the slots below it)
-/// for `info`; `None` when every slot is active or closed too recently. Lock-free (one CAS per
-/// candidate slot); safe to call from any thread.
+/// Claim the slot the writer's bookkeeping gives for `info`; `None` when every slot is active
+/// or closed too recently. Safe to call from any thread: the bookkeeping hands each slot to one
+/// claimer, and the claim is a CAS on the slot's state.
 pub(crate) fn claim<'a>(
     table: &ClaimTable<'a>,
     info: &ConnectionInfo,
 ) -> Option<ConnectionProbe<'a>> {
     let now = now_ns();
-    let count = table.slots.len().min(u32::MAX as usize);
-    let start = (table.cursor.load(Ordering::Relaxed) as usize).min(count);
-    let mut first_lingering = None;
-    for index in (start..count).chain(0..start) {
-        let slot = &table.slots[index];
+    let count = u32::try_from(table.slots.len()).unwrap_or(u32::MAX);
+    while let Some(candidate) = table.free.take(now, REUSE_LINGER_NS, count) {
+        let index = candidate.index();
+        let Some(slot) = table.slots.get(index as usize) else {
+            continue;
+        };
         let current = slot.state.load(Ordering::Relaxed);
         let (generation, state) = split(current);
-        match state {
-            UNUSED => {}
-            CLOSED if lingered(slot, now) => {}
-            CLOSED => {
-                first_lingering.get_or_insert(index);
-                continue;
-            }
-            _ => continue,
+        let expected = match candidate {
+            Candidate::Fresh(_) => UNUSED,
+            Candidate::Lingered(_) => CLOSED,
+        };
+        // Only this writer changes the states, so this holds; a slot that disagrees is left out.
+        if state != expected || (state == CLOSED && !lingered(slot, now)) {
+            continue;
         }
         let next = generation.wrapping_add(1).max(1);
         // Acquire: we take the slot over after its previous owner's last stores.
@@ -250,14 +249,9 @@ pub(crate) fn claim<'a>(
         if won.is_err() {
             continue;
         }
-        // `count` fits in u32, so every index below it does.
-        let index = index as u32;
         // SYNC: none needed: a reader that loads an older mark misses this slot for one read
         // only, and the mark never falls, so Relaxed.
         table.high_water.fetch_max(index + 1, Ordering::Relaxed);
-        let resume = first_lingering.filter(|&l| l < index as usize);
-        let resume = resume.map_or(index + 1, |l| l as u32);
-        table.cursor.store(resume, Ordering::Relaxed);
         // SYNC: pairs with the fence(Acquire) before the second state load in `read_slot`: a
         // reader whose copy saw any field stored below sees CLAIMING (or later) on reload.
         fence(Ordering::Release);
@@ -268,7 +262,7 @@ pub(crate) fn claim<'a>(
             slot,
             index,
             generation: next,
-            cursor: Some(table.cursor),
+            free: Some(table.free),
         });
     }
     None
@@ -378,7 +372,7 @@ mod tests {
 
     struct Table {
         slots: Vec<ConnSlot>,
-        cursor: AtomicU32,
+        free: FreeSlots,
         high_water: AtomicU32,
     }
 
@@ -386,7 +380,7 @@ mod tests {
         fn claim(&self, info: &ConnectionInfo) -> Option<ConnectionProbe<'_>> {
             let table = ClaimTable {
                 slots: &self.slots,
-                cursor: &self.cursor,
+                free: &self.free,
                 high_water: &self.high_water,
             };
             claim(&table, info)
@@ -396,9 +390,19 @@ mod tests {
             self.high_water.load(Ordering::Relaxed)
         }
 
-        /// Ages slot `index`'s close past the linger time.
-        fn age(&self, index: usize) {
-            self.slots[index].closed_ns.store(1, Ordering::Relaxed);
+        /// Ages every closed slot's close past the linger time, in the file and in the
+        /// writer's bookkeeping, keeping their order.
+        fn age(&self) {
+            let mut closed = Vec::new();
+            while let Some(candidate) = self.free.take(u64::MAX, 0, 0) {
+                closed.push(candidate.index());
+            }
+            for index in closed {
+                self.slots[index as usize]
+                    .closed_ns
+                    .store(1, Ordering::Relaxed);
+                self.free.closed(index, 1);
+            }
         }
     }
 
@@ -406,7 +410,7 @@ mod tests {
         Table {
             // SAFETY: all-zero bytes are a valid ConnSlot (atomics and byte arrays): UNUSED.
             slots: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            cursor: AtomicU32::new(0),
+            free: FreeSlots::default(),
             high_water: AtomicU32::new(0),
         }
     }
@@ -451,7 +455,7 @@ mod tests {
             "a closed slot lingers before reuse"
         );
         // Age the closed slot past the linger time: it is reused with a new generation.
-        t.slots[0].closed_ns.store(1, Ordering::Relaxed);
+        t.age();
         let c = t.claim(&info(3)).unwrap();
         let s = read_slot(&t.slots[0], c.index()).unwrap();
         assert_eq!(
@@ -486,41 +490,22 @@ mod tests {
     }
 
     #[test]
-    fn the_lowest_free_slot_is_taken_and_the_mark_follows_the_most_open_at_once() {
+    fn closed_slots_are_reused_once_lingered_and_the_mark_follows_the_most_open_at_once() {
         let t = table(8);
         let probes: Vec<_> = (0..5).map(|p| t.claim(&info(p)).unwrap()).collect();
         assert_eq!(t.mark(), 5);
         let [a, b, c, d, e] = probes.try_into().unwrap();
-        let (b_index, d_index) = (b.index(), d.index());
-        drop(b);
         drop(d);
-        // Both still linger: the next claim goes above them, and comes back for them.
+        drop(b);
+        // Both still linger: the next claim takes a slot never used.
         let f = t.claim(&info(6)).unwrap();
         assert_eq!((f.index(), t.mark()), (5, 6));
-        t.age(b_index as usize);
-        t.age(d_index as usize);
+        // Aged past the linger time: the slot that closed first is reused first, and reuse
+        // does not raise the mark.
+        t.age();
         let reused: Vec<u32> = (0..2).map(|p| t.claim(&info(p)).unwrap().index()).collect();
-        assert_eq!(
-            reused,
-            [1, 3],
-            "the closed slots below are reused, lowest first"
-        );
-        assert_eq!(t.mark(), 6, "reuse does not raise the mark");
+        assert_eq!(reused, [3, 1]);
+        assert_eq!(t.mark(), 6);
         drop((a, c, e, f));
-    }
-
-    #[test]
-    fn a_claim_wraps_round_from_the_cursor() {
-        let t = table(3);
-        let probes: Vec<_> = (0..3).map(|p| t.claim(&info(p)).unwrap()).collect();
-        assert_eq!(t.cursor.load(Ordering::Relaxed), 3);
-        // A stale cursor (several threads) past the free slot: the scan wraps round.
-        let [a, b, c] = probes.try_into().unwrap();
-        drop(a);
-        t.age(0);
-        t.cursor.store(2, Ordering::Relaxed);
-        let again = t.claim(&info(9)).unwrap();
-        assert_eq!((again.index(), t.mark()), (0, 3));
-        drop((b, c, again));
     }
 }

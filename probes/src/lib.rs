@@ -84,6 +84,8 @@ pub mod ring;
 mod sync;
 
 #[cfg(not(loom))]
+mod claims;
+#[cfg(not(loom))]
 mod conn;
 #[cfg(not(loom))]
 pub mod counters;
@@ -108,6 +110,8 @@ pub mod writer;
 
 #[cfg(all(test, not(loom)))]
 mod tests;
+#[cfg(all(test, not(loom)))]
+mod tests_connections;
 #[cfg(all(test, not(loom)))]
 mod tests_guard;
 #[cfg(all(test, not(loom)))]

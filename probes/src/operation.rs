@@ -78,7 +78,9 @@ pub struct Operation {
     pub flows_per_peer: i32,
 }
 
-/// A field of an [`Operation`] the word could not hold as NCCL gave it (it holds "undefined").
+/// A field of an [`Operation`] the word could not hold as NCCL gave it (it holds "undefined"
+/// instead): a bit past the field (a newer NCCL's function, algorithm or protocol), or every
+/// bit of the field, which the word keeps for NCCL's undefined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unrecorded {
     /// A function bit past the 16 the word has.

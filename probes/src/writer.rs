@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::claims::FreeSlots;
 use crate::conn::{self, ConnectionProbe};
 use crate::counters::{RailProbe, TransferProbe};
 use crate::declared::{
@@ -68,9 +69,9 @@ pub(crate) struct Owner {
     serial: u64,
     path: PathBuf,
     removed: AtomicBool,
-    /// The lowest connection slot that may be free (src/conn.rs): process memory, so that no
-    /// reader of the file can steer where the writer claims.
-    claim_cursor: AtomicU32,
+    /// Which connection slots are free (src/claims.rs): process memory, so that no reader of
+    /// the file can steer where the writer claims.
+    free_slots: FreeSlots,
 }
 
 // SAFETY: the image is shared memory accessed only through atomics (and header fields that
@@ -196,7 +197,7 @@ impl ProbesFile {
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             path,
             removed: AtomicBool::new(false),
-            claim_cursor: AtomicU32::new(0),
+            free_slots: FreeSlots::default(),
         };
         Ok(ProbesFile {
             image,
@@ -280,7 +281,7 @@ impl ProbesFile {
         let image = self.image();
         let table = conn::ClaimTable {
             slots: &image.conns,
-            cursor: &owner.claim_cursor,
+            free: &owner.free_slots,
             high_water: &image.header.connection_high_water,
         };
         let claimed = conn::claim(&table, info);

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use mpib_agent::status::FLOWS_HEADER;
+use mpib_agent::status::FLOWS_HEADER_FIRST;
 
 use crate::frame::{Agent, Flow};
 
@@ -83,7 +83,7 @@ pub fn parse(reply: &str) -> Result<Vec<Flow>, String> {
     let mut lines = reply.lines();
     match lines.next() {
         // A later agent may add columns after these.
-        Some(header) if header.starts_with(FLOWS_HEADER) => {}
+        Some(header) if header.starts_with(FLOWS_HEADER_FIRST) => {}
         Some(first) if first.starts_with("error:") => {
             return Err(format!(
                 "the agent answered {first:?} (an agent older than `flows`?)"
@@ -125,6 +125,7 @@ fn flow(line: &str) -> Result<Flow, String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use mpib_agent::status::FLOWS_HEADER;
 
     #[test]
     fn a_reply_parses_and_a_bad_one_says_why() {
@@ -140,6 +141,14 @@ mod tests {
         assert_eq!(
             (flows[0].measured_connections, flows[1].measured_connections),
             (Some(8), None)
+        );
+        // An agent from before `measured_connections`: its header and lines end earlier.
+        let older =
+            format!("{FLOWS_HEADER_FIRST}\n0\t10.0.0.1->10.0.1.2\tstatic\t0\t-\t-\t-\t-\t2\t0\n");
+        let older = parse(&older).unwrap();
+        assert_eq!(
+            (older[0].connections, older[0].measured_connections),
+            (2, None)
         );
         assert!(parse("error: unknown command \"flows\"\n")
             .unwrap_err()

@@ -84,7 +84,8 @@ fn report(unrecorded: &[Unrecorded]) {
         })
         .collect();
     let message = format!(
-        "setNetAttr: {} has bits this plugin does not know (a newer NCCL?); recorded as undefined",
+        "setNetAttr: {} does not fit the probes word (a bit past its field, from a newer NCCL, or \
+         every bit of it, which the word keeps for undefined); recorded as undefined",
         what.join(", ")
     );
     if WARNED.swap(true, Ordering::Relaxed) {
