@@ -148,12 +148,7 @@ fn child_batch() {
         held <= 16,
         "{held} descriptors held for {BATCH} connected pairs: they grow with connections"
     );
-    for send in batch.sends {
-        net.close_send(send).unwrap();
-    }
-    for recv in batch.recvs {
-        net.close_recv(recv).unwrap();
-    }
+    batch.close(&net).unwrap();
     net.finalize(send_ctx).unwrap();
     net.finalize(recv_ctx).unwrap();
 }

@@ -119,12 +119,7 @@ impl Pair {
         let [send_handle, recv_handle] = handles;
         net.dereg_mr(&batch.sends[0], send_handle).unwrap();
         net.dereg_mr(&batch.recvs[0], recv_handle).unwrap();
-        for send in batch.sends {
-            net.close_send(send).unwrap();
-        }
-        for recv in batch.recvs {
-            net.close_recv(recv).unwrap();
-        }
+        batch.close(net).unwrap();
     }
 }
 

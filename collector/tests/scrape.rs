@@ -234,18 +234,9 @@ fn once_prints_the_exposition() {
     let dir = TempDir::new("once");
     let probes = fixture_file(dir.path(), &live_writer());
     fill_fixture(&probes);
-    let args = isolated(&dir);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_once(dir.path(), &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     check_against_catalog(&scrape);
     check_fixture_values(&scrape);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("slow transfer"), "{stderr}");
 }
 
@@ -265,12 +256,7 @@ fn a_declaration_that_takes_anothers_name_is_refused_alone() {
     let probes = ProbesFile::create_declaring(dir.path(), &live_writer(), &declarations).unwrap();
     probes.rail(0).add(WIDGETS, 3);
     probes.add(ProcessCounter::at(12), 99);
-    let args = isolated(&dir);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_once(dir.path(), &args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     assert_eq!(
         scrape.value("mpib_probes_declarations_refused_total", &[]),
         1.0
@@ -441,15 +427,7 @@ fn devices_label_connections_and_a_shared_nic_is_one_series() {
         claimed.add_split([device as u64 + 1, 100]);
         claims.push(claimed);
     }
-    let args = isolated(&dir);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_once(dir.path(), &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     let sent = |rail, device| {
         scrape.value(
             "mpib_rail_tx_bytes_total",
@@ -472,7 +450,6 @@ fn devices_label_connections_and_a_shared_nic_is_one_series() {
             "{device}"
         );
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("devices [mlx5_0+mlx5_1, mlx5_2+mlx5_1]"),
         "the startup line lists the devices: {stderr}"

@@ -44,19 +44,6 @@ fn many_connections(probes: &ProbesFile) -> Vec<ConnectionProbe<'_>> {
     held
 }
 
-fn scrape_with(dir: &TempDir, extra: &[&str]) -> Scrape {
-    let mut args = isolated(dir);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_once(dir.path(), &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Scrape::parse(&String::from_utf8(out.stdout).unwrap())
-}
-
 fn count(scrape: &Scrape, prefix: &str) -> usize {
     scrape
         .samples
@@ -77,7 +64,7 @@ fn thousands_of_connections_export_a_bounded_number_of_series() {
     let connections = held.len();
     assert_eq!(connections, 4096);
     for (limit, listed_sets) in [("128", 128), ("0", 0), ("16384", 64 + 2048)] {
-        let scrape = scrape_with(&dir, &["--connection-series", limit]);
+        let (scrape, _) = scrape_isolated(&dir, &["--connection-series", limit]);
         let claim_failures = scrape.value("mpib_connection_claim_failures_total", &[]);
         assert_eq!(claim_failures, 0.0, "every one has a slot");
         // Listed: the 64 send label sets first (claimed first), then receive ones.

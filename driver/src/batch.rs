@@ -21,6 +21,17 @@ pub struct Batch {
     pub connect_times: Vec<Duration>,
 }
 
+impl Batch {
+    /// Closes every comm of the batch, sends first; the first failure is returned after the
+    /// others are closed.
+    pub fn close(self, net: &Net<'_>) -> Result<()> {
+        let closed_sends = self.sends.into_iter().map(|send| net.close_send(send));
+        let closed_recvs = self.recvs.into_iter().map(|recv| net.close_recv(recv));
+        let results: Vec<Result<()>> = closed_sends.chain(closed_recvs).collect();
+        results.into_iter().collect()
+    }
+}
+
 /// What is open of a batch while it is being set up.
 struct Open {
     listens: Vec<Option<ListenComm>>,

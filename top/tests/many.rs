@@ -175,12 +175,7 @@ fn child_many() {
     for (recv, handle) in batch.recvs.iter().zip(handles.recvs) {
         net.dereg_mr(recv, handle).unwrap();
     }
-    for send in batch.sends {
-        net.close_send(send).unwrap();
-    }
-    for recv in batch.recvs {
-        net.close_recv(recv).unwrap();
-    }
+    batch.close(&net).unwrap();
     net.finalize(send_ctx).unwrap();
     net.finalize(recv_ctx).unwrap();
     drop(source);

@@ -275,6 +275,21 @@ pub fn isolated(dir: &TempDir) -> Vec<String> {
     ]
 }
 
+/// `--once` over `dir` with the [`isolated`] paths and `extra` flags: the scrape and the
+/// collector's stderr; fails unless it exited 0.
+pub fn scrape_isolated(dir: &TempDir, extra: &[&str]) -> (Scrape, String) {
+    let mut args = isolated(dir);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_once(dir.path(), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (
+        Scrape::parse(&String::from_utf8(out.stdout).unwrap()),
+        stderr,
+    )
+}
+
 /// Run the collector with `--once` (60 s at most); returns its output.
 pub fn run_once(dir: &Path, extra: &[&str]) -> Output {
     let mut cmd = base_command(dir, extra);
