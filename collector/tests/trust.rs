@@ -22,18 +22,6 @@ fn args(dir: &TempDir, more: &[&str]) -> Vec<String> {
     args
 }
 
-fn once(dir: &TempDir, more: &[&str]) -> (Scrape, String) {
-    let args = args(dir, more);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_once(dir.path(), &args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    (
-        Scrape::parse(&String::from_utf8(out.stdout).unwrap()),
-        stderr,
-    )
-}
-
 /// The SOUT rail's bytes sent as exported for this process, if exported.
 fn own_tx(scrape: &Scrape) -> Option<f64> {
     let pid = std::process::id().to_string();
@@ -48,17 +36,17 @@ fn own_files_are_exported_group_writable_ones_and_unlisted_owners_are_not() {
     fill_fixture(&own);
     let uid = fs::metadata(own.path().unwrap()).unwrap().uid();
 
-    let (scrape, stderr) = once(&dir, &[]);
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     assert_eq!(own_tx(&scrape), Some(1_000_000.0), "{stderr}");
     assert_eq!(scrape.value("mpib_probes_skipped_total", &UNTRUSTED), 0.0);
 
     // Only our uid listed: exported as before.
-    let (scrape, stderr) = once(&dir, &["--allowed-uids", &uid.to_string()]);
+    let (scrape, stderr) = scrape_isolated(&dir, &["--allowed-uids", &uid.to_string()]);
     assert_eq!(own_tx(&scrape), Some(1_000_000.0), "{stderr}");
 
     // Another uid only: untrusted, named in the log with the owner and mode.
     let other = (uid + 1).to_string();
-    let (scrape, stderr) = once(&dir, &["--allowed-uids", &other]);
+    let (scrape, stderr) = scrape_isolated(&dir, &["--allowed-uids", &other]);
     assert_eq!(own_tx(&scrape), None, "{stderr}");
     assert_eq!(scrape.value("mpib_probes_skipped_total", &UNTRUSTED), 1.0);
     let line = format!(
@@ -74,7 +62,7 @@ fn own_files_are_exported_group_writable_ones_and_unlisted_owners_are_not() {
     // Writable by its group: whoever is in it could rewrite the job's numbers.
     let path = own.path().unwrap().to_path_buf();
     fs::set_permissions(&path, fs::Permissions::from_mode(0o664)).unwrap();
-    let (scrape, stderr) = once(&dir, &[]);
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     assert_eq!(own_tx(&scrape), None, "{stderr}");
     assert_eq!(scrape.value("mpib_probes_skipped_total", &UNTRUSTED), 1.0);
     assert!(
@@ -146,14 +134,14 @@ fn a_file_whose_writer_is_not_visible_is_exported_only_for_a_listed_owner() {
     fill_fixture(&gone);
     let uid = fs::metadata(gone.path().unwrap()).unwrap().uid();
     let dead = [("pid", "999999999"), ("device", "mlx5_0")];
-    let (scrape, stderr) = once(&dir, &[]);
+    let (scrape, stderr) = scrape_isolated(&dir, &[]);
     assert_eq!(scrape.get(TX, &dead), None, "{stderr}");
     assert!(
         stderr.contains("list the owner in --allowed-uids to trust it without its process"),
         "{stderr}"
     );
     // A collector in its own PID namespace sees no writer: the operator names the owners.
-    let (scrape, stderr) = once(&dir, &["--allowed-uids", &uid.to_string()]);
+    let (scrape, stderr) = scrape_isolated(&dir, &["--allowed-uids", &uid.to_string()]);
     assert_eq!(scrape.get(TX, &dead), Some(1_000_000.0), "{stderr}");
     drop(gone);
 }

@@ -234,8 +234,9 @@ pub(crate) fn claim<'a>(
             Candidate::Fresh(_) => UNUSED,
             Candidate::Lingered(_) => CLOSED,
         };
-        // Only this writer changes the states, so this holds; a slot that disagrees is left out.
-        if state != expected || (state == CLOSED && !lingered(slot, now)) {
+        // Only this writer changes the states (and the bookkeeping saw the close, so a CLOSED
+        // slot it gives has lingered): this holds; a slot that disagrees is left out.
+        if state != expected {
             continue;
         }
         let next = generation.wrapping_add(1).max(1);
@@ -266,12 +267,6 @@ pub(crate) fn claim<'a>(
         });
     }
     None
-}
-
-/// Whether a closed slot has kept its final values long enough to be reused.
-fn lingered(slot: &ConnSlot, now: u64) -> bool {
-    let closed = slot.closed_ns.load(Ordering::Relaxed);
-    now.saturating_sub(closed) >= REUSE_LINGER_NS
 }
 
 fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {

@@ -308,8 +308,8 @@ impl ProbesReader {
     /// a table that is mostly holes (2 MiB of slots, 3.2 on).
     pub fn connection_slots_used(&self) -> u32 {
         let count = self.regions[REGION_CONNECTIONS].count;
-        let (major, minor) = (self.info.abi_version >> 16, self.info.abi_version & 0xffff);
-        if major == 3 && minor < 2 {
+        // `open` admits this major only: the minor says whether the mark is there.
+        if self.info.abi_version & 0xffff < 2 {
             return count;
         }
         let mark = self.header().connection_high_water.load(Ordering::Relaxed);
