@@ -17,6 +17,7 @@ pub mod cursor;
 pub mod hint;
 pub mod imm;
 pub mod island;
+pub mod link_frame;
 pub mod mode;
 pub mod policy;
 pub mod post_plan;

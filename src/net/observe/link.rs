@@ -13,9 +13,14 @@
 //! proposed link. The acceptor's end takes the TCP user timeout of the first comm it accepted on
 //! the link (the connector's key includes its own).
 //!
+//! Once a link is up, the handshakes of later connections in its direction ride it too, each
+//! under an identifier the connector draws (`link_ride.rs`): a connection after the first to a
+//! process costs no TCP connection at all. The frames, and what each end accepts of them, are
+//! the sans-IO `mpib_proto::link_frame`.
+//!
 //! What a per-comm connection said by closing is said on a link by a notice naming the comm
-//! (each end told the other its name in the handshake): [`Kind::Failed`] with the error's text,
-//! [`Kind::Closed`] when a comm is closed (also for a share whose handshake failed after its
+//! (each end told the other its name in the handshake): [`NoticeKind::Failed`] with the error's text,
+//! [`NoticeKind::Closed`] when a comm is closed (also for a share whose handshake failed after its
 //! proposal went out: the peer drops notices for names it does not hold). A link is closed when
 //! its last comm on this side is; a dead process's links close with it.
 //!
@@ -30,29 +35,22 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv4Addr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::net::data::request::now_ns;
+use crate::proto::link_frame::{self, Decoded, End, Filed, Frame, Inbox, NoticeKind, Step};
 use crate::proto::wire::Ready;
 
-/// First bytes of every notice; then the kind, the comm's name, a length and that much UTF-8.
-pub(crate) const NOTICE_MAGIC: &[u8; 8] = b"MPIBNTC1";
-const NOTICE_HEADER: usize = NOTICE_MAGIC.len() + 1 + 8 + 2;
-/// Longest notice text (a longer error is cut at a character boundary).
-pub(crate) const NOTICE_TEXT_MAX: usize = 512;
-/// Bytes a link keeps for a peer that reads slowly; a notice past this is dropped.
-const OUTPUT_MAX: usize = 1 << 20;
+pub(crate) use ride::{pump_incoming, take_open, ListenOpens, Ride, RideError};
 
-/// What a notice says about the comm it names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// The peer's comm failed; the text says why.
-    Failed = 1,
-    /// The peer closed its comm.
-    Closed = 2,
-}
+#[path = "link_ride.rs"]
+mod ride;
+
+/// Bytes a link keeps for a peer that reads slowly; past this the link is shut down.
+const OUTPUT_MAX: usize = 1 << 20;
 
 /// What this side has heard about one of its comms' peers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,17 +126,23 @@ fn registry() -> MutexGuard<'static, Registry> {
 pub(crate) struct Link {
     id: u64,
     key: LinkKey,
+    /// The stream's descriptor (one `poll` finds which links have input: `link_ride.rs`).
+    fd: RawFd,
     state: Mutex<LinkState>,
 }
 
 struct LinkState {
     stream: TcpStream,
-    /// Comms of this side riding the link (and proposals awaiting an answer).
+    /// The link itself, for the handshakes its input opens (they hold it).
+    me: Weak<Link>,
+    /// Comms of this side riding the link, proposals awaiting an answer and handshakes on it.
     comms: usize,
     input: Vec<u8>,
     output: Vec<u8>,
     ended: Option<(u64, String)>,
     heard: HashMap<u64, Heard>,
+    /// The handshakes on the link and the message each waits for.
+    inbox: Inbox,
 }
 
 impl Link {
@@ -151,16 +155,23 @@ impl Link {
         let _ = socket.set_tcp_keepalive(&keepalive);
         let _ = socket
             .set_tcp_user_timeout(Some(Duration::from_millis(u64::from(budget_ms.max(1000)))));
-        Arc::new(Link {
+        let end = match key {
+            LinkKey::Outgoing(_) => End::Connector,
+            LinkKey::Incoming { .. } => End::Acceptor,
+        };
+        Arc::new_cyclic(|me| Link {
             id,
             key,
+            fd: stream.as_raw_fd(),
             state: Mutex::new(LinkState {
                 stream,
+                me: me.clone(),
                 comms: 0,
                 input: Vec::new(),
                 output: Vec::new(),
                 ended: None,
                 heard: HashMap::new(),
+                inbox: Inbox::new(end),
             }),
         })
     }
@@ -220,34 +231,43 @@ impl Attachment {
     /// Tells the peer this comm failed, with `text` (best effort, never blocking).
     pub(crate) fn tell_failed(&self, text: &str) {
         let mut state = self.link.lock();
-        state.queue(Kind::Failed, self.peer, text);
+        state.queue_notice(NoticeKind::Failed, self.peer, text);
         state.pump(now_ns());
     }
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        {
-            let mut registry = registry();
-            let mut state = self.link.lock();
-            state.heard.remove(&self.local);
-            state.queue(Kind::Closed, self.peer, "");
-            state.comms -= 1;
-            if state.comms == 0 {
-                // The last comm of this side: the link goes (the peer sees its end close).
-                let ours = registry
-                    .links
-                    .get(&self.link.key)
-                    .is_some_and(|held| Arc::ptr_eq(held, &self.link));
-                if ours {
-                    registry.links.remove(&self.link.key);
-                }
+        let (local, peer) = (self.local, self.peer);
+        release(&self.link, |state| {
+            state.heard.remove(&local);
+            state.queue_notice(NoticeKind::Closed, peer, "");
+        });
+    }
+}
+
+/// Gives back one share of `link` after `last_words` (under its lock): the link leaves the
+/// registry with this side's last share (the peer sees its end close).
+fn release(link: &Arc<Link>, last_words: impl FnOnce(&mut LinkState)) {
+    {
+        // The registry first, then the link: the order every path takes both in.
+        let mut registry = registry();
+        let mut state = link.lock();
+        last_words(&mut state);
+        state.comms -= 1;
+        if state.comms == 0 {
+            let ours = registry
+                .links
+                .get(&link.key)
+                .is_some_and(|held| Arc::ptr_eq(held, link));
+            if ours {
+                registry.links.remove(&link.key);
             }
         }
-        // The notice goes out, and what came in is read, outside the registry's lock: closing
-        // thousands of comms must not hold up other threads' handshakes on system calls.
-        self.link.lock().pump(now_ns());
     }
+    // What goes out goes, and what came in is read, outside the registry's lock: closing
+    // thousands of comms must not hold up other threads' handshakes on system calls.
+    link.lock().pump(now_ns());
 }
 
 impl LinkState {
@@ -273,76 +293,111 @@ impl LinkState {
                 }
             }
         }
-        self.file_notices(now_ns);
+        self.file_frames(now_ns);
+        // What filing queued (a refused handshake's answer) goes out now, not at the next read.
+        self.flush();
     }
 
-    fn file_notices(&mut self, now_ns: u64) {
+    /// Files every complete frame of the input: notices under the comm they name, handshake
+    /// messages in the inbox, new handshakes with the listen comm they name (`link_ride.rs`).
+    fn file_frames(&mut self, now_ns: u64) {
         let mut start = 0;
-        while let Some(frame) = self.input.get(start..start + NOTICE_HEADER) {
-            if &frame[..NOTICE_MAGIC.len()] != NOTICE_MAGIC {
-                self.ended = Some((now_ns, "carried bytes that are not a notice".to_string()));
-                self.input.clear();
-                return;
-            }
-            let kind = frame[8];
-            let comm = u64::from_le_bytes(frame[9..17].try_into().unwrap_or_default());
-            let length = usize::from(u16::from_le_bytes([frame[17], frame[18]]));
-            let Some(text) = self
-                .input
-                .get(start + NOTICE_HEADER..start + NOTICE_HEADER + length)
-            else {
-                break;
+        loop {
+            let (frame, used) = match link_frame::decode(&self.input[start..]) {
+                Decoded::Frame(frame, used) => (frame, used),
+                Decoded::Incomplete => break,
+                Decoded::Invalid(what) => return self.end_with(now_ns, format!("carried {what}")),
             };
-            let heard = match kind {
-                1 => Heard::Failed {
-                    since: now_ns,
-                    text: String::from_utf8_lossy(text).into_owned(),
-                },
-                2 => Heard::Closed { since: now_ns },
-                other => {
-                    // Both ends speak one handshake version: another kind is not a notice.
-                    let why = format!("carried a notice of unknown kind {other}");
-                    self.ended = Some((now_ns, why));
-                    self.input.clear();
-                    return;
+            let filed = match frame {
+                Frame::Notice { kind, comm, text } => {
+                    file_notice(&mut self.heard, now_ns, kind, comm, text);
+                    None
                 }
+                Frame::Handshake {
+                    step,
+                    handshake,
+                    listen,
+                    payload,
+                } => Some(self.inbox.file(step, handshake, listen, payload)),
             };
-            if let Some(slot) = self.heard.get_mut(&comm) {
-                // A failure report is kept over a later close (it says why).
-                if !matches!(slot, Heard::Failed { .. }) {
-                    *slot = heard;
+            start += used;
+            match filed {
+                None | Some(Filed::Kept | Filed::Ignored) => {}
+                Some(Filed::Opened {
+                    handshake,
+                    listen,
+                    request,
+                }) => self.route_open(handshake, listen, request),
+                Some(Filed::Refused { handshake, reason }) => {
+                    self.queue_handshake(Step::Abandoned, handshake, 0, reason.as_bytes());
                 }
+                Some(Filed::Violation(why)) => return self.end_with(now_ns, why),
             }
-            start += NOTICE_HEADER + length;
         }
         self.input.drain(..start);
     }
+}
 
-    /// Adds a notice to the output (sent by the next [`LinkState::pump`]). A peer that has left
-    /// [`OUTPUT_MAX`] unread gets its link shut down: its comms then hear the link end, where a
-    /// dropped notice would have left them waiting.
-    fn queue(&mut self, kind: Kind, comm: u64, text: &str) {
-        let mut end = text.len().min(NOTICE_TEXT_MAX);
-        while !text.is_char_boundary(end) {
-            end -= 1;
+/// Files a notice under the comm it names (dropped if this side holds no such comm).
+fn file_notice(
+    heard_by_comm: &mut HashMap<u64, Heard>,
+    now_ns: u64,
+    kind: NoticeKind,
+    comm: u64,
+    text: &[u8],
+) {
+    let heard = match kind {
+        NoticeKind::Failed => Heard::Failed {
+            since: now_ns,
+            text: String::from_utf8_lossy(text).into_owned(),
+        },
+        NoticeKind::Closed => Heard::Closed { since: now_ns },
+    };
+    if let Some(slot) = heard_by_comm.get_mut(&comm) {
+        // A failure report is kept over a later close (it says why).
+        if !matches!(slot, Heard::Failed { .. }) {
+            *slot = heard;
         }
+    }
+}
+
+impl LinkState {
+    /// The link carried something its peer never sends: it ends, and its comms hear why.
+    fn end_with(&mut self, now_ns: u64, why: String) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.ended = Some((now_ns, why));
+        self.input.clear();
+    }
+
+    /// Adds a notice to the output (sent by the next [`LinkState::pump`]).
+    fn queue_notice(&mut self, kind: NoticeKind, comm: u64, text: &str) {
+        if self.has_room(link_frame::notice_len(text)) {
+            link_frame::encode_notice(&mut self.output, kind, comm, text);
+        }
+    }
+
+    /// Adds a handshake frame to the output (sent by the next [`LinkState::pump`]).
+    fn queue_handshake(&mut self, step: Step, handshake: u64, listen: u64, payload: &[u8]) {
+        let length = link_frame::HANDSHAKE_HEADER + payload.len();
+        if self.has_room(length) {
+            link_frame::encode_handshake(&mut self.output, step, handshake, listen, payload);
+        }
+    }
+
+    /// Whether `length` more bytes fit the output. A peer that has left [`OUTPUT_MAX`] unread
+    /// gets its link shut down: its comms then hear the link end, where a dropped notice would
+    /// have left them waiting.
+    fn has_room(&mut self, length: usize) -> bool {
         if self.ended.is_some() {
-            return;
+            return false;
         }
-        if self.output.len() + NOTICE_HEADER + end > OUTPUT_MAX {
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
-            self.ended = Some((
-                now_ns(),
-                format!("was shut down: the peer left {OUTPUT_MAX} bytes of notices unread"),
-            ));
+        if self.output.len() + length > OUTPUT_MAX {
+            let why = format!("was shut down: the peer left {OUTPUT_MAX} bytes unread");
+            self.end_with(now_ns(), why);
             self.output.clear();
-            return;
+            return false;
         }
-        self.output.extend_from_slice(NOTICE_MAGIC);
-        self.output.push(kind as u8);
-        self.output.extend_from_slice(&comm.to_le_bytes());
-        self.output.extend_from_slice(&(end as u16).to_le_bytes());
-        self.output.extend_from_slice(&text.as_bytes()[..end]);
+        true
     }
 
     fn flush(&mut self) {
@@ -377,33 +432,41 @@ pub(crate) struct Proposal {
     pub fresh_link: u64,
 }
 
-/// Proposes for a connection with `names`, over `path`.
-pub(crate) fn propose(path: PathKey, names: Names, now_ns: u64) -> Proposal {
+/// Proposes for a connection with `names`, over `path`: the link its handshake rides
+/// (`riding`), else the one held to `path`.
+pub(crate) fn propose(path: PathKey, names: Names, riding: Option<&Ride>, now_ns: u64) -> Proposal {
     let registry = registry();
-    let existing = registry
-        .links
-        .get(&LinkKey::Outgoing(path))
-        .and_then(|link| {
-            let mut state = link.lock();
-            state.pump(now_ns);
-            if state.ended.is_some() {
-                return None;
-            }
-            Some(Attachment::new(Arc::clone(link), &mut state, names))
-        });
+    let link = match riding {
+        Some(ride) => Some(ride.link()),
+        None => registry.links.get(&LinkKey::Outgoing(path)),
+    };
+    let existing = link.and_then(|link| {
+        let mut state = link.lock();
+        state.pump(now_ns);
+        if state.ended.is_some() {
+            return None;
+        }
+        Some(Attachment::new(Arc::clone(link), &mut state, names))
+    });
     Proposal {
         existing,
         fresh_link: fresh_name(),
     }
 }
 
+/// Why a link could not be kept.
+fn no_stream(what: &str) -> std::io::Error {
+    std::io::Error::new(ErrorKind::NotConnected, what.to_string())
+}
+
 /// The connector heard the acceptor's answer `link`: the share of the proposed link, or the
-/// handshake's `stream` as a new link (which later connections to `path` then propose).
+/// handshake's own `stream` as a new link (which later connections to `path` then propose and
+/// ride). A handshake that rode a link has no stream of its own: only its link can be kept.
 pub(crate) fn settle(
     proposal: Proposal,
     link: u64,
     path: PathKey,
-    stream: &TcpStream,
+    stream: Option<&TcpStream>,
     names: Names,
 ) -> std::io::Result<Attachment> {
     if let Some(share) = proposal.existing {
@@ -413,6 +476,9 @@ pub(crate) fn settle(
         // Not kept: its *closed* notice names a comm the acceptor holds on the new link only,
         // so the acceptor drops it.
     }
+    let stream = stream.ok_or_else(|| {
+        no_stream("the acceptor answered a new link for a handshake that rode the existing one")
+    })?;
     let key = LinkKey::Outgoing(path);
     let created = Link::new(link, key, stream.try_clone()?, path.budget_ms);
     let mut registry = registry();
@@ -422,11 +488,13 @@ pub(crate) fn settle(
 }
 
 /// The acceptor's answer to `ready` from process `connector`: a share of the proposed link if
-/// this side holds it, else the handshake's `stream` as the new link.
+/// this side holds it, else the handshake's own `stream` as the new link (a handshake that rode
+/// a link has none: its link is the one proposed, and this side holds it while the handshake
+/// runs).
 pub(crate) fn answer(
     connector: u64,
     ready: &Ready,
-    stream: &TcpStream,
+    stream: Option<&TcpStream>,
     budget_ms: u32,
     names: Names,
     now_ns: u64,
@@ -445,6 +513,9 @@ pub(crate) fn answer(
             }
         }
     }
+    let stream = stream.ok_or_else(|| {
+        no_stream("the link this handshake rode is not the one the connector proposed, or ended")
+    })?;
     let key = LinkKey::Incoming {
         connector,
         link: ready.fresh_link,

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 
+use super::ride::opens_waiting;
 use super::*;
 
 /// One handshake's TCP connection, both ends non-blocking: (connector's, acceptor's).
@@ -34,7 +35,7 @@ pub(crate) fn link_comm(path: PathKey, connector: u64) -> (Attachment, Attachmen
         local: fresh_name(),
         peer: fresh_name(),
     };
-    let proposal = propose(path, names, 0);
+    let proposal = propose(path, names, None, 0);
     let ready = Ready {
         existing_link: proposal.existing.as_ref().map_or(0, Attachment::link_id),
         fresh_link: proposal.fresh_link,
@@ -43,9 +44,9 @@ pub(crate) fn link_comm(path: PathKey, connector: u64) -> (Attachment, Attachmen
         local: names.peer,
         peer: names.local,
     };
-    let accepted = answer(connector, &ready, &theirs, 1000, theirs_names, 0).unwrap();
+    let accepted = answer(connector, &ready, Some(&theirs), 1000, theirs_names, 0).unwrap();
     let chosen = accepted.link_id();
-    let connected = settle(proposal, chosen, path, &ours, names).unwrap();
+    let connected = settle(proposal, chosen, path, Some(&ours), names).unwrap();
     (connected, accepted)
 }
 
@@ -153,7 +154,7 @@ fn a_proposal_never_answered_is_given_back_and_its_notice_dropped() {
         local: fresh_name(),
         peer: fresh_name(),
     };
-    let proposal = propose(path, names, 0);
+    let proposal = propose(path, names, None, 0);
     assert_eq!(
         proposal.existing.as_ref().map(Attachment::link_id),
         Some(a.link_id())
@@ -170,7 +171,7 @@ fn a_proposal_never_answered_is_given_back_and_its_notice_dropped() {
 }
 
 #[test]
-fn bytes_that_are_not_notices_end_the_link() {
+fn bytes_that_are_not_frames_end_the_link() {
     let path = test_path();
     let (a, a_peer) = link_comm(path, path.peer_process);
     let mut stream = a.link.lock().stream.try_clone().unwrap();
@@ -179,7 +180,7 @@ fn bytes_that_are_not_notices_end_the_link() {
         .unwrap();
     let heard = wait_for(&a_peer, |h| !matches!(h, Heard::Nothing));
     assert!(
-        matches!(&heard, Heard::LinkEnded { why, .. } if why.contains("not a notice")),
+        matches!(&heard, Heard::LinkEnded { why, .. } if why.contains("no frame")),
         "{heard:?}"
     );
 }
@@ -200,7 +201,7 @@ fn a_peer_that_reads_no_notices_has_its_link_shut_down_rather_than_lose_them() {
         let mut state = a.link.lock();
         // As if the peer had read nothing for a long while: the output is full.
         state.output.resize(OUTPUT_MAX, 0);
-        state.queue(Kind::Closed, 42, "");
+        state.queue_notice(NoticeKind::Closed, 42, "");
         assert!(state.output.is_empty());
         let why = &state.ended.as_ref().expect("the link ended").1;
         assert!(why.contains("unread"), "{why}");
@@ -232,7 +233,7 @@ fn a_notice_of_an_unknown_kind_ends_the_link() {
     let path = test_path();
     let (a, a_peer) = link_comm(path, path.peer_process);
     let mut stream = a.link.lock().stream.try_clone().unwrap();
-    let mut frame = NOTICE_MAGIC.to_vec();
+    let mut frame = link_frame::NOTICE_MAGIC.to_vec();
     frame.push(9);
     frame.extend_from_slice(&a_peer.local.to_le_bytes());
     frame.extend_from_slice(&0u16.to_le_bytes());
@@ -241,5 +242,147 @@ fn a_notice_of_an_unknown_kind_ends_the_link() {
     assert!(
         matches!(&heard, Heard::LinkEnded { why, .. } if why.contains("unknown kind 9")),
         "{heard:?}"
+    );
+}
+
+/// Polls `receive` until it yields something other than "not yet".
+fn ride_receive(ride: &mut Ride) -> Result<Vec<u8>, RideError> {
+    for step in 0..1000 {
+        pump_incoming(step);
+        if let Some(message) = ride.receive(step).transpose() {
+            return message;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    panic!("the ride heard nothing");
+}
+
+/// Polls the links peers made until an open for `listen` is filed.
+fn next_open(listen: u64) -> (Ride, Vec<u8>) {
+    for step in 0..1000 {
+        pump_incoming(step);
+        if let Some(open) = take_open(listen) {
+            return open;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    panic!("no open for {listen:#x}");
+}
+
+#[test]
+fn a_later_handshake_rides_the_link_to_its_listen_comm_and_back() {
+    let path = test_path();
+    let (a, a_peer) = link_comm(path, path.peer_process);
+    let listen = fresh_name();
+    let _opens = ListenOpens::register(listen);
+    let mut ours = Ride::start(path, listen, 0).expect("the link is up");
+    assert_eq!(a.link.lock().comms, 2, "the ride holds a share");
+    ours.send(b"request", 0).unwrap();
+    let (mut theirs, request) = next_open(listen);
+    assert_eq!(request, b"request");
+    assert_eq!(theirs.addresses().unwrap().1, ours.addresses().unwrap().0);
+    theirs.send(b"reply", 0).unwrap();
+    assert_eq!(ride_receive(&mut ours).unwrap(), b"reply");
+    ours.send(b"ready", 0).unwrap();
+    assert_eq!(ride_receive(&mut theirs).unwrap(), b"ready");
+    theirs.send(b"answer", 0).unwrap();
+    assert_eq!(ride_receive(&mut ours).unwrap(), b"answer");
+    assert!(
+        Arc::ptr_eq(ours.link(), &a.link) && Arc::ptr_eq(theirs.link(), &a_peer.link),
+        "both ends on the link, no connection of its own"
+    );
+    ours.finish();
+    theirs.finish();
+    drop((ours, theirs));
+    assert_eq!(a.link.lock().comms, 1, "the shares came back");
+    assert_eq!(a.hear(1), Heard::Nothing, "finished rides say nothing");
+}
+
+#[test]
+fn an_open_naming_no_listen_comm_fails_that_handshake_alone() {
+    let path = test_path();
+    let (a, a_peer) = link_comm(path, path.peer_process);
+    let mut ride = Ride::start(path, 0x5eed, 0).unwrap();
+    ride.send(b"request", 0).unwrap();
+    let error = ride_receive(&mut ride).unwrap_err();
+    assert!(
+        matches!(&error, RideError::Abandoned(why) if why.contains("no open listen comm")),
+        "{error}"
+    );
+    assert_eq!(a.hear(2), Heard::Nothing, "the link goes on");
+    assert_eq!(a_peer.hear(2), Heard::Nothing);
+    assert!(a.link.lock().ended.is_none());
+}
+
+#[test]
+fn a_side_that_gives_up_tells_the_other() {
+    let path = test_path();
+    let (_a, _a_peer) = link_comm(path, path.peer_process);
+    let listen = fresh_name();
+    let registered = ListenOpens::register(listen);
+    // The connector gives up after the acceptor took the open.
+    let mut ours = Ride::start(path, listen, 0).unwrap();
+    ours.send(b"request", 0).unwrap();
+    let (mut theirs, _) = next_open(listen);
+    ours.set_reason("connect to 127.0.0.1: aborted");
+    drop(ours);
+    let error = ride_receive(&mut theirs).unwrap_err();
+    assert_eq!(
+        error,
+        RideError::Abandoned("connect to 127.0.0.1: aborted".into())
+    );
+    // A listen comm that closes with opens waiting refuses them.
+    let mut waiting = Ride::start(path, listen, 0).unwrap();
+    waiting.send(b"request", 0).unwrap();
+    for step in 0..1000 {
+        pump_incoming(step);
+        if opens_waiting(listen) > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    drop(registered);
+    let error = ride_receive(&mut waiting).unwrap_err();
+    assert!(
+        matches!(&error, RideError::Abandoned(why) if why.contains("was closed")),
+        "{error}"
+    );
+}
+
+#[test]
+fn opens_past_a_listen_comms_share_are_refused() {
+    let path = test_path();
+    let (_a, _a_peer) = link_comm(path, path.peer_process);
+    let listen = fresh_name();
+    let _opens = ListenOpens::register(listen);
+    let mut rides: Vec<Ride> = (0..=ride::OPENS_PER_LISTEN_MAX)
+        .map(|_| {
+            let mut ride = Ride::start(path, listen, 0).unwrap();
+            ride.send(b"request", 0).unwrap();
+            ride
+        })
+        .collect();
+    let last = rides.last_mut().unwrap();
+    let error = ride_receive(last).unwrap_err();
+    assert!(
+        matches!(&error, RideError::Abandoned(why) if why.contains("already wait")),
+        "{error}"
+    );
+    let filed = opens_waiting(listen);
+    assert_eq!(filed, ride::OPENS_PER_LISTEN_MAX);
+}
+
+#[test]
+fn a_ride_hears_its_link_end() {
+    let path = test_path();
+    let (a, _a_peer) = link_comm(path, path.peer_process);
+    let mut ride = Ride::start(path, fresh_name(), 0).unwrap();
+    a.shutdown_for_tests();
+    let error = ride_receive(&mut ride).unwrap_err();
+    assert!(matches!(error, RideError::LinkEnded(_)), "{error}");
+    assert!(ride.link_ended());
+    assert!(
+        Ride::start(path, fresh_name(), 0).is_none(),
+        "no ride on an ended link"
     );
 }

@@ -24,8 +24,6 @@
 //!   link under it is gone (nothing else would: no FIN crosses a pulled cable); the error names
 //!   the rail the connection rides when it rides one.
 
-use std::net::TcpStream;
-
 use crate::error::{Error, Result};
 use crate::net::observe::link::{Attachment, Heard};
 
@@ -58,13 +56,13 @@ impl PeerWatch {
     }
 
     /// Watches a comm's peer through its share of a link, naming the rail the handshake's
-    /// `stream` rode (one of the comm's `devices`).
+    /// control address `local` is on (one of the comm's `devices`), if any.
     pub(crate) fn of_control(
         link: Attachment,
-        stream: &std::net::TcpStream,
+        local: std::net::Ipv4Addr,
         devices: &crate::net::setup::resources::Devices,
     ) -> PeerWatch {
-        PeerWatch::new(link, control_path(stream, devices))
+        PeerWatch::new(link, control_path(local, devices))
     }
 
     /// Watches nothing (comms built without a control connection, in unit tests).
@@ -155,13 +153,13 @@ impl PeerWatch {
 
 /// " (over the sout rail (mlx5_0))" when `stream`'s local address is a rail device's address,
 /// else "": which link a dead control connection points at.
-fn control_path(stream: &TcpStream, devices: &crate::net::setup::resources::Devices) -> String {
-    let Ok(local) = stream.local_addr() else {
-        return String::new();
-    };
+fn control_path(
+    local: std::net::Ipv4Addr,
+    devices: &crate::net::setup::resources::Devices,
+) -> String {
     crate::fabric::Rail::ALL
         .into_iter()
-        .find(|rail| devices[rail.index()].info().address == local.ip())
+        .find(|rail| devices[rail.index()].info().address == std::net::IpAddr::V4(local))
         .map(|rail| {
             format!(
                 " (over the {rail} rail ({}))",

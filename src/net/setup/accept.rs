@@ -2,11 +2,13 @@
 //!
 //! ReceivingRequest -> (check agreement, create SRQs filled to the high-water mark) -> Resolving
 //! (the connector's rail addresses, polled once per call; then QPs to RTS) -> SendingReply ->
-//! ReceivingReady -> connected. A call does at most one step that creates or modifies verbs
+//! ReceivingReady -> SendingAnswer -> [Registering] -> connected. The handshake comes on a
+//! connection of its own claimed for this listen comm, or on a link a peer process already
+//! shares with this one (src/net/setup/channel.rs); the stages are the same. A call does at most one step that creates or modifies verbs
 //! resources and returns "not yet" after it (see connect.rs). A first `accept` never waits: with nothing
 //! pending on the listener it returns "not yet" at once.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
 use socket2::Socket;
@@ -31,12 +33,13 @@ use crate::net::agent::registration::{
 use crate::net::data::flush::Flusher;
 use crate::net::data::recv::{RecvComm, RecvData};
 use crate::net::data::request::now_ns;
-use crate::net::observe::link::{self, Attachment, Names};
+use crate::net::observe::link::{self, Attachment, ListenOpens, Names};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
+use crate::net::setup::channel::Channel;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::devices::FusedDevice;
-use crate::net::setup::listener::{fresh_listen_id, SharedListener};
+use crate::net::setup::listener::{fresh_listen_id, Incoming, SharedListener};
 use crate::net::setup::oob::{local_address, ListenHandle, Transfer};
 use crate::net::setup::resolve::Resolutions;
 use crate::net::setup::resources::{
@@ -73,6 +76,9 @@ pub struct ListenComm {
     /// on it (src/net/setup/listener.rs).
     listener: Arc<SharedListener>,
     listen_id: u64,
+    /// Where links file the handshakes they carry for this listen comm
+    /// (src/net/observe/link_ride.rs).
+    _opens: ListenOpens,
     pending: Option<Box<Acceptance>>,
 }
 
@@ -100,7 +106,7 @@ enum Stage {
 
 struct Acceptance {
     device: Arc<FusedDevice>,
-    stream: TcpStream,
+    channel: Channel,
     peer: SocketAddrV4,
     local: SocketAddrV4,
     stage: Stage,
@@ -128,6 +134,7 @@ pub(crate) fn listen(
     ListenHandle {
         address: listener.address(),
         listen_id,
+        process: link::process_id(),
     }
     .write(handle);
     Ok(Box::new(ListenComm {
@@ -136,6 +143,7 @@ pub(crate) fn listen(
         device,
         listener,
         listen_id,
+        _opens: ListenOpens::register(listen_id),
         pending: None,
     }))
 }
@@ -154,10 +162,12 @@ impl ListenComm {
     /// One `accept` call.
     pub(crate) fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
         if self.pending.is_none() {
-            match self.listener.next_for(self.listen_id)? {
-                Some(socket) => self.pending = Some(Box::new(self.start(socket)?)),
+            let channel = match self.listener.next_for(self.listen_id)? {
+                Some(Incoming::Socket(socket)) => Channel::Own(prepare_socket(socket)?),
+                Some(Incoming::Link(ride, request)) => Channel::accepted(ride, request),
                 None => return Ok(None),
-            }
+            };
+            self.pending = Some(Box::new(self.start(channel)?));
         }
         let result = match self.pending.as_mut() {
             Some(acceptance) => acceptance.progress(&self.ctx),
@@ -170,31 +180,22 @@ impl ListenComm {
                 Ok(Some(comm))
             }
             Err(e) => {
-                let peer = self
-                    .pending
-                    .take()
-                    .map(|a| a.peer.to_string())
-                    .unwrap_or_default();
-                Err(e.context(format!("accept from {peer}")))
+                let Some(mut acceptance) = self.pending.take() else {
+                    return Err(e.context("accept"));
+                };
+                let error = e.context(format!("accept from {}", acceptance.peer));
+                // A handshake on a link tells the connector why it stops.
+                acceptance.channel.set_reason(&error.to_string());
+                Err(error)
             }
         }
     }
 
-    fn start(&self, socket: Socket) -> Result<Acceptance> {
-        socket
-            .set_nonblocking(true)
-            .map_err(|e| Error::system(format!("accepted socket: {e}")))?;
-        socket.set_nodelay(true).ok();
-        let v4 = |address: std::io::Result<socket2::SockAddr>| {
-            address.ok().and_then(|a| a.as_socket_ipv4())
-        };
-        let peer = v4(socket.peer_addr())
-            .ok_or_else(|| Error::system("accepted socket has no IPv4 peer"))?;
-        let local = v4(socket.local_addr())
-            .ok_or_else(|| Error::system("accepted socket has no IPv4 address"))?;
+    fn start(&self, channel: Channel) -> Result<Acceptance> {
+        let (local, peer) = channel.addresses()?;
         Ok(Acceptance {
             device: Arc::clone(&self.device),
-            stream: socket.into(),
+            channel,
             peer,
             local,
             stage: Stage::ReceivingRequest(Transfer::incoming()),
@@ -211,13 +212,22 @@ impl ListenComm {
     }
 }
 
+/// A claimed handshake connection, made ready for the exchange.
+fn prepare_socket(socket: Socket) -> Result<std::net::TcpStream> {
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| Error::system(format!("accepted socket: {e}")))?;
+    socket.set_nodelay(true).ok();
+    Ok(socket.into())
+}
+
 impl Acceptance {
     fn progress(&mut self, ctx: &Arc<Context>) -> Result<Option<Box<RecvComm>>> {
         let peer = self.peer.to_string();
         loop {
             match &mut self.stage {
                 Stage::ReceivingRequest(transfer) => {
-                    if !transfer.receive(&mut self.stream, &peer)? {
+                    if !self.channel.receive(transfer, &peer)? {
                         return Ok(None);
                     }
                     let request = ConnectRequest::decode(transfer.bytes())
@@ -269,7 +279,7 @@ impl Acceptance {
                     return Ok(None);
                 }
                 Stage::SendingReply(transfer) => {
-                    if !transfer.send(&mut self.stream, &peer)? {
+                    if !self.channel.send(transfer, &peer)? {
                         return Ok(None);
                     }
                     if let Some(refusal) = self.refusal.take() {
@@ -278,7 +288,7 @@ impl Acceptance {
                     self.stage = Stage::ReceivingReady(Transfer::incoming());
                 }
                 Stage::ReceivingReady(transfer) => {
-                    if !transfer.receive(&mut self.stream, &peer)? {
+                    if !self.channel.receive(transfer, &peer)? {
                         return Ok(None);
                     }
                     let ready = Ready::decode(transfer.bytes())
@@ -287,7 +297,7 @@ impl Acceptance {
                     self.stage = Stage::SendingAnswer(Transfer::outgoing(answer.encode()));
                 }
                 Stage::SendingAnswer(transfer) => {
-                    if !transfer.send(&mut self.stream, &peer)? {
+                    if !self.channel.send(transfer, &peer)? {
                         return Ok(None);
                     }
                     if ctx.settings.mode == Mode::Vanilla {
@@ -518,7 +528,8 @@ impl Acceptance {
             .link
             .take()
             .ok_or_else(|| Error::internal("finish before the control link"))?;
-        data.peer = PeerWatch::of_control(share, &self.stream, &self.device.devices);
+        data.peer = PeerWatch::of_control(share, *self.local.ip(), &self.device.devices);
+        self.channel.finish();
         Ok(RecvComm::new(info, data))
     }
 
@@ -528,8 +539,9 @@ impl Acceptance {
         let settings = crate::net::setup::resources::qp_settings(&ctx.settings, ctx.traffic_class);
         let (connector, names) = (self.connector_process, self.link_names);
         let budget_ms = settings.retry_budget_ms();
-        let share = link::answer(connector, ready, &self.stream, budget_ms, names, now_ns())
-            .map_err(|e| {
+        let stream = self.channel.stream();
+        let share =
+            link::answer(connector, ready, stream, budget_ms, names, now_ns()).map_err(|e| {
                 let what = format!("keeping the control connection to {}", self.peer);
                 crate::net::setup::descriptors::socket_error(&what, &e)
             })?;

@@ -5,7 +5,11 @@
 //! acceptor's shared socket: src/net/setup/listener.rs) -> Building -> SendingRequest ->
 //! ReceivingReply -> Resolving -> SendingReady -> ReceivingAnswer (the control link kept,
 //! src/net/observe/link.rs) -> [Registering] -> connected. A `connect` not admitted yet returns
-//! "not yet" holding nothing.
+//! "not yet" holding nothing. When this process already holds a link to the acceptor's process
+//! (the handle names it), the handshake rides that link (src/net/setup/channel.rs) and starts at
+//! Building: its request opens it there, naming the listen comm. Should that link end before the
+//! reply (the acceptor may have closed its end before reading the request), the handshake starts
+//! again from Connecting on a connection of its own, with the same request.
 //! Resolving polls the acceptor's rail addresses once per call and brings the QPs up only when
 //! no verb would wait for them (see `resolve.rs`). A call does at most one step that creates or
 //! modifies verbs resources (tens of milliseconds on emulated rails; docs/RELIABILITY.md), and
@@ -13,7 +17,7 @@
 //! The island class is computed once from the bound control socket's address pair and carried in
 //! the request; the acceptor recomputes it from the same pair and refuses a disagreement.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,10 +39,11 @@ use crate::net::agent::registration::{
 };
 use crate::net::data::request::now_ns;
 use crate::net::data::send::{SendComm, SendData};
-use crate::net::observe::link::{self, Attachment, Names, PathKey, Proposal};
+use crate::net::observe::link::{self, Attachment, Names, PathKey, Proposal, Ride};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::admission::Admission;
+use crate::net::setup::channel::Channel;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::listener::{claim, CLAIM_LEN};
@@ -111,7 +116,9 @@ pub(crate) struct Connector {
     traffic_class: i32,
     remote: SocketAddrV4,
     listen_id: u64,
-    stream: TcpStream,
+    /// This side's control address (the handshake's connection is bound to it).
+    local_address: Ipv4Addr,
+    channel: Channel,
     stage: Stage,
     prepared: Option<Prepared>,
     /// This handshake's place among those in flight to the acceptor's socket
@@ -131,6 +138,7 @@ pub(crate) fn connect(
         let ListenHandle {
             address: remote,
             listen_id,
+            process,
         } = ListenHandle::read(handle)?;
         // Past this destination's share of handshakes in flight: "not yet", holding nothing,
         // and the next call asks again (first, so that waiting costs no system call).
@@ -139,7 +147,26 @@ pub(crate) fn connect(
         };
         let device = ctx.plugin.device(dev)?.clone();
         let local = local_address(&ctx.settings, device.control_address)?;
-        let stream = start_connect(local, remote)?;
+        let path = PathKey {
+            peer_process: process,
+            local,
+            remote: *remote.ip(),
+            budget_ms: qp_settings(&ctx.settings, traffic_class).retry_budget_ms(),
+        };
+        let ride = (process != 0)
+            .then(|| Ride::start(path, listen_id, now_ns()))
+            .flatten();
+        let (channel, stage) = match ride {
+            Some(ride) => {
+                let stage = Connector::start_building(ctx, &device, local, remote)?;
+                let channel = Channel::Link { ride, first: None };
+                (channel, stage)
+            }
+            None => (
+                Channel::Own(start_connect(local, remote)?),
+                Stage::Connecting,
+            ),
+        };
         // The first call goes on as far as the others do: with a local peer the connection is
         // up at once and the claim goes out now.
         Box::new(Connector {
@@ -148,8 +175,9 @@ pub(crate) fn connect(
             traffic_class,
             remote,
             listen_id,
-            stream,
-            stage: Stage::Connecting,
+            local_address: local,
+            channel,
+            stage,
             prepared: None,
             admission: Some(admission),
         })
@@ -163,7 +191,13 @@ pub(crate) fn connect(
     match connector.progress() {
         Ok(Some(comm)) => return Ok(Some(comm)),
         Ok(None) => {}
-        Err(e) => return Err(e.context(format!("connect to {}", connector.remote))),
+        Err(e) => {
+            let error = e.context(format!("connect to {}", connector.remote));
+            // A handshake on a link tells the acceptor why it stops (one on its own connection
+            // says it by closing that).
+            connector.channel.set_reason(&error.to_string());
+            return Err(error);
+        }
     }
     ListenHandle::set_state_word(handle, Box::into_raw(connector) as usize as u64);
     Ok(None)
@@ -175,24 +209,30 @@ impl Connector {
             let peer = self.remote.to_string();
             match &mut self.stage {
                 Stage::Connecting => {
-                    if !connect_finished(&self.stream, self.remote)? {
+                    let Channel::Own(stream) = &self.channel else {
+                        return Err(Error::internal("connecting a handshake that rides a link"));
+                    };
+                    if !connect_finished(stream, self.remote)? {
                         return Ok(None);
                     }
                     self.stage = Stage::Claiming(Transfer::outgoing(claim(self.listen_id)));
                 }
                 Stage::Claiming(transfer) => {
-                    if !transfer.send(&mut self.stream, &peer)? {
+                    if !self.channel.send(transfer, &peer)? {
                         return Ok(None);
                     }
-                    let settings = &self.ctx.settings;
-                    let local = self.local()?;
-                    let class =
-                        classify(*local.ip(), *self.remote.ip(), settings.island_prefix_len);
-                    let layout =
-                        QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
-                    let builder =
-                        QueueBuilder::new(layout, SENDER_SIZING, &self.device.budgets, false)?;
-                    self.stage = Stage::Building(class, builder);
+                    self.stage = match &self.prepared {
+                        // Started again after the link it rode ended: the same request.
+                        Some(prepared) => {
+                            Stage::SendingRequest(Transfer::outgoing(prepared.request.encode()))
+                        }
+                        None => Connector::start_building(
+                            &self.ctx,
+                            &self.device,
+                            self.local_address,
+                            self.remote,
+                        )?,
+                    };
                 }
                 Stage::Building(class, builder) => {
                     if !builder.step(&self.device.devices, &self.device.receives)? {
@@ -208,14 +248,20 @@ impl Connector {
                     return Ok(None);
                 }
                 Stage::SendingRequest(transfer) => {
-                    if !transfer.send(&mut self.stream, &peer)? {
-                        return Ok(None);
+                    match self.channel.send(transfer, &peer) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(None),
+                        Err(_) if self.channel.link_ended() => return self.start_again(),
+                        Err(error) => return Err(error),
                     }
                     self.stage = Stage::ReceivingReply(Transfer::incoming());
                 }
                 Stage::ReceivingReply(transfer) => {
-                    if !transfer.receive(&mut self.stream, &peer)? {
-                        return Ok(None);
+                    match self.channel.receive(transfer, &peer) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(None),
+                        Err(_) if self.channel.link_ended() => return self.start_again(),
+                        Err(error) => return Err(error),
                     }
                     let reply = ConnectReply::decode(transfer.bytes())
                         .map_err(|e| Error::remote(format!("malformed handshake reply: {e}")))?;
@@ -233,13 +279,13 @@ impl Connector {
                     return Ok(None);
                 }
                 Stage::SendingReady(transfer, ready) => {
-                    if !transfer.send(&mut self.stream, &peer)? {
+                    if !self.channel.send(transfer, &peer)? {
                         return Ok(None);
                     }
                     self.stage = Stage::ReceivingAnswer(Transfer::incoming(), *ready);
                 }
                 Stage::ReceivingAnswer(transfer, ready) => {
-                    if !transfer.receive(&mut self.stream, &peer)? {
+                    if !self.channel.receive(transfer, &peer)? {
                         return Ok(None);
                     }
                     let answer = LinkAnswer::decode(transfer.bytes(), ready).map_err(|e| {
@@ -263,14 +309,37 @@ impl Connector {
     }
 
     fn local(&self) -> Result<SocketAddrV4> {
-        self.stream
-            .local_addr()
-            .ok()
-            .and_then(|a| match a {
-                std::net::SocketAddr::V4(v4) => Some(v4),
-                std::net::SocketAddr::V6(_) => None,
-            })
-            .ok_or_else(|| Error::system("control socket has no IPv4 local address"))
+        Ok(self.channel.addresses()?.0)
+    }
+
+    /// The first stage of building: the island class from the control address pair (this
+    /// side's address is the one the handshake's connection binds, and the link's), then the
+    /// queues.
+    fn start_building(
+        ctx: &Context,
+        device: &FusedDevice,
+        local: Ipv4Addr,
+        remote: SocketAddrV4,
+    ) -> Result<Stage> {
+        let settings = &ctx.settings;
+        let class = classify(local, *remote.ip(), settings.island_prefix_len);
+        let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
+        let builder = QueueBuilder::new(layout, SENDER_SIZING, &device.budgets, false)?;
+        Ok(Stage::Building(class, builder))
+    }
+
+    /// The link the handshake rode ended before the reply: it starts again on a connection of
+    /// its own, with the request already built (nothing of it reached a live acceptor).
+    fn start_again(&mut self) -> Result<Option<Box<SendComm>>> {
+        info!(
+            log::NET | log::INIT,
+            "connect to {}: the control link ended before the handshake's reply; starting it again \
+             on a connection of its own",
+            self.remote
+        );
+        self.channel = Channel::Own(start_connect(self.local_address, self.remote)?);
+        self.stage = Stage::Connecting;
+        Ok(None)
     }
 
     /// Creates the FIFO and record shadow around the built queues; the request describes them.
@@ -407,7 +476,7 @@ impl Connector {
     /// Proposes the control link: the one held to the acceptor's process, or this handshake's.
     fn propose_link(&mut self) -> Result<Ready> {
         let (path, names) = self.link_context("link proposal")?;
-        let proposal = link::propose(path, names, now_ns());
+        let proposal = link::propose(path, names, self.channel.ride(), now_ns());
         let ready = Ready {
             existing_link: proposal.existing.as_ref().map_or(0, Attachment::link_id),
             fresh_link: proposal.fresh_link,
@@ -427,17 +496,18 @@ impl Connector {
             .and_then(|prepared| prepared.proposal.take())
             .ok_or_else(|| Error::internal("link answer without a proposal"))?;
         let fresh_link = proposal.fresh_link;
-        let share = link::settle(proposal, link, path, &self.stream, names).map_err(|e| {
-            let what = format!("keeping the control connection to {}", self.remote);
-            crate::net::setup::descriptors::socket_error(&what, &e)
-        })?;
-        if share.link_id() != fresh_link {
+        let share =
+            link::settle(proposal, link, path, self.channel.stream(), names).map_err(|e| {
+                let what = format!("keeping the control connection to {}", self.remote);
+                crate::net::setup::descriptors::socket_error(&what, &e)
+            })?;
+        if let (Some(stream), true) = (self.channel.stream(), share.link_id() != fresh_link) {
             // Not kept: the handshake's connection closes with this connector. Closed
             // normally, thousands of handshakes would each leave a TIME_WAIT socket for a
             // minute (16,384 pairs: connect p99 4.9 ms and 21.8 s in all, against 1.6 ms and
             // 14 s with the reset; docs/PERFORMANCE.md); the exchange is over (the answer was
             // the last message), so a reset loses nothing.
-            let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+            let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
         }
         if let Some(prepared) = self.prepared.as_mut() {
             prepared.link = Some(share);
@@ -526,7 +596,9 @@ impl Connector {
         let share = prepared
             .link
             .ok_or_else(|| Error::internal("finish before the control link"))?;
-        data.peer = PeerWatch::of_control(share, &self.stream, &self.device.devices);
+        let local = self.local()?;
+        data.peer = PeerWatch::of_control(share, *local.ip(), &self.device.devices);
+        self.channel.finish();
         Ok(SendComm::new(info, data))
     }
 }

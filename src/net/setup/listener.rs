@@ -18,6 +18,10 @@
 //! (the rest wait in the kernel's backlog), and the WARN about dropped ones is rate-limited with
 //! a count. Running out of descriptors still fails the `accept`, naming the limit
 //! (src/net/setup/descriptors.rs). The socket goes with the last listen comm that holds it.
+//!
+//! Only a process's first handshake towards another comes here: the later ones ride the link
+//! that first one made (src/net/observe/link_ride.rs), and an `accept` takes them from there
+//! ([`Incoming::Link`]), reading the links peers made to this process as often as the socket.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -29,6 +33,8 @@ use socket2::Socket;
 
 use crate::error::{Error, Result};
 use crate::log;
+use crate::net::data::request::now_ns;
+use crate::net::observe::link::{self, Ride};
 use crate::net::setup::descriptors::socket_error;
 use crate::net::setup::oob::{listen_on, Transfer};
 
@@ -131,6 +137,14 @@ pub(crate) fn fresh_listen_id() -> Result<u64> {
     }
 }
 
+/// A handshake for a listen comm, as its `accept` takes it.
+pub(crate) enum Incoming {
+    /// On a connection of its own, claimed for the listen comm.
+    Socket(Socket),
+    /// On a link from the connector's process, with the request that opened it.
+    Link(Ride, Vec<u8>),
+}
+
 /// An accepted connection whose claim is still arriving.
 struct Unclaimed {
     socket: Socket,
@@ -221,12 +235,20 @@ impl SharedListener {
         drop(filed);
     }
 
-    /// The next connection claimed for `listen_id`, after taking in what waits on the socket.
-    /// Never waits; fails only when the socket itself does (EMFILE, ...), not for a stranger.
-    pub(crate) fn next_for(&self, listen_id: u64) -> Result<Option<Socket>> {
-        self.next_for_at(listen_id, Instant::now())
+    /// The next handshake for `listen_id`, after taking in what waits on the socket and the
+    /// links. Never waits; fails only when the socket itself does (EMFILE, ...), not for a
+    /// stranger.
+    pub(crate) fn next_for(&self, listen_id: u64) -> Result<Option<Incoming>> {
+        if let Some((ride, request)) = link::take_open(listen_id) {
+            return Ok(Some(Incoming::Link(ride, request)));
+        }
+        if let Some(socket) = self.next_for_at(listen_id, Instant::now())? {
+            return Ok(Some(Incoming::Socket(socket)));
+        }
+        Ok(link::take_open(listen_id).map(|(ride, request)| Incoming::Link(ride, request)))
     }
 
+    /// The next connection claimed for `listen_id` on the socket.
     fn next_for_at(&self, listen_id: u64, now: Instant) -> Result<Option<Socket>> {
         let mut state = self.state();
         let filed = |state: &mut State| state.filed.get_mut(&listen_id)?.pop_front();
@@ -246,7 +268,11 @@ impl SharedListener {
         state.read_claims(now);
         state.accept_pending(self.address, now)?;
         state.read_claims(now);
-        Ok(filed(&mut state))
+        let socket = filed(&mut state);
+        drop(state);
+        // The links too, outside the socket's lock (a link's reader takes the opens' lock).
+        link::pump_incoming(now_ns());
+        Ok(socket)
     }
 
     /// Connections waiting for a claim (tests).
@@ -260,6 +286,18 @@ impl State {
     /// Takes the connections waiting on the socket, while fewer than [`UNCLAIMED_MAX`] wait for
     /// their claim.
     fn accept_pending(&mut self, address: SocketAddrV4, now: Instant) -> Result<()> {
+        // Linux's accept(2) takes a descriptor before it looks for a connection: with none
+        // left it fails even when nothing waits, and most handshakes ride links, not the
+        // socket. So it is called only when a connection waits.
+        let mut polled = libc::pollfd {
+            fd: self.socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout (never waits).
+        if unsafe { libc::poll(&mut polled, 1, 0) } == 0 {
+            return Ok(());
+        }
         while self.unclaimed.len() < UNCLAIMED_MAX {
             let (socket, peer) = match self.socket.accept() {
                 Ok(accepted) => accepted,

@@ -28,7 +28,7 @@ fn connect(listener: &SharedListener, first_bytes: &[u8]) -> TcpStream {
 fn next(listener: &SharedListener, listen_id: u64) -> Socket {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(socket) = listener.next_for(listen_id).unwrap() {
+        if let Some(Incoming::Socket(socket)) = listener.next_for(listen_id).unwrap() {
             return socket;
         }
         assert!(
@@ -43,7 +43,11 @@ fn next(listener: &SharedListener, listen_id: u64) -> Socket {
 fn settle(listener: &SharedListener, listen_id: u64) -> Option<Socket> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let got = listener.next_for(listen_id).unwrap();
+        let got = match listener.next_for(listen_id).unwrap() {
+            Some(Incoming::Socket(socket)) => Some(socket),
+            Some(Incoming::Link(..)) => panic!("no link carries handshakes here"),
+            None => None,
+        };
         if got.is_some() || listener.unclaimed() == 0 {
             return got;
         }

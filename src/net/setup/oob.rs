@@ -29,6 +29,10 @@ pub(crate) struct ListenHandle {
     pub address: SocketAddrV4,
     /// Which listen comm on that socket: the connector claims it first.
     pub listen_id: u64,
+    /// The listening process's number (src/net/observe/link.rs): a connector that holds a link
+    /// to that process carries the handshake on it. 0 in a handle that does not say (the
+    /// handshake then opens a connection of its own).
+    pub process: u64,
 }
 
 impl ListenHandle {
@@ -39,6 +43,7 @@ impl ListenHandle {
         out[8..12].copy_from_slice(&self.address.ip().octets());
         out[12..14].copy_from_slice(&self.address.port().to_be_bytes());
         out[24..32].copy_from_slice(&self.listen_id.to_le_bytes());
+        out[32..40].copy_from_slice(&self.process.to_le_bytes());
     }
 
     /// Parses a handle; anything not written by `write` is refused.
@@ -64,6 +69,7 @@ impl ListenHandle {
         Ok(ListenHandle {
             address: SocketAddrV4::new(ip, port),
             listen_id: word(24..32),
+            process: word(32..40),
         })
     }
 
@@ -90,6 +96,13 @@ pub(crate) fn local_address(
     if let Some(address) = settings.oob_address {
         return Ok(address);
     }
+    if settings.oob_interface.is_none() {
+        if let Some(address) = fabric_default {
+            // No interface list needed: reading it opens a netlink socket, a descriptor and a
+            // dump of every address, on every `listen` and `connect`.
+            return Ok(address);
+        }
+    }
     let interfaces =
         crate::netif::ipv4_interfaces().map_err(|e| Error::system(format!("getifaddrs: {e}")))?;
     if let Some(name) = &settings.oob_interface {
@@ -103,9 +116,6 @@ pub(crate) fn local_address(
                     "MPIB_OOB_IF={name:?} has no IPv4 address; interfaces with one: {names:?}"
                 ))
             });
-    }
-    if let Some(address) = fabric_default {
-        return Ok(address);
     }
     interfaces.iter().find(|i| !i.is_loopback && !i.address.is_unspecified()).map(|i| i.address).ok_or_else(
         || Error::invalid_usage("no IPv4 interface is up for the control connection: set MPIB_OOB_IF or MPIB_OOB_ADDR"),
@@ -199,6 +209,27 @@ impl<const N: usize> Transfer<N> {
         &self.buffer
     }
 
+    /// Whether all `N` bytes were sent or received.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done == N
+    }
+
+    /// The message went out whole by another way (a handshake frame on a link).
+    pub(crate) fn mark_sent(&mut self) {
+        self.done = N;
+    }
+
+    /// The message came whole by another way; `false` (and nothing kept) if it is not `N`
+    /// bytes long.
+    pub(crate) fn fill(&mut self, message: &[u8]) -> bool {
+        if message.len() != N {
+            return false;
+        }
+        self.buffer.copy_from_slice(message);
+        self.done = N;
+        true
+    }
+
     /// Writes what it can; `Ok(true)` once all is sent.
     pub(crate) fn send(&mut self, stream: &mut TcpStream, peer: &str) -> Result<bool> {
         while self.done < N {
@@ -245,6 +276,7 @@ mod tests {
         let handle = ListenHandle {
             address: SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4567),
             listen_id: 0x1234_5678_9abc_def0,
+            process: 0x0fed_cba9_8765_4321,
         };
         let mut bytes = [0xAA; HANDLE_SIZE];
         handle.write(&mut bytes);

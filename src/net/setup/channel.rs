@@ -1,0 +1,130 @@
+//! What a handshake's messages travel on: its own TCP connection (the first handshake between
+//! two processes, whose connection then becomes their link), or the link they already share
+//! (src/net/observe/link_ride.rs). `connect` and `accept` move the same fixed-size messages
+//! either way (docs/PROTOCOL.md §1).
+
+use std::net::{SocketAddrV4, TcpStream};
+
+use crate::error::{Error, Result};
+use crate::net::data::request::now_ns;
+use crate::net::observe::link::{Ride, RideError};
+use crate::net::setup::oob::Transfer;
+
+/// A handshake's carrier.
+pub(crate) enum Channel {
+    /// A TCP connection of its own.
+    Own(TcpStream),
+    /// A ride on the link to the peer's process; `first` is the message that opened it
+    /// (the acceptor end receives it with the ride).
+    Link { ride: Ride, first: Option<Vec<u8>> },
+}
+
+fn ride_error(error: &RideError, peer: &str) -> Error {
+    Error::remote(format!("handshake with {peer}: {error}"))
+}
+
+impl Channel {
+    /// A ride at the acceptor end, with the request that opened it.
+    pub(crate) fn accepted(ride: Ride, request: Vec<u8>) -> Channel {
+        Channel::Link {
+            ride,
+            first: Some(request),
+        }
+    }
+
+    /// Sends what it can of `transfer`; `Ok(true)` once all of it is gone.
+    pub(crate) fn send<const N: usize>(
+        &mut self,
+        transfer: &mut Transfer<N>,
+        peer: &str,
+    ) -> Result<bool> {
+        match self {
+            Channel::Own(stream) => transfer.send(stream, peer),
+            Channel::Link { ride, .. } => {
+                if !transfer.is_done() {
+                    ride.send(transfer.bytes(), now_ns())
+                        .map_err(|e| ride_error(&e, peer))?;
+                    transfer.mark_sent();
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Receives what has come of `transfer`; `Ok(true)` once all of it is in.
+    pub(crate) fn receive<const N: usize>(
+        &mut self,
+        transfer: &mut Transfer<N>,
+        peer: &str,
+    ) -> Result<bool> {
+        let (ride, first) = match self {
+            Channel::Own(stream) => return transfer.receive(stream, peer),
+            Channel::Link { ride, first } => (ride, first),
+        };
+        let message = match first.take() {
+            Some(message) => message,
+            None => match ride.receive(now_ns()).map_err(|e| ride_error(&e, peer))? {
+                Some(message) => message,
+                None => return Ok(false),
+            },
+        };
+        if !transfer.fill(&message) {
+            return Err(Error::remote(format!(
+                "handshake with {peer}: a message of {} bytes where {N} were due",
+                message.len()
+            )));
+        }
+        Ok(true)
+    }
+
+    /// The address pair the handshake runs over: (this side's, the peer's).
+    pub(crate) fn addresses(&self) -> Result<(SocketAddrV4, SocketAddrV4)> {
+        let pair = match self {
+            Channel::Own(stream) => {
+                let v4 = |address: std::io::Result<std::net::SocketAddr>| match address.ok()? {
+                    std::net::SocketAddr::V4(v4) => Some(v4),
+                    std::net::SocketAddr::V6(_) => None,
+                };
+                v4(stream.local_addr()).zip(v4(stream.peer_addr()))
+            }
+            Channel::Link { ride, .. } => ride.addresses(),
+        };
+        pair.ok_or_else(|| Error::system("the control connection has no IPv4 address pair"))
+    }
+
+    /// The handshake's own connection (none when it rides a link).
+    pub(crate) fn stream(&self) -> Option<&TcpStream> {
+        match self {
+            Channel::Own(stream) => Some(stream),
+            Channel::Link { .. } => None,
+        }
+    }
+
+    /// The ride, when the handshake is on a link.
+    pub(crate) fn ride(&self) -> Option<&Ride> {
+        match self {
+            Channel::Own(_) => None,
+            Channel::Link { ride, .. } => Some(ride),
+        }
+    }
+
+    /// Whether the handshake rides a link that has ended (the connector then starts it again on
+    /// a connection of its own: the acceptor may have closed its end before reading the open).
+    pub(crate) fn link_ended(&self) -> bool {
+        self.ride().is_some_and(Ride::link_ended)
+    }
+
+    /// What the other end hears if the handshake is dropped now (a ride's only).
+    pub(crate) fn set_reason(&mut self, reason: &str) {
+        if let Channel::Link { ride, .. } = self {
+            ride.set_reason(reason);
+        }
+    }
+
+    /// The handshake completed (a ride then gives its share back without a word).
+    pub(crate) fn finish(&mut self) {
+        if let Channel::Link { ride, .. } = self {
+            ride.finish();
+        }
+    }
+}
