@@ -143,6 +143,10 @@ struct LinkState {
     heard: HashMap<u64, Heard>,
     /// The handshakes on the link and the message each waits for.
     inbox: Inbox,
+    /// This side's last share went: the link is out of the registry and shuts down after a
+    /// last flush. A handshake it carries in now is not taken (its connector hears the end
+    /// and starts it again on a connection of its own: src/net/setup/connect.rs).
+    closing: bool,
 }
 
 impl Link {
@@ -172,6 +176,7 @@ impl Link {
                 ended: None,
                 heard: HashMap::new(),
                 inbox: Inbox::new(end),
+                closing: false,
             }),
         })
     }
@@ -246,8 +251,8 @@ impl Drop for Attachment {
     }
 }
 
-/// Gives back one share of `link` after `last_words` (under its lock): the link leaves the
-/// registry with this side's last share (the peer sees its end close).
+/// Gives back one share of `link` after `last_words` (under its lock): with this side's last
+/// share the link leaves the registry and shuts down (the peer sees its end close).
 fn release(link: &Arc<Link>, last_words: impl FnOnce(&mut LinkState)) {
     {
         // The registry first, then the link: the order every path takes both in.
@@ -256,6 +261,7 @@ fn release(link: &Arc<Link>, last_words: impl FnOnce(&mut LinkState)) {
         last_words(&mut state);
         state.comms -= 1;
         if state.comms == 0 {
+            state.closing = true;
             let ours = registry
                 .links
                 .get(&link.key)
@@ -267,7 +273,11 @@ fn release(link: &Arc<Link>, last_words: impl FnOnce(&mut LinkState)) {
     }
     // What goes out goes, and what came in is read, outside the registry's lock: closing
     // thousands of comms must not hold up other threads' handshakes on system calls.
-    link.lock().pump(now_ns());
+    let mut state = link.lock();
+    state.pump(now_ns());
+    if state.closing && state.ended.is_none() {
+        state.end_with(now_ns(), "was closed by this side".to_string());
+    }
 }
 
 impl LinkState {
@@ -531,6 +541,10 @@ pub(crate) fn answer(
 /// (the caller's, kept between calls, so a quiet tick allocates nothing: tests/hot_path_tcp.rs
 /// counts every thread's allocations) and read outside the registry's lock.
 pub(crate) fn pump_all(now_ns: u64, scratch: &mut Vec<Arc<Link>>) {
+    #[cfg(test)]
+    if tests::PUMP_ALL_PAUSED.load(Ordering::Relaxed) {
+        return;
+    }
     scratch.clear();
     scratch.extend(registry().links.values().cloned());
     for link in scratch.iter() {

@@ -229,7 +229,8 @@ impl LinkState {
     /// Files a handshake the peer opened on this link under the listen comm it names, or
     /// refuses it (the peer's `connect` fails, naming why; nothing else does).
     pub(super) fn route_open(&mut self, handshake: u64, listen: u64, request: Vec<u8>) {
-        let Some(link) = self.me.upgrade() else {
+        let Some(link) = self.me.upgrade().filter(|_| !self.closing) else {
+            // The link is going: its connector hears it end and starts again elsewhere.
             return;
         };
         let refused = {

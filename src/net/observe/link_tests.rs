@@ -7,6 +7,11 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use super::ride::opens_waiting;
 use super::*;
 
+/// Set, the housekeeping thread's [`pump_all`] reads no link (tests that need a link read
+/// only where they read it).
+pub(crate) static PUMP_ALL_PAUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// One handshake's TCP connection, both ends non-blocking: (connector's, acceptor's).
 fn handshake_connection() -> (TcpStream, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -65,6 +65,12 @@ impl PeerWatch {
         PeerWatch::new(link, control_path(local, devices))
     }
 
+    /// The identifier of the link watched (tests).
+    #[cfg(test)]
+    pub(crate) fn link_id(&self) -> Option<u64> {
+        self.link.as_ref().map(Attachment::link_id)
+    }
+
     /// Watches nothing (comms built without a control connection, in unit tests).
     pub(crate) fn none() -> PeerWatch {
         PeerWatch {

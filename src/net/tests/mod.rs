@@ -522,6 +522,7 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
 }
 
 mod agent;
+mod handshakes;
 mod memory;
 mod peer;
 mod receives;

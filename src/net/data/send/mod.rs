@@ -140,6 +140,12 @@ impl SendComm {
         self.magic = 0;
     }
 
+    /// The identifier of the control link the comm watches its peer through (tests).
+    #[cfg(test)]
+    pub(crate) fn link_id(&self) -> Option<u64> {
+        self.data().peer.link_id()
+    }
+
     /// The data-path state.
     #[allow(clippy::mut_from_ref)]
     fn data(&self) -> &mut SendData {

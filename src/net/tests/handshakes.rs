@@ -1,0 +1,103 @@
+//! Handshakes on the shared control link, through `listen`/`connect`/`accept`: a later
+//! connection between two processes rides their link, and one whose link ends before the
+//! acceptor read it starts again on a connection of its own (src/net/setup/connect.rs).
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::net::observe::link::tests::PUMP_ALL_PAUSED;
+
+/// Sets [`PUMP_ALL_PAUSED`] while held.
+struct Paused;
+
+impl Paused {
+    fn pause() -> Paused {
+        PUMP_ALL_PAUSED.store(true, Ordering::Relaxed);
+        Paused
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        PUMP_ALL_PAUSED.store(false, Ordering::Relaxed);
+    }
+}
+
+fn loopback_context() -> Arc<Context> {
+    for name in ENV_NAMES {
+        std::env::remove_var(name);
+    }
+    std::env::set_var("MPIB_FABRIC", "loopback");
+    init(InitParams {
+        traffic_class: -1,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Polls `connect` and `accept` until both are done.
+fn finish(
+    ctx: &Arc<Context>,
+    handle: &mut [u8; HANDLE_SIZE],
+    listen_comm: &mut ListenComm,
+) -> (Box<SendComm>, Box<RecvComm>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        assert!(Instant::now() < deadline, "connect/accept did not finish");
+        if send.is_none() {
+            send = connect(ctx, 0, handle, -1).unwrap();
+        }
+        if recv.is_none() {
+            recv = accept(listen_comm).unwrap();
+        }
+    }
+    (send.unwrap(), recv.unwrap())
+}
+
+#[test]
+fn a_handshake_whose_link_closes_before_the_acceptor_reads_it_starts_again_on_its_own() {
+    let _guard = env_lock();
+    // Only the calls below read the links: the housekeeping thread would take the handshake
+    // in at its own moment.
+    let _paused = Paused::pause();
+    let first = connect_pair(&[]);
+    let recv_ctx = loopback_context();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
+
+    // The next connect to the same process rides the first pair's link: its request goes out
+    // there within a few calls (a rail's queues per call, then the request)...
+    for _ in 0..20 {
+        assert!(connect(&first.ctx, 0, &mut handle, -1).unwrap().is_none());
+    }
+    // ...and before anything at the acceptor's end read it, that end's last comm closes, which
+    // closes the link.
+    let first_link = first.send.link_id();
+    close_recv(first.recv).unwrap();
+
+    let (send, recv) = finish(&first.ctx, &mut handle, &mut listen_comm);
+    assert!(send.link_id().is_some());
+    assert_ne!(
+        send.link_id(),
+        first_link,
+        "started again on a connection of its own, which is a new link"
+    );
+    let second = Pair {
+        send,
+        recv,
+        ctx: Arc::clone(&first.ctx),
+        slowest_call: Duration::ZERO,
+    };
+    transfer(&second, 4097);
+
+    // With the link up, a third connection rides it and keeps it.
+    let (third_send, third_recv) = finish(&first.ctx, &mut handle, &mut listen_comm);
+    assert_eq!(third_send.link_id(), second.send.link_id());
+    close_send(third_send).unwrap();
+    close_recv(third_recv).unwrap();
+    close_send(first.send).unwrap();
+    close_listen(listen_comm).unwrap();
+    finalize(recv_ctx).unwrap();
+    close(second);
+}
