@@ -18,10 +18,12 @@
 //! `--fabric verbs` it runs on the NICs the environment names (`MPIB_HCA_SOUT`, `MPIB_HCA_SUP`,
 //! `MPIB_OOB_ADDR`: the rig's) instead of the loopback fabric, and prints what `rdma resource
 //! show` counts on each NIC while the pairs are open. Prints a table and one
-//! `row pairs=N ...` line per N for scripts. A connected pair holds no descriptor of its own
-//! (one listening socket per device, a bounded number of handshakes in flight and one control
-//! link per pair of processes: src/net/setup/listener.rs, src/net/setup/admission.rs); the first `init` raises
-//! the soft limit to the hard one all the same.
+//! `row pairs=N ...` line per N for scripts; the batched order also prints the most descriptors
+//! open at once while the batch connected. A pair holds no descriptor of its own, connected or
+//! connecting (one listening socket per device, one control link per pair of processes, which
+//! carries the handshakes after the first: src/net/setup/listener.rs,
+//! src/net/observe/link_ride.rs); the first `init` raises the soft limit to the hard one all the
+//! same.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;
@@ -142,6 +144,9 @@ struct Cycle {
     heap_open: [i64; 40],
     /// Resident bytes after `--warm` transfers on every pair.
     warm: Option<u64>,
+    /// `--order batched`: the most descriptors open at once while the batch connected, over
+    /// those open before it (read once per round over the batch).
+    connecting_descriptors: Option<u64>,
 }
 
 /// Opens a pair per sink chunk until one fails (a limit): the pairs and each one's connect time.
@@ -177,8 +182,10 @@ fn open_pairs_batched(
     net: &NetV12,
     source: &mut [u8],
     sinks: &mut [u8],
-) -> (Vec<TablePair>, Vec<f64>) {
+) -> (Vec<TablePair>, Vec<f64>, u64) {
     let pairs = sinks.len() / TRANSFER;
+    let before = footprint().descriptors;
+    let mut peak = before;
     let started = Instant::now();
     let mut config = nccl_net_mpib::ffi::types::NetCommConfig { traffic_class: -1 };
     let mut opened: Vec<TablePair> = Vec::with_capacity(pairs);
@@ -201,6 +208,7 @@ fn open_pairs_batched(
     }
     let mut up = 0;
     while up < 2 * pairs {
+        peak = peak.max(footprint().descriptors);
         for (index, pair) in opened.iter_mut().enumerate() {
             // SAFETY: NCCL ABI calls on live objects; each listen is closed once.
             unsafe {
@@ -229,7 +237,7 @@ fn open_pairs_batched(
         // SAFETY: `source` and `sinks` outlive the pairs (the caller closes them first).
         unsafe { table::register(net, pair, source, sink) };
     }
-    (opened, vec![per_pair; pairs])
+    (opened, vec![per_pair; pairs], peak.saturating_sub(before))
 }
 
 /// `--order batched` (NCCL's, [`open_pairs_batched`]) or `sequential` (the default: a pair at a
@@ -288,10 +296,12 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
     let mut source: Vec<u8> = (0..TRANSFER + pairs).map(|i| (i * 7 % 251) as u8).collect();
     let mut sinks = vec![0u8; TRANSFER * pairs];
     let started = Instant::now();
-    let (opened, mut connect_ns) = if batched() {
-        open_pairs_batched(net, &mut source, &mut sinks)
+    let (opened, mut connect_ns, connecting_descriptors) = if batched() {
+        let (opened, connect_ns, peak) = open_pairs_batched(net, &mut source, &mut sinks);
+        (opened, connect_ns, Some(peak))
     } else {
-        open_pairs(net, &mut source, &mut sinks)
+        let (opened, connect_ns) = open_pairs(net, &mut source, &mut sinks);
+        (opened, connect_ns, None)
     };
     assert!(!opened.is_empty(), "not even one pair opened");
     let pairs = opened.len();
@@ -367,6 +377,7 @@ fn cycle(net: &NetV12, pairs: usize) -> Cycle {
         closed_trimmed,
         heap_open,
         warm,
+        connecting_descriptors,
     }
 }
 
@@ -494,6 +505,9 @@ fn main() {
                 print_heap(&c.heap_open, &heap_baseline, c.opened);
             }
             opened = opened.min(c.opened);
+            if let Some(peak) = c.connecting_descriptors {
+                println!("        while the batch connected: at most {peak} more descriptors open");
+            }
             if let Some(warm) = c.warm {
                 println!(
                     "        after --warm transfers on every pair: {:.1} kB resident per pair",

@@ -44,7 +44,7 @@ use crate::net::data::request::now_ns;
 use crate::proto::link_frame::{self, Decoded, End, Filed, Frame, Inbox, NoticeKind, Step};
 use crate::proto::wire::Ready;
 
-pub(crate) use ride::{pump_incoming, take_open, ListenOpens, Ride, RideError};
+pub(crate) use ride::{address_pair, pump_incoming, take_open, ListenOpens, Ride, RideError};
 
 #[path = "link_ride.rs"]
 mod ride;

@@ -165,6 +165,15 @@ impl Drop for Ride {
     }
 }
 
+/// A connected stream's IPv4 address pair: (this end's, the peer's).
+pub(crate) fn address_pair(stream: &std::net::TcpStream) -> Option<(SocketAddrV4, SocketAddrV4)> {
+    let v4 = |address: std::io::Result<std::net::SocketAddr>| match address.ok()? {
+        std::net::SocketAddr::V4(v4) => Some(v4),
+        std::net::SocketAddr::V6(_) => None,
+    };
+    Some((v4(stream.local_addr())?, v4(stream.peer_addr())?))
+}
+
 /// An open a link carried, waiting for its listen comm's `accept`. Its link share and inbox
 /// slot were taken when it was filed; [`Ride::adopt`] makes it a ride that gives them back.
 struct Opened {

@@ -1,16 +1,16 @@
 //! How many handshakes this process runs at once towards one listening socket.
 //!
-//! Each handshake is a TCP connection of its own while it runs (a descriptor on each side); a
-//! made connection keeps none, since the comms between two processes share a control link
-//! (src/net/observe/link.rs). NCCL starts every `connect` of a batch before any completes
-//! (docs/NCCL_NET_ABI.md "Connection setup"), so without a bound 8,192 connects held 8,192
-//! handshake sockets at once, and each of them, finding no link yet, kept its own as one.
-//! Here a `connect` is admitted only while fewer than [`IN_FLIGHT_LINKED`] handshakes run to
-//! its destination — one, until a handshake there has made the link that the later ones then
+//! The first handshake towards a process is a TCP connection of its own (a descriptor on each
+//! side), which becomes the two processes' control link (src/net/observe/link.rs); the later
+//! ones ride that link and cost no descriptor (src/net/observe/link_ride.rs). NCCL starts every
+//! `connect` of a batch before any completes (docs/NCCL_NET_ABI.md "Connection setup"), so
+//! without a bound 8,192 connects would each open a connection before the first had made the
+//! link. Here a `connect` is admitted only while fewer than [`IN_FLIGHT_LINKED`] handshakes run
+//! to its destination — one, until a handshake there has made the link that the later ones then
 //! ride — and otherwise answers "not yet" holding nothing, as NCCL expects of a `connect` that
 //! is not done. The destination is the listening socket a handle names, which is one per peer
-//! process and device (src/net/setup/listener.rs). So a process holds O(destinations) handshake
-//! descriptors whatever the batch, and O(peer processes) links once connected.
+//! process and device (src/net/setup/listener.rs). Past the first, the bound is on the work in
+//! flight (each admitted handshake builds its queues), not on descriptors.
 //!
 //! A handshake in flight may wait on something outside this process's batch: the peer may be
 //! another rank that polls its `accept` only after a setup of its own, which may in turn wait for
@@ -28,8 +28,8 @@ use std::net::SocketAddrV4;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Handshakes in flight at once towards a destination this process has a link to. Each is one
-/// descriptor here and one at the acceptor while it runs.
+/// Handshakes in flight at once towards a destination this process has a link to (they ride
+/// it: no descriptor each).
 pub(crate) const IN_FLIGHT_LINKED: u32 = 128;
 /// With nothing admitted or finished towards a destination for this long, one more handshake is
 /// admitted whatever the bound.

@@ -7,7 +7,7 @@ use std::net::{SocketAddrV4, TcpStream};
 
 use crate::error::{Error, Result};
 use crate::net::data::request::now_ns;
-use crate::net::observe::link::{Ride, RideError};
+use crate::net::observe::link::{address_pair, Ride, RideError};
 use crate::net::setup::oob::Transfer;
 
 /// A handshake's carrier.
@@ -80,13 +80,7 @@ impl Channel {
     /// The address pair the handshake runs over: (this side's, the peer's).
     pub(crate) fn addresses(&self) -> Result<(SocketAddrV4, SocketAddrV4)> {
         let pair = match self {
-            Channel::Own(stream) => {
-                let v4 = |address: std::io::Result<std::net::SocketAddr>| match address.ok()? {
-                    std::net::SocketAddr::V4(v4) => Some(v4),
-                    std::net::SocketAddr::V6(_) => None,
-                };
-                v4(stream.local_addr()).zip(v4(stream.peer_addr()))
-            }
+            Channel::Own(stream) => address_pair(stream),
             Channel::Link { ride, .. } => ride.addresses(),
         };
         pair.ok_or_else(|| Error::system("the control connection has no IPv4 address pair"))

@@ -1,6 +1,7 @@
 //! File descriptors: a process keeps one control connection per peer process, direction and
-//! path, shared by all its connections there (`crate::net::observe::link`), one listening socket per pending
-//! `listen`, and a few per handshake in progress; the host's own sockets and files come on top.
+//! path, shared by all its connections there and carrying their handshakes after the first
+//! (`crate::net::observe::link`), and one listening socket per fused device while a listen comm
+//! is open (`crate::net::setup::listener`); the host's own sockets and files come on top.
 //! Many systems start processes with a soft `RLIMIT_NOFILE` of 1,024 under a hard limit far above it; as Go's
 //! runtime does, the plugin raises the soft limit to the hard one when it opens, and says so.
 //! Running out anyway is reported as that, naming the limit and how to raise it, rather than as
@@ -39,7 +40,7 @@ pub(crate) fn raise_soft_limit() {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
         info!(
             log::INIT,
-            "raised this process's soft RLIMIT_NOFILE from {soft} to its hard limit {hard}: MPIB keeps a control connection per peer process and a listening socket per pending listen"
+            "raised this process's soft RLIMIT_NOFILE from {soft} to its hard limit {hard}: MPIB keeps a control connection per peer process and a listening socket per device"
         );
     } else {
         warn!(
@@ -58,8 +59,8 @@ pub(crate) fn socket_error(what: &str, error: &io::Error) -> Error {
             let (soft, hard) = limits().unwrap_or((0, 0));
             Error::system(format!(
                 "{what}: {error}: this process is out of file descriptors (RLIMIT_NOFILE soft \
-                 {soft}, hard {hard}); MPIB holds a control connection per peer process, a \
-                 listening socket per pending listen and a few per handshake: raise the limit (`ulimit -n`, LimitNOFILE= in a \
+                 {soft}, hard {hard}); MPIB holds a control connection per peer process and a \
+                 listening socket per device: raise the limit (`ulimit -n`, LimitNOFILE= in a \
                  systemd unit, or the container's nofile ulimit)"
             ))
         }
