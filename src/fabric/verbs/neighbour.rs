@@ -15,6 +15,9 @@
 //!
 //! The nudge leaves through the GID's interface (`IP_UNICAST_IF`), as the kernel's RDMA address
 //! resolution does, so that a host with several NICs on one subnet resolves on the right one.
+//! A resolution holds no socket between polls: each check and each nudge opens its own and
+//! closes it, so the handshakes of a batch in flight (128 per peer: src/net/setup/admission.rs)
+//! do not hold a descriptor each (they held two, one per rail, on the rig: issue 32).
 //!
 //! InfiniBand ports address peers by LID and need none of this. What cannot be checked is ready
 //! at once, with an INFO line saying so, and the kernel resolves inside `ibv_modify_qp` as it
@@ -92,10 +95,10 @@ pub(crate) fn start(
     if flags & IFF_NOARP != 0 {
         return unchecked(format!("interface {netdev} does no ARP"));
     }
-    let socket = match nudge_socket(local, netdev) {
-        Ok(socket) => socket,
-        Err(e) => return unchecked(format!("no UDP socket on {local} through {netdev}: {e}")),
-    };
+    // Whether a nudge can leave at all (the socket itself is made again for each nudge).
+    if let Err(e) = nudge_socket(local, netdev) {
+        return unchecked(format!("no UDP socket on {local} through {netdev}: {e}"));
+    }
     let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
     let next_hop = next_hop(&routes, netdev, peer);
     // A local address binds; a remote one does not (EADDRNOTAVAIL).
@@ -108,7 +111,6 @@ pub(crate) fn start(
         local,
         peer,
         next_hop,
-        socket,
         last_nudge: None,
         nudges: 0,
         last_failure: None,
@@ -173,7 +175,6 @@ struct ArpResolution {
     local: Ipv4Addr,
     peer: Ipv4Addr,
     next_hop: Ipv4Addr,
-    socket: UdpSocket,
     last_nudge: Option<Instant>,
     nudges: u32,
     /// The last error a nudge met (`ENETUNREACH`, a firewall's `EPERM`), for the timeout error.
@@ -182,7 +183,7 @@ struct ArpResolution {
 
 impl PeerResolution for ArpResolution {
     fn poll(&mut self) -> FabricResult<bool> {
-        match arp_flags(&self.socket, self.next_hop, &self.netdev) {
+        match arp_flags(self.next_hop, &self.netdev) {
             Ok(Some(flags)) if flags & ATF_COM != 0 => return Ok(true),
             Ok(_) => {}
             Err(errno) => {
@@ -209,7 +210,9 @@ impl PeerResolution for ArpResolution {
             self.last_nudge = Some(Instant::now());
             self.nudges += 1;
             let target = SocketAddrV4::new(self.peer, DISCARD_PORT);
-            match self.socket.send_to(&[0], target) {
+            let sent = nudge_socket(self.local, &self.netdev)
+                .and_then(|socket| socket.send_to(&[0], target));
+            match sent {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => self.last_failure = Some(format!("sending to {target}: {e}")),
@@ -245,12 +248,11 @@ impl PeerResolution for ArpResolution {
     }
 }
 
-/// The flags of `address`'s ARP entry on `netdev`; `Ok(None)` when there is none.
-fn arp_flags(
-    socket: &UdpSocket,
-    address: Ipv4Addr,
-    netdev: &str,
-) -> Result<Option<libc::c_int>, i32> {
+/// The flags of `address`'s ARP entry on `netdev`; `Ok(None)` when there is none. The ioctl
+/// needs a socket, any: an unbound one, closed again at once.
+fn arp_flags(address: Ipv4Addr, netdev: &str) -> Result<Option<libc::c_int>, i32> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     // SAFETY: all-zero is a valid `arpreq` (integers and byte arrays).
     let mut request: libc::arpreq = unsafe { std::mem::zeroed() };
     let inet = libc::sockaddr_in {
