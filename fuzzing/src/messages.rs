@@ -1,12 +1,13 @@
-//! Targets for the fixed-size wire messages: the connection handshake, the CTS entry and the
-//! completion record a peer writes into our memory, the RDMA immediate word, and the agent
-//! socket's messages (both directions) with the agent's control commands.
+//! Targets for the wire messages: the connection handshake, the frames of the control link, the
+//! CTS entry and the completion record a peer writes into our memory, the RDMA immediate word,
+//! and the agent socket's messages (both directions) with the agent's control commands.
 
 use mpib_proto::agent_wire::{AgentRequest, AgentResponse, Header};
 use mpib_proto::cts::{
     match_tag, Advertised, CompletionRecord, CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS,
 };
 use mpib_proto::imm::Imm;
+use mpib_proto::link_frame::{self, Decoded, End, Filed, Frame, Inbox, HANDSHAKES_MAX};
 use mpib_proto::rail_mask::RailMask;
 use mpib_proto::wire::{ConnectReply, ConnectRequest, LinkAnswer, Ready};
 
@@ -52,6 +53,57 @@ pub fn handshake(data: &[u8]) {
                 assert!(answer.link == ready.fresh_link || answer.link == ready.existing_link);
             }
         }
+    }
+}
+
+/// What a peer sends on a control link (src/net/observe/link.rs): the first byte picks the end
+/// that reads it, the rest is the stream. Every frame decoded re-encodes to the same bytes, and
+/// the end's inbox stays within its bounds whatever it is fed; each handshake it opens is
+/// expected, so later frames reach it.
+pub fn link_frames(data: &[u8]) {
+    let Some((&which, mut input)) = data.split_first() else {
+        return;
+    };
+    let end = if which % 2 == 0 {
+        End::Acceptor
+    } else {
+        End::Connector
+    };
+    let mut inbox = Inbox::new(end);
+    loop {
+        let (frame, used) = match link_frame::decode(input) {
+            Decoded::Frame(frame, used) => (frame, used),
+            Decoded::Incomplete | Decoded::Invalid(_) => return,
+        };
+        let mut again = Vec::new();
+        match frame {
+            Frame::Notice { kind, comm, text } => {
+                if let Ok(text) = std::str::from_utf8(text) {
+                    link_frame::encode_notice(&mut again, kind, comm, text);
+                    assert_eq!(again, &input[..used]);
+                }
+            }
+            Frame::Handshake {
+                step,
+                handshake,
+                listen,
+                payload,
+            } => {
+                link_frame::encode_handshake(&mut again, step, handshake, listen, payload);
+                assert_eq!(again, &input[..used]);
+                if let Filed::Opened { handshake, .. } =
+                    inbox.file(step, handshake, listen, payload)
+                {
+                    assert!(
+                        inbox.expect(handshake),
+                        "an open the inbox let through fits"
+                    );
+                }
+                assert!(inbox.open() <= HANDSHAKES_MAX);
+                let _ = inbox.take(handshake);
+            }
+        }
+        input = &input[used..];
     }
 }
 

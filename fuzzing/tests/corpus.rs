@@ -93,6 +93,31 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
     ]
 }
 
+fn link_frame_seeds() -> Vec<Vec<u8>> {
+    use mpib_proto::link_frame::{encode_handshake, encode_notice, NoticeKind, Step};
+    let request = &handshake_seeds()[0][1..];
+    let mut to_acceptor = vec![0u8];
+    encode_handshake(&mut to_acceptor, Step::Open, 9, 0x5eed, request);
+    encode_handshake(&mut to_acceptor, Step::ToAcceptor, 9, 0, &[1; 24]);
+    encode_notice(&mut to_acceptor, NoticeKind::Closed, 3, "");
+    let mut to_connector = vec![1u8];
+    encode_handshake(&mut to_connector, Step::ToConnector, 9, 0, &[2; 268]);
+    encode_handshake(
+        &mut to_connector,
+        Step::Abandoned,
+        9,
+        0,
+        b"its accept failed",
+    );
+    encode_notice(
+        &mut to_connector,
+        NoticeKind::Failed,
+        4,
+        "the sup rail: retry exceeded",
+    );
+    vec![to_acceptor, to_connector]
+}
+
 fn cts_seeds() -> Vec<Vec<u8>> {
     let entry = CtsEntry {
         addr: 0x7f00_0000_4000,
@@ -113,6 +138,7 @@ fn cts_seeds() -> Vec<Vec<u8>> {
 fn seeds(target: &str) -> Vec<Vec<u8>> {
     match target {
         "handshake" => handshake_seeds(),
+        "link_frames" => link_frame_seeds(),
         "cts_entry" => cts_seeds(),
         "completion_record" => {
             let record = CompletionRecord {
