@@ -34,6 +34,10 @@ pub const HANDSHAKE_PAYLOAD_MAX: usize = 512;
 /// Handshakes one link end holds open at once; an open past it is refused.
 pub const HANDSHAKES_MAX: usize = 4096;
 
+// Every handshake message fits a frame whole (`encode_handshake` cuts nothing of them).
+const _: () = assert!(crate::wire::CONNECT_REQUEST_LEN <= HANDSHAKE_PAYLOAD_MAX);
+const _: () = assert!(crate::wire::CONNECT_REPLY_LEN <= HANDSHAKE_PAYLOAD_MAX);
+
 /// What a notice says about the comm it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoticeKind {
@@ -221,7 +225,9 @@ fn prefix_check(input: &[u8]) -> Decoded<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
     Waiting,
-    Holding(Vec<u8>),
+    /// A message not taken yet, and the peer's abandoning if it came after it (the message is
+    /// taken first: a refusal reply says more than the abandon that follows it).
+    Holding(Vec<u8>, Option<String>),
     Abandoned(String),
 }
 
@@ -292,7 +298,12 @@ impl Inbox {
         let slot = self.slots.get_mut(&handshake)?;
         match std::mem::replace(slot, Slot::Waiting) {
             Slot::Waiting => None,
-            Slot::Holding(message) => Some(Ok(message)),
+            Slot::Holding(message, then) => {
+                if let Some(reason) = then {
+                    *slot = Slot::Abandoned(reason);
+                }
+                Some(Ok(message))
+            }
             Slot::Abandoned(reason) => {
                 *slot = Slot::Abandoned(reason.clone());
                 Some(Err(reason))
@@ -318,18 +329,21 @@ impl Inbox {
         let Some(slot) = self.slots.get_mut(&handshake) else {
             return Filed::Ignored;
         };
-        match (step, &*slot) {
-            (_, Slot::Abandoned(_)) => Filed::Ignored,
-            (Step::Abandoned, _) => {
-                let reason = String::from_utf8_lossy(payload).into_owned();
-                *slot = Slot::Abandoned(reason);
+        match (step, &mut *slot) {
+            (_, Slot::Abandoned(_) | Slot::Holding(_, Some(_))) => Filed::Ignored,
+            (Step::Abandoned, Slot::Holding(_, then)) => {
+                *then = Some(String::from_utf8_lossy(payload).into_owned());
+                Filed::Kept
+            }
+            (Step::Abandoned, Slot::Waiting) => {
+                *slot = Slot::Abandoned(String::from_utf8_lossy(payload).into_owned());
                 Filed::Kept
             }
             (_, Slot::Waiting) => {
-                *slot = Slot::Holding(payload.to_vec());
+                *slot = Slot::Holding(payload.to_vec(), None);
                 Filed::Kept
             }
-            (_, Slot::Holding(_)) => {
+            (_, Slot::Holding(_, None)) => {
                 // Each side sends its next message only after the other's: two at once is a
                 // peer out of step. Its handshake ends; the link's other comms go on.
                 let reason = "the peer sent two handshake messages without an answer".to_string();
@@ -341,8 +355,8 @@ impl Inbox {
 
     fn open_frame(&mut self, handshake: u64, listen: u64, payload: &[u8]) -> Filed {
         if handshake == 0 || self.slots.contains_key(&handshake) {
-            // A handshake identifier in use (or none): refusing it must not end the handshake
-            // already holding it, so the refusal names it and this end keeps its slot.
+            // An identifier in use (or none): an answer under it would reach the handshake that
+            // holds it, so nothing can refuse this one alone. A peer out of step: the link ends.
             return Filed::Violation(format!("opened handshake {handshake:#x} twice"));
         }
         if !self.has_room() {

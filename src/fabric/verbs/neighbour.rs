@@ -183,7 +183,22 @@ struct ArpResolution {
 
 impl PeerResolution for ArpResolution {
     fn poll(&mut self) -> FabricResult<bool> {
-        match arp_flags(self.next_hop, &self.netdev) {
+        // The ioctl needs a socket, any: an unbound one, closed again after the check.
+        let query = match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) {
+            Ok(query) => query,
+            Err(e) => {
+                info!(
+                    log::NET,
+                    "{}: no socket to read the neighbour table with ({e}); the neighbour entry \
+                     of {} on {} is not checked",
+                    self.device,
+                    self.next_hop,
+                    self.netdev
+                );
+                return Ok(true);
+            }
+        };
+        match arp_flags(&query, self.next_hop, &self.netdev) {
             Ok(Some(flags)) if flags & ATF_COM != 0 => return Ok(true),
             Ok(_) => {}
             Err(errno) => {
@@ -248,11 +263,13 @@ impl PeerResolution for ArpResolution {
     }
 }
 
-/// The flags of `address`'s ARP entry on `netdev`; `Ok(None)` when there is none. The ioctl
-/// needs a socket, any: an unbound one, closed again at once.
-fn arp_flags(address: Ipv4Addr, netdev: &str) -> Result<Option<libc::c_int>, i32> {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+/// The flags of `address`'s ARP entry on `netdev` (read through `socket`, any IPv4 socket);
+/// `Ok(None)` when there is none.
+fn arp_flags(
+    socket: &socket2::Socket,
+    address: Ipv4Addr,
+    netdev: &str,
+) -> Result<Option<libc::c_int>, i32> {
     // SAFETY: all-zero is a valid `arpreq` (integers and byte arrays).
     let mut request: libc::arpreq = unsafe { std::mem::zeroed() };
     let inet = libc::sockaddr_in {

@@ -33,6 +33,20 @@ const FILE_CHECK_TICKS: u32 = 100;
 /// comm reads its own, `crate::net::observe::peer::CHECK_INTERVAL_NS`).
 const LINK_TICKS: u32 = 10;
 
+/// Set, the thread reads no control link: a test that needs a link read only where it reads
+/// it (src/net/tests/handshakes.rs) sets it, and tests that call `pump_all` themselves are not
+/// held up by it.
+#[cfg(test)]
+pub(crate) static LINKS_PAUSED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn links_paused() -> bool {
+    #[cfg(test)]
+    return LINKS_PAUSED.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
 /// What the thread watches.
 pub(crate) struct Watched {
     pub nics: Vec<(Arc<dyn RailDevice>, Arc<DeviceHealth>, Rail)>,
@@ -102,7 +116,7 @@ fn run(watched: &Watched, stop: &Stop) {
             health.poll(device.as_ref(), *rail);
         }
         ticks += 1;
-        if ticks % LINK_TICKS == 0 {
+        if ticks % LINK_TICKS == 0 && !links_paused() {
             let now_ns = crate::net::data::request::now_ns();
             crate::net::observe::link::pump_all(now_ns, &mut links);
         }

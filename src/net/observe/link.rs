@@ -4,9 +4,9 @@
 //! A comm watches its peer through a TCP connection (`peer.rs` says why). Kept per comm, that is
 //! a descriptor per comm on each side: 8,000 comms, 8,000 descriptors (issue 22). Instead the
 //! first handshake from one process to another over one address pair keeps its TCP connection as
-//! a **link**, and later handshakes in that direction ride it and close their own (two processes
-//! that both connect to each other hold two links; handshakes made at the same moment may make
-//! one more each). Both ends must keep the same connection, so the connector proposes (`Ready`:
+//! a **link**, and the comms of later handshakes in that direction share it (two processes that
+//! both connect to each other hold two links; handshakes made on connections of their own at the
+//! same moment may make one more each). Both ends must keep the same connection, so the connector proposes (`Ready`:
 //! "the link I hold, or this handshake as a new one") and the acceptor answers (`LinkAnswer`)
 //! with the one it keeps: the connector holds a share of the link it proposes until the answer,
 //! so its end stays open; the acceptor answers with the new one when it has let go of the
@@ -51,6 +51,8 @@ mod ride;
 
 /// Bytes a link keeps for a peer that reads slowly; past this the link is shut down.
 const OUTPUT_MAX: usize = 1 << 20;
+/// Bytes one pump reads before it files them (the rest waits in the socket for the next).
+const INPUT_PER_PUMP: usize = 64 << 10;
 
 /// What this side has heard about one of its comms' peers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,7 +261,7 @@ fn release(link: &Arc<Link>, last_words: impl FnOnce(&mut LinkState)) {
         let mut registry = registry();
         let mut state = link.lock();
         last_words(&mut state);
-        state.comms -= 1;
+        state.comms = state.comms.saturating_sub(1);
         if state.comms == 0 {
             state.closing = true;
             let ours = registry
@@ -288,7 +290,9 @@ impl LinkState {
             return;
         }
         let mut buffer = [0u8; 4096];
-        loop {
+        // At most INPUT_PER_PUMP a pump, filed before more is read: a peer that keeps sending
+        // neither grows the input nor holds the link's lock without end.
+        while self.input.len() < INPUT_PER_PUMP {
             match self.stream.read(&mut buffer) {
                 Ok(0) => {
                     self.ended = Some((now_ns, "was closed".to_string()));
@@ -536,15 +540,21 @@ pub(crate) fn answer(
     Ok(Attachment::new(Arc::clone(&created), &mut state, names))
 }
 
+/// Whether this process holds a link it connected to process `peer_process` (over any path):
+/// its handshakes there ride it (src/net/setup/admission.rs lets more run at once).
+pub(crate) fn connected_to(peer_process: u64) -> bool {
+    peer_process != 0
+        && registry()
+            .links
+            .keys()
+            .any(|key| matches!(key, LinkKey::Outgoing(path) if path.peer_process == peer_process))
+}
+
 /// Reads and flushes every link of the process (the housekeeping thread, every 100 ms): notices
 /// are filed and sent however busy or idle the comms are. The links are taken into `scratch`
 /// (the caller's, kept between calls, so a quiet tick allocates nothing: tests/hot_path_tcp.rs
 /// counts every thread's allocations) and read outside the registry's lock.
 pub(crate) fn pump_all(now_ns: u64, scratch: &mut Vec<Arc<Link>>) {
-    #[cfg(test)]
-    if tests::PUMP_ALL_PAUSED.load(Ordering::Relaxed) {
-        return;
-    }
     scratch.clear();
     scratch.extend(registry().links.values().cloned());
     for link in scratch.iter() {

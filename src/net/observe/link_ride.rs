@@ -51,11 +51,14 @@ impl std::fmt::Display for RideError {
 pub(crate) struct Ride {
     link: Arc<Link>,
     handshake: u64,
-    /// The listen comm the connector's first message opens (0 at the acceptor end, and once
-    /// the open went out).
+    /// The listen comm the connector's first message opens.
     listen: u64,
-    /// This is the connector end.
+    /// This is the connector end, and whether its open went out.
     connector: bool,
+    opened: bool,
+    /// The link's address pair, (this end's, the peer's), read when the ride began: a link
+    /// reset since no longer says.
+    addresses: (SocketAddrV4, SocketAddrV4),
     /// What the other end hears if the ride is dropped unfinished.
     reason: String,
     finished: bool,
@@ -69,6 +72,7 @@ impl Ride {
         let link = registry.links.get(&LinkKey::Outgoing(path))?;
         let mut state = link.lock();
         state.pump(now_ns);
+        let addresses = address_pair(&state.stream)?;
         let handshake = fresh_name();
         if state.ended.is_some() || !state.inbox.expect(handshake) {
             return None;
@@ -79,6 +83,8 @@ impl Ride {
             handshake,
             listen,
             connector: true,
+            opened: false,
+            addresses,
             reason: "its connect was dropped before it completed".to_string(),
             finished: false,
         })
@@ -89,31 +95,23 @@ impl Ride {
     }
 
     /// The link's address pair: (this end's, the peer's).
-    pub(crate) fn addresses(&self) -> Option<(SocketAddrV4, SocketAddrV4)> {
-        let state = self.link.lock();
-        let v4 = |address: std::io::Result<std::net::SocketAddr>| match address.ok()? {
-            std::net::SocketAddr::V4(v4) => Some(v4),
-            std::net::SocketAddr::V6(_) => None,
-        };
-        Some((
-            v4(state.stream.local_addr())?,
-            v4(state.stream.peer_addr())?,
-        ))
+    pub(crate) fn addresses(&self) -> (SocketAddrV4, SocketAddrV4) {
+        self.addresses
     }
 
     /// Sends the handshake's next message (whole; never waits).
     pub(crate) fn send(&mut self, message: &[u8], now_ns: u64) -> Result<(), RideError> {
-        let step = match (self.connector, self.listen) {
-            (true, 0) => Step::ToAcceptor,
-            (true, _) => Step::Open,
-            (false, _) => Step::ToConnector,
+        let (step, listen) = match (self.connector, self.opened) {
+            (true, false) => (Step::Open, self.listen),
+            (true, true) => (Step::ToAcceptor, 0),
+            (false, _) => (Step::ToConnector, 0),
         };
         let mut state = self.link.lock();
         if let Some((_, why)) = &state.ended {
             return Err(RideError::LinkEnded(why.clone()));
         }
-        state.queue_handshake(step, self.handshake, self.listen, message);
-        self.listen = 0;
+        state.queue_handshake(step, self.handshake, listen, message);
+        self.opened = true;
         state.pump(now_ns);
         match &state.ended {
             Some((_, why)) => Err(RideError::LinkEnded(why.clone())),
@@ -135,7 +133,8 @@ impl Ride {
         }
     }
 
-    /// Whether the link this ride is on has ended.
+    /// Whether the link this ride is on has ended (tests).
+    #[cfg(test)]
     pub(crate) fn link_ended(&self) -> bool {
         self.link.lock().ended.is_some()
     }
@@ -179,6 +178,7 @@ pub(crate) fn address_pair(stream: &std::net::TcpStream) -> Option<(SocketAddrV4
 struct Opened {
     link: Arc<Link>,
     handshake: u64,
+    addresses: (SocketAddrV4, SocketAddrV4),
     request: Vec<u8>,
 }
 
@@ -189,6 +189,8 @@ impl Ride {
             handshake: open.handshake,
             listen: 0,
             connector: false,
+            opened: true,
+            addresses: open.addresses,
             reason: reason.to_string(),
             finished: false,
         };
@@ -238,10 +240,18 @@ impl LinkState {
     /// Files a handshake the peer opened on this link under the listen comm it names, or
     /// refuses it (the peer's `connect` fails, naming why; nothing else does).
     pub(super) fn route_open(&mut self, handshake: u64, listen: u64, request: Vec<u8>) {
-        let Some(link) = self.me.upgrade().filter(|_| !self.closing) else {
-            // The link is going: its connector hears it end and starts again elsewhere.
+        // A link going, or gone, takes nothing in: its connector hears it end and starts again
+        // on a connection of its own (src/net/setup/connect.rs).
+        let going = self.closing || self.ended.is_some();
+        let link = self.me.upgrade().filter(|_| !going);
+        let (Some(link), Some(addresses)) = (link, address_pair(&self.stream)) else {
             return;
         };
+        // The inbox let the open through, so it has the room and the identifier is new.
+        if !self.inbox.expect(handshake) {
+            let reason = "this link end cannot hold one more handshake";
+            return self.queue_handshake(Step::Abandoned, handshake, 0, reason.as_bytes());
+        }
         let refused = {
             let mut opens = opens();
             match opens.get_mut(&listen) {
@@ -249,6 +259,7 @@ impl LinkState {
                     queue.push_back(Opened {
                         link,
                         handshake,
+                        addresses,
                         request,
                     });
                     None
@@ -260,12 +271,10 @@ impl LinkState {
             }
         };
         match refused {
-            None => {
-                // Held until the ride that takes it is dropped (`Ride::adopt`).
-                self.inbox.expect(handshake);
-                self.comms += 1;
-            }
+            // Held until the ride that takes it is dropped (`Ride::adopt`).
+            None => self.comms += 1,
             Some(reason) => {
+                self.inbox.forget(handshake);
                 let reason = link_frame::abandon_reason(&reason);
                 self.queue_handshake(Step::Abandoned, handshake, 0, reason);
             }

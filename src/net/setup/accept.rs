@@ -250,23 +250,8 @@ impl Acceptance {
                             continue;
                         }
                     }
-                    let (request, mut reply) = (**request, *reply);
-                    let built = match std::mem::replace(
-                        &mut self.stage,
-                        Stage::ReceivingReady(Transfer::incoming()),
-                    ) {
-                        Stage::Building(builder, _, _) => builder.finish()?,
-                        _ => return Err(Error::internal("accept stage changed while building")),
-                    };
-                    let layout = built.0;
-                    self.build(ctx, &request, &mut reply, built)?;
-                    let resolutions = Resolutions::start(
-                        &self.device.devices,
-                        layout,
-                        &request.rails,
-                        ctx.settings.addr_resolve_timeout_ms,
-                    )?;
-                    self.stage = Stage::Resolving(resolutions, Box::new(request), reply);
+                    let (request, reply) = (**request, *reply);
+                    self.finish_building(ctx, request, reply)?;
                     return Ok(None);
                 }
                 Stage::Resolving(resolutions, request, reply) => {
@@ -283,6 +268,9 @@ impl Acceptance {
                         return Ok(None);
                     }
                     if let Some(refusal) = self.refusal.take() {
+                        // The refusal was the handshake's last word: a ride gives its share
+                        // back without an abandon after it.
+                        self.channel.finish();
                         return Err(refusal);
                     }
                     self.stage = Stage::ReceivingReady(Transfer::incoming());
@@ -303,17 +291,7 @@ impl Acceptance {
                     if ctx.settings.mode == Mode::Vanilla {
                         return self.finish(ctx, None).map(Some);
                     }
-                    let nic = |rail: Rail| self.device.devices[rail.index()].info().address;
-                    let peer = self.peer_rail_addresses;
-                    let sup = (
-                        ipv4_of(nic(Rail::ScaleUp)),
-                        ipv4_of(peer[Rail::ScaleUp.index()]),
-                    );
-                    let control = (*self.local.ip(), *self.peer.ip());
-                    let sout =
-                        sout_pair(nic(Rail::ScaleOut), peer[Rail::ScaleOut.index()], control);
-                    let pending = PendingRegistration::start(&ctx.settings, sout.0, sout.1, sup);
-                    self.stage = Stage::Registering(pending);
+                    self.stage = Stage::Registering(self.start_registration(ctx));
                 }
                 Stage::Registering(pending) => {
                     let telemetry = &ctx.plugin.telemetry;
@@ -324,6 +302,45 @@ impl Acceptance {
                 }
             }
         }
+    }
+
+    /// The queues are built: the regions and receives around them, then the connector's rail
+    /// addresses to resolve.
+    fn finish_building(
+        &mut self,
+        ctx: &Arc<Context>,
+        request: ConnectRequest,
+        mut reply: ConnectReply,
+    ) -> Result<()> {
+        let next = Stage::ReceivingReady(Transfer::incoming());
+        let built = match std::mem::replace(&mut self.stage, next) {
+            Stage::Building(builder, _, _) => builder.finish()?,
+            _ => return Err(Error::internal("accept stage changed while building")),
+        };
+        let layout = built.0;
+        self.build(ctx, &request, &mut reply, built)?;
+        let resolutions = Resolutions::start(
+            &self.device.devices,
+            layout,
+            &request.rails,
+            ctx.settings.addr_resolve_timeout_ms,
+        )?;
+        self.stage = Stage::Resolving(resolutions, Box::new(request), reply);
+        Ok(())
+    }
+
+    /// Advanced mode: starts the agent registration of this connection's SOUT and SUP address
+    /// pairs.
+    fn start_registration(&self, ctx: &Arc<Context>) -> Option<PendingRegistration> {
+        let nic = |rail: Rail| self.device.devices[rail.index()].info().address;
+        let peer = self.peer_rail_addresses;
+        let sup = (
+            ipv4_of(nic(Rail::ScaleUp)),
+            ipv4_of(peer[Rail::ScaleUp.index()]),
+        );
+        let control = (*self.local.ip(), *self.peer.ip());
+        let sout = sout_pair(nic(Rail::ScaleOut), peer[Rail::ScaleOut.index()], control);
+        PendingRegistration::start(&ctx.settings, sout.0, sout.1, sup)
     }
 
     /// Takes the connection's share of the NICs' limits and starts creating its queues; past a

@@ -7,8 +7,8 @@
 //! without a bound 8,192 connects would each open a connection before the first had made the
 //! link. Here a `connect` is admitted only while fewer than [`IN_FLIGHT_LINKED`] handshakes run
 //! to its destination — one, until a handshake there has made the link that the later ones then
-//! ride — and otherwise answers "not yet" holding nothing, as NCCL expects of a `connect` that
-//! is not done. The destination is the listening socket a handle names, which is one per peer
+//! ride, and again one if that link closed — and otherwise answers "not yet" holding nothing,
+//! as NCCL expects of a `connect` that is not done. The destination is the listening socket a handle names, which is one per peer
 //! process and device (src/net/setup/listener.rs). Past the first, the bound is on the work in
 //! flight (each admitted handshake builds its queues), not on descriptors.
 //!
@@ -20,8 +20,8 @@
 //! admitted or finished for [`STALL`], one more is admitted. The bound costs a batch nothing
 //! while its handshakes progress, and a stuck one at most [`STALL`] per extra handshake.
 //!
-//! What this keeps per destination (a count, whether it was linked, when it last moved) stays
-//! for the process's life: one entry per peer socket ever connected to.
+//! What this keeps per destination (a count, when it last moved) stays for the process's life:
+//! one entry per peer socket ever connected to.
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
@@ -37,8 +37,6 @@ pub(crate) const STALL: Duration = Duration::from_secs(1);
 
 struct Destination {
     in_flight: u32,
-    /// A handshake to it completed: its link exists, and later handshakes ride it.
-    linked: bool,
     /// When a handshake to it was last admitted or finished.
     moved: Instant,
 }
@@ -59,19 +57,19 @@ pub(crate) struct Admission {
 
 impl Admission {
     /// A place for a handshake to `destination`, or `None` while it has its share in flight
-    /// (and they moved within [`STALL`]).
-    pub(crate) fn try_admit(destination: SocketAddrV4) -> Option<Admission> {
-        Admission::try_admit_at(destination, Instant::now())
+    /// (and they moved within [`STALL`]); the share is [`IN_FLIGHT_LINKED`] while this process
+    /// holds a link to the destination's process (`linked`: the handshakes ride it), else one.
+    pub(crate) fn try_admit(destination: SocketAddrV4, linked: bool) -> Option<Admission> {
+        Admission::try_admit_at(destination, linked, Instant::now())
     }
 
-    fn try_admit_at(destination: SocketAddrV4, now: Instant) -> Option<Admission> {
+    fn try_admit_at(destination: SocketAddrV4, linked: bool, now: Instant) -> Option<Admission> {
         let mut destinations = destinations();
         let entry = destinations.entry(destination).or_insert(Destination {
             in_flight: 0,
-            linked: false,
             moved: now,
         });
-        let share = if entry.linked { IN_FLIGHT_LINKED } else { 1 };
+        let share = if linked { IN_FLIGHT_LINKED } else { 1 };
         let stuck = now.saturating_duration_since(entry.moved) >= STALL;
         if entry.in_flight >= share && !stuck {
             return None;
@@ -79,13 +77,6 @@ impl Admission {
         entry.in_flight += 1;
         entry.moved = now;
         Some(Admission { destination })
-    }
-
-    /// The handshake completed: its destination has a link now.
-    pub(crate) fn completed(self) {
-        if let Some(entry) = destinations().get_mut(&self.destination) {
-            entry.linked = true;
-        }
     }
 }
 
@@ -108,36 +99,45 @@ mod tests {
     }
 
     #[test]
-    fn one_handshake_until_the_first_completes_then_a_bounded_share() {
+    fn one_handshake_until_a_link_exists_then_a_bounded_share() {
         let to = destination(40_001);
-        let first = Admission::try_admit(to).expect("the first is admitted");
+        let first = Admission::try_admit(to, false).expect("the first is admitted");
         assert!(
-            Admission::try_admit(to).is_none(),
+            Admission::try_admit(to, false).is_none(),
             "one until a link exists"
         );
         assert!(
-            Admission::try_admit(destination(40_002)).is_some(),
+            Admission::try_admit(destination(40_002), false).is_some(),
             "another destination has its own share"
         );
-        first.completed();
+        // The first made the link.
+        drop(first);
         let admitted: Vec<_> = (0..IN_FLIGHT_LINKED)
-            .map_while(|_| Admission::try_admit(to))
+            .map_while(|_| Admission::try_admit(to, true))
             .collect();
         assert_eq!(admitted.len(), IN_FLIGHT_LINKED as usize);
-        assert!(Admission::try_admit(to).is_none(), "the share is bounded");
+        assert!(
+            Admission::try_admit(to, true).is_none(),
+            "the share is bounded"
+        );
+        assert!(
+            Admission::try_admit(to, false).is_none(),
+            "the link gone, one at most again"
+        );
         drop(admitted);
-        assert!(Admission::try_admit(to).is_some(), "places come back");
+        assert!(Admission::try_admit(to, true).is_some(), "places come back");
     }
 
     #[test]
     fn a_stuck_destination_admits_one_more_after_the_stall() {
         let to = destination(40_004);
         let start = Instant::now();
-        let stuck = Admission::try_admit_at(to, start).expect("the first is admitted");
-        assert!(Admission::try_admit_at(to, start + STALL / 2).is_none());
-        let next = Admission::try_admit_at(to, start + STALL).expect("admitted past the stall");
+        let stuck = Admission::try_admit_at(to, false, start).expect("the first is admitted");
+        assert!(Admission::try_admit_at(to, false, start + STALL / 2).is_none());
+        let next =
+            Admission::try_admit_at(to, false, start + STALL).expect("admitted past the stall");
         assert!(
-            Admission::try_admit_at(to, start + STALL + STALL / 2).is_none(),
+            Admission::try_admit_at(to, false, start + STALL + STALL / 2).is_none(),
             "the stall counts again from the last admission"
         );
         drop((stuck, next));
@@ -146,10 +146,10 @@ mod tests {
     #[test]
     fn a_failed_first_handshake_gives_its_place_back_without_a_link() {
         let to = destination(40_003);
-        drop(Admission::try_admit(to).expect("admitted"));
-        let again = Admission::try_admit(to).expect("the place came back");
+        drop(Admission::try_admit(to, false).expect("admitted"));
+        let again = Admission::try_admit(to, false).expect("the place came back");
         assert!(
-            Admission::try_admit(to).is_none(),
+            Admission::try_admit(to, false).is_none(),
             "still one: no link was made"
         );
         drop(again);

@@ -15,11 +15,18 @@ pub(crate) enum Channel {
     /// A TCP connection of its own.
     Own(TcpStream),
     /// A ride on the link to the peer's process; `first` is the message that opened it
-    /// (the acceptor end receives it with the ride).
-    Link { ride: Ride, first: Option<Vec<u8>> },
+    /// (the acceptor end receives it with the ride); `lost` once a send or receive found the
+    /// link ended (rather than the peer giving the handshake up).
+    Link {
+        ride: Ride,
+        first: Option<Vec<u8>>,
+        lost: bool,
+    },
 }
 
-fn ride_error(error: &RideError, peer: &str) -> Error {
+/// A ride's error as the call's, noting in `lost` whether the link itself ended.
+fn ride_error(error: RideError, peer: &str, lost: &mut bool) -> Error {
+    *lost = matches!(error, RideError::LinkEnded(_));
     Error::remote(format!("handshake with {peer}: {error}"))
 }
 
@@ -29,6 +36,16 @@ impl Channel {
         Channel::Link {
             ride,
             first: Some(request),
+            lost: false,
+        }
+    }
+
+    /// A ride at the connector end.
+    pub(crate) fn riding(ride: Ride) -> Channel {
+        Channel::Link {
+            ride,
+            first: None,
+            lost: false,
         }
     }
 
@@ -40,10 +57,10 @@ impl Channel {
     ) -> Result<bool> {
         match self {
             Channel::Own(stream) => transfer.send(stream, peer),
-            Channel::Link { ride, .. } => {
+            Channel::Link { ride, lost, .. } => {
                 if !transfer.is_done() {
                     ride.send(transfer.bytes(), now_ns())
-                        .map_err(|e| ride_error(&e, peer))?;
+                        .map_err(|e| ride_error(e, peer, lost))?;
                     transfer.mark_sent();
                 }
                 Ok(true)
@@ -57,13 +74,16 @@ impl Channel {
         transfer: &mut Transfer<N>,
         peer: &str,
     ) -> Result<bool> {
-        let (ride, first) = match self {
+        let (ride, first, lost) = match self {
             Channel::Own(stream) => return transfer.receive(stream, peer),
-            Channel::Link { ride, first } => (ride, first),
+            Channel::Link { ride, first, lost } => (ride, first, lost),
         };
         let message = match first.take() {
             Some(message) => message,
-            None => match ride.receive(now_ns()).map_err(|e| ride_error(&e, peer))? {
+            None => match ride
+                .receive(now_ns())
+                .map_err(|e| ride_error(e, peer, lost))?
+            {
                 Some(message) => message,
                 None => return Ok(false),
             },
@@ -81,7 +101,7 @@ impl Channel {
     pub(crate) fn addresses(&self) -> Result<(SocketAddrV4, SocketAddrV4)> {
         let pair = match self {
             Channel::Own(stream) => address_pair(stream),
-            Channel::Link { ride, .. } => ride.addresses(),
+            Channel::Link { ride, .. } => Some(ride.addresses()),
         };
         pair.ok_or_else(|| Error::system("the control connection has no IPv4 address pair"))
     }
@@ -102,10 +122,11 @@ impl Channel {
         }
     }
 
-    /// Whether the handshake rides a link that has ended (the connector then starts it again on
-    /// a connection of its own: the acceptor may have closed its end before reading the open).
-    pub(crate) fn link_ended(&self) -> bool {
-        self.ride().is_some_and(Ride::link_ended)
+    /// Whether the last send or receive found the link the handshake rides ended (the
+    /// connector then starts it again on a connection of its own: the acceptor may have closed
+    /// its end before reading the open). Not when the peer gave the handshake up.
+    pub(crate) fn link_lost(&self) -> bool {
+        matches!(self, Channel::Link { lost: true, .. })
     }
 
     /// What the other end hears if the handshake is dropped now (a ride's only).

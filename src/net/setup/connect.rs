@@ -19,7 +19,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Rail};
@@ -39,7 +38,7 @@ use crate::net::agent::registration::{
 };
 use crate::net::data::request::now_ns;
 use crate::net::data::send::{SendComm, SendData};
-use crate::net::observe::link::{self, Attachment, Names, PathKey, Proposal, Ride};
+use crate::net::observe::link::{self, Attachment, PathKey, Proposal, Ride};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::admission::Admission;
@@ -56,6 +55,9 @@ use crate::net::setup::resources::{
     QueueSizing, RailQueues, RegisteredRegion,
 };
 use crate::net::{Context, HANDLE_SIZE};
+
+#[path = "connect_link.rs"]
+mod link_steps;
 
 /// Sender queue sizes: chains of up to 9 WRs per slot; one signalled completion per slot and rail.
 /// A power of two less one: providers keep queues in power-of-two rings with one slot spare
@@ -142,7 +144,7 @@ pub(crate) fn connect(
         } = ListenHandle::read(handle)?;
         // Past this destination's share of handshakes in flight: "not yet", holding nothing,
         // and the next call asks again (first, so that waiting costs no system call).
-        let Some(admission) = Admission::try_admit(remote) else {
+        let Some(admission) = Admission::try_admit(remote, link::connected_to(process)) else {
             return Ok(None);
         };
         let device = ctx.plugin.device(dev)?.clone();
@@ -159,8 +161,7 @@ pub(crate) fn connect(
         let (channel, stage) = match ride {
             Some(ride) => {
                 let stage = Connector::start_building(ctx, &device, local, remote)?;
-                let channel = Channel::Link { ride, first: None };
-                (channel, stage)
+                (Channel::riding(ride), stage)
             }
             None => (
                 Channel::Own(start_connect(local, remote)?),
@@ -221,48 +222,31 @@ impl Connector {
                     if !self.channel.send(transfer, &peer)? {
                         return Ok(None);
                     }
-                    self.stage = match &self.prepared {
-                        // Started again after the link it rode ended: the same request.
-                        Some(prepared) => {
-                            Stage::SendingRequest(Transfer::outgoing(prepared.request.encode()))
-                        }
-                        None => Connector::start_building(
-                            &self.ctx,
-                            &self.device,
-                            self.local_address,
-                            self.remote,
-                        )?,
-                    };
+                    self.stage = self.after_claim()?;
                 }
                 Stage::Building(class, builder) => {
                     if !builder.step(&self.device.devices, &self.device.receives)? {
                         return Ok(None);
                     }
                     let class = *class;
-                    let built = match std::mem::replace(&mut self.stage, Stage::Connecting) {
-                        Stage::Building(_, builder) => builder.finish()?,
-                        _ => return Err(Error::internal("connect stage changed while building")),
-                    };
-                    let request = self.prepare(class, built)?;
-                    self.stage = Stage::SendingRequest(Transfer::outgoing(request.encode()));
+                    self.finish_building(class)?;
                     return Ok(None);
                 }
                 Stage::SendingRequest(transfer) => {
-                    match self.channel.send(transfer, &peer) {
-                        Ok(true) => {}
-                        Ok(false) => return Ok(None),
-                        Err(_) if self.channel.link_ended() => return self.start_again(),
-                        Err(error) => return Err(error),
+                    let sent = self.channel.send(transfer, &peer);
+                    if !self.carried(sent)? {
+                        return Ok(None);
                     }
                     self.stage = Stage::ReceivingReply(Transfer::incoming());
                 }
                 Stage::ReceivingReply(transfer) => {
-                    match self.channel.receive(transfer, &peer) {
-                        Ok(true) => {}
-                        Ok(false) => return Ok(None),
-                        Err(_) if self.channel.link_ended() => return self.start_again(),
-                        Err(error) => return Err(error),
+                    let received = self.channel.receive(transfer, &peer);
+                    if !self.carried(received)? {
+                        return Ok(None);
                     }
+                    let Stage::ReceivingReply(transfer) = &self.stage else {
+                        return Err(Error::internal("connect stage changed while receiving"));
+                    };
                     let reply = ConnectReply::decode(transfer.bytes())
                         .map_err(|e| Error::remote(format!("malformed handshake reply: {e}")))?;
                     let resolutions = self.on_reply(&reply)?;
@@ -328,18 +312,47 @@ impl Connector {
         Ok(Stage::Building(class, builder))
     }
 
-    /// The link the handshake rode ended before the reply: it starts again on a connection of
-    /// its own, with the request already built (nothing of it reached a live acceptor).
-    fn start_again(&mut self) -> Result<Option<Box<SendComm>>> {
-        info!(
-            log::NET | log::INIT,
-            "connect to {}: the control link ended before the handshake's reply; starting it again \
-             on a connection of its own",
-            self.remote
-        );
-        self.channel = Channel::Own(start_connect(self.local_address, self.remote)?);
-        self.stage = Stage::Connecting;
-        Ok(None)
+    /// After the claim on a connection of its own: the queues, or, for a handshake started
+    /// again after the link it rode ended, the same request.
+    fn after_claim(&self) -> Result<Stage> {
+        Ok(match &self.prepared {
+            Some(prepared) => Stage::SendingRequest(Transfer::outgoing(prepared.request.encode())),
+            None => {
+                Connector::start_building(&self.ctx, &self.device, self.local_address, self.remote)?
+            }
+        })
+    }
+
+    /// The queues are built: the FIFO and records around them, and the request to send.
+    fn finish_building(&mut self, class: PathClass) -> Result<()> {
+        let built = match std::mem::replace(&mut self.stage, Stage::Connecting) {
+            Stage::Building(_, builder) => builder.finish()?,
+            _ => return Err(Error::internal("connect stage changed while building")),
+        };
+        let request = self.prepare(class, built)?;
+        self.stage = Stage::SendingRequest(Transfer::outgoing(request.encode()));
+        Ok(())
+    }
+
+    /// What sending the request or receiving the reply came to: done or not yet, or, when the
+    /// link the handshake rode ended under it (not when the acceptor gave it up), not yet with
+    /// the handshake started again on a connection of its own, with the request already built
+    /// (nothing of it reached a live acceptor: one that took it holds the link open).
+    fn carried(&mut self, outcome: Result<bool>) -> Result<bool> {
+        match outcome {
+            Err(_) if self.channel.link_lost() => {
+                info!(
+                    log::NET | log::INIT,
+                    "connect to {}: the control link ended before the handshake's reply; \
+                     starting it again on a connection of its own",
+                    self.remote
+                );
+                self.channel = Channel::Own(start_connect(self.local_address, self.remote)?);
+                self.stage = Stage::Connecting;
+                Ok(false)
+            }
+            outcome => outcome,
+        }
     }
 
     /// Creates the FIFO and record shadow around the built queues; the request describes them.
@@ -449,73 +462,6 @@ impl Connector {
         prepared.peer_process = reply.process;
         prepared.peer_name = reply.conn_id;
         prepared.peer_rail_addresses = reply.rails.map(|rail| address_of_wire(rail.address));
-        Ok(())
-    }
-
-    /// The path this connection's control link rides (to the acceptor's process over the
-    /// handshake's address pair, with the QPs' retry budget as its user timeout) and its names
-    /// on it; `stage` names the step for the error when the reply is not in yet.
-    fn link_context(&self, stage: &str) -> Result<(PathKey, Names)> {
-        let Some(prepared) = &self.prepared else {
-            return Err(Error::internal(format!("{stage} before prepare")));
-        };
-        let settings = qp_settings(&self.ctx.settings, self.traffic_class);
-        let path = PathKey {
-            peer_process: prepared.peer_process,
-            local: *self.local()?.ip(),
-            remote: *self.remote.ip(),
-            budget_ms: settings.retry_budget_ms(),
-        };
-        let names = Names {
-            local: prepared.request.conn_id,
-            peer: prepared.peer_name,
-        };
-        Ok((path, names))
-    }
-
-    /// Proposes the control link: the one held to the acceptor's process, or this handshake's.
-    fn propose_link(&mut self) -> Result<Ready> {
-        let (path, names) = self.link_context("link proposal")?;
-        let proposal = link::propose(path, names, self.channel.ride(), now_ns());
-        let ready = Ready {
-            existing_link: proposal.existing.as_ref().map_or(0, Attachment::link_id),
-            fresh_link: proposal.fresh_link,
-        };
-        if let Some(prepared) = self.prepared.as_mut() {
-            prepared.proposal = Some(proposal);
-        }
-        Ok(ready)
-    }
-
-    /// Keeps the share of the link the acceptor answered with (`link`).
-    fn settle_link(&mut self, link: u64) -> Result<()> {
-        let (path, names) = self.link_context("link answer")?;
-        let proposal = self
-            .prepared
-            .as_mut()
-            .and_then(|prepared| prepared.proposal.take())
-            .ok_or_else(|| Error::internal("link answer without a proposal"))?;
-        let fresh_link = proposal.fresh_link;
-        let share =
-            link::settle(proposal, link, path, self.channel.stream(), names).map_err(|e| {
-                let what = format!("keeping the control connection to {}", self.remote);
-                crate::net::setup::descriptors::socket_error(&what, &e)
-            })?;
-        if let (Some(stream), true) = (self.channel.stream(), share.link_id() != fresh_link) {
-            // Not kept: the handshake's connection closes with this connector. Closed
-            // normally, thousands of handshakes would each leave a TIME_WAIT socket for a
-            // minute (16,384 pairs: connect p99 4.9 ms and 21.8 s in all, against 1.6 ms and
-            // 14 s with the reset; docs/PERFORMANCE.md); the exchange is over (the answer was
-            // the last message), so a reset loses nothing.
-            let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
-        }
-        if let Some(prepared) = self.prepared.as_mut() {
-            prepared.link = Some(share);
-        }
-        // The link to the acceptor's process is there for the next handshakes to ride.
-        if let Some(admission) = self.admission.take() {
-            admission.completed();
-        }
         Ok(())
     }
 

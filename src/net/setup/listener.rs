@@ -19,9 +19,11 @@
 //! a count. Running out of descriptors still fails the `accept`, naming the limit
 //! (src/net/setup/descriptors.rs). The socket goes with the last listen comm that holds it.
 //!
-//! Only a process's first handshake towards another comes here: the later ones ride the link
-//! that first one made (src/net/observe/link_ride.rs), and an `accept` takes them from there
-//! ([`Incoming::Link`]), reading the links peers made to this process as often as the socket.
+//! A process's first handshake towards another comes here (and a handshake started again after
+//! its link ended, or from a handle that does not name its process); the later ones ride the
+//! link that first one made (src/net/observe/link_ride.rs), and an `accept` takes them from
+//! there ([`Incoming::Link`]), reading the links peers made to this process as often as the
+//! socket.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -66,9 +66,17 @@ impl ListenHandle {
         }
         let ip = Ipv4Addr::new(bytes[8], bytes[9], bytes[10], bytes[11]);
         let port = u16::from_be_bytes([bytes[12], bytes[13]]);
+        let listen_id = word(24..32);
+        if listen_id == 0 {
+            // `listen` never draws 0 (src/net/setup/listener.rs): a damaged handle.
+            return Err(Error::invalid_argument(
+                "connect: the listen handle names no listen comm (listen id 0); was it damaged \
+                 on its way from the peer?",
+            ));
+        }
         Ok(ListenHandle {
             address: SocketAddrV4::new(ip, port),
-            listen_id: word(24..32),
+            listen_id,
             process: word(32..40),
         })
     }
@@ -289,6 +297,10 @@ mod tests {
             error.message.contains("not an MPIB listen handle"),
             "{error}"
         );
+        let mut no_listen = bytes;
+        no_listen[24..32].fill(0);
+        let error = ListenHandle::read(&no_listen).unwrap_err();
+        assert!(error.message.contains("listen id 0"), "{error}");
         let mut older = bytes;
         older[0..8].copy_from_slice(&HANDLE_MAGIC_WITHOUT_ID.to_le_bytes());
         let error = ListenHandle::read(&older).unwrap_err();

@@ -5,29 +5,32 @@
 use std::sync::atomic::Ordering;
 
 use super::*;
-use crate::net::observe::link::tests::PUMP_ALL_PAUSED;
+use crate::net::observe::housekeeper::LINKS_PAUSED;
 
-/// Sets [`PUMP_ALL_PAUSED`] while held.
+/// Sets [`LINKS_PAUSED`] while held.
 struct Paused;
 
 impl Paused {
     fn pause() -> Paused {
-        PUMP_ALL_PAUSED.store(true, Ordering::Relaxed);
+        LINKS_PAUSED.store(true, Ordering::Relaxed);
         Paused
     }
 }
 
 impl Drop for Paused {
     fn drop(&mut self) {
-        PUMP_ALL_PAUSED.store(false, Ordering::Relaxed);
+        LINKS_PAUSED.store(false, Ordering::Relaxed);
     }
 }
 
-fn loopback_context() -> Arc<Context> {
+fn loopback_context(vars: &[(&str, &str)]) -> Arc<Context> {
     for name in ENV_NAMES {
         std::env::remove_var(name);
     }
     std::env::set_var("MPIB_FABRIC", "loopback");
+    for (name, value) in vars {
+        std::env::set_var(name, value);
+    }
     init(InitParams {
         traffic_class: -1,
         ..Default::default()
@@ -62,7 +65,7 @@ fn a_handshake_whose_link_closes_before_the_acceptor_reads_it_starts_again_on_it
     // in at its own moment.
     let _paused = Paused::pause();
     let first = connect_pair(&[]);
-    let recv_ctx = loopback_context();
+    let recv_ctx = loopback_context(&[]);
     let mut handle = [0u8; HANDLE_SIZE];
     let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
 
@@ -100,4 +103,60 @@ fn a_handshake_whose_link_closes_before_the_acceptor_reads_it_starts_again_on_it
     close_listen(listen_comm).unwrap();
     finalize(recv_ctx).unwrap();
     close(second);
+}
+
+#[test]
+fn a_refusal_on_the_link_reaches_the_connector_whole_and_the_link_goes_on() {
+    let _guard = env_lock();
+    let first = connect_pair(&[]);
+    let first_link = first.send.link_id();
+    // A receiver with another SUP QP count refuses the next connection, which rides the link.
+    let recv_ctx = loopback_context(&[("MPIB_SUP_QP", "3")]);
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
+    let (mut connect_error, mut accept_error) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connect_error.is_none() || accept_error.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the refusal did not reach both sides"
+        );
+        if connect_error.is_none() {
+            match connect(&first.ctx, 0, &mut handle, -1) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("a refused connection connected"),
+                Err(error) => connect_error = Some(error),
+            }
+        }
+        if accept_error.is_none() {
+            match accept(&mut listen_comm) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("a refused connection was accepted"),
+                Err(error) => accept_error = Some(error),
+            }
+        }
+    }
+    // The connector hears the refusal itself (not that the handshake was given up, which
+    // follows it), with both sides' counts; it did not start again elsewhere.
+    let error = connect_error.unwrap();
+    assert_eq!(error.kind, crate::error::ErrorKind::InvalidUsage, "{error}");
+    assert!(
+        error.message.contains("refused") && error.message.contains("sup=3"),
+        "{error}"
+    );
+    assert!(accept_error.unwrap().message.contains("sup=4"));
+    // The link and the pair on it go on, and the next connection rides it.
+    transfer(&first, 4097);
+    close_listen(listen_comm).unwrap();
+    finalize(recv_ctx).unwrap();
+    let recv_ctx = loopback_context(&[]);
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
+    let (send, recv) = finish(&first.ctx, &mut handle, &mut listen_comm);
+    assert_eq!(send.link_id(), first_link);
+    close_send(send).unwrap();
+    close_recv(recv).unwrap();
+    close_listen(listen_comm).unwrap();
+    finalize(recv_ctx).unwrap();
+    close(first);
 }
