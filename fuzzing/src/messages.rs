@@ -140,13 +140,12 @@ pub fn completion_record(data: &[u8]) {
 /// The 32-bit immediate of a WRITE_WITH_IMM, as it arrives (wire order) and as decoded.
 pub fn imm(data: &[u8]) {
     let raw = u32::from_le_bytes(fixed(data));
-    if let Ok(imm) = Imm::decode(raw) {
-        assert_eq!(Imm::decode(imm.encode()), Ok(imm));
-        let _ = imm.size_bytes();
-    }
-    if let Ok(imm) = Imm::from_wire(raw) {
-        assert_eq!(Imm::from_wire(imm.to_wire()), Ok(imm));
-    }
+    let imm = Imm::decode(raw);
+    assert_eq!(Imm::decode(imm.encode()), imm);
+    assert_eq!(imm.encode(), raw, "every value decodes, and back");
+    let _ = imm.size_bytes();
+    let imm = Imm::from_wire(raw);
+    assert_eq!(Imm::from_wire(imm.to_wire()), imm);
 }
 
 /// The agent socket's bytes: a header, a request (what the agent reads from a plugin or any

@@ -190,8 +190,7 @@ mod tests {
             let imm = Imm::from_wire(match wr.opcode {
                 SendOpcode::WriteWithImm { imm } => imm,
                 other => panic!("{other:?}"),
-            })
-            .unwrap();
+            });
             assert_eq!((imm.slot, imm.mask, imm.size_q), (3, RailMask::BOTH, 32));
             assert_eq!(wr.length(), 2048);
             assert_eq!(wr.rkey, [11, 22][rail.index()]);

@@ -9,13 +9,11 @@
 //!
 //! ```text
 //!  [ 7:0]  slot    (0..=255, the CTS FIFO slot)
-//!  [ 9:8]  mask    (bit 0 = SOUT, bit 1 = SUP; 1, 2 or 3)
+//!  [ 9:8]  mask    (bit 0 = SOUT, bit 1 = SUP; 1, 2 or 3; 0 = a replay, docs/PROTOCOL.md §10)
 //!  [31:10] size_q  (size / 128, or the all-ones sentinel: "read the completion record")
 //! ```
 //!
 //! Verbs carries `imm_data` in network byte order, so the value posted is `encode().to_be()`.
-
-use std::fmt;
 
 use super::rail_mask::RailMask;
 
@@ -37,36 +35,13 @@ const MASK_FIELD: u32 = 0x3;
 pub struct Imm {
     /// CTS FIFO slot the transfer belongs to.
     pub slot: u8,
-    /// Rails the sender used for this slot; the receiver waits for one IMM per rail.
+    /// Rails the sender used for this slot; the receiver waits for one IMM per rail. Empty in
+    /// a replay after a failover ([`Imm::is_replay`]): the one IMM of a whole transfer sent
+    /// again on the surviving rail (crate::failover).
     pub mask: RailMask,
     /// Size in units of [`SIZE_GRANULARITY`], or [`SIZE_Q_SENTINEL`].
     pub size_q: u32,
 }
-
-/// An immediate that cannot be a valid MPIB immediate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ImmError {
-    /// The mask field is zero: no sender ever produces that, so the value is corrupt or foreign.
-    EmptyMask {
-        /// The host-order value that was decoded.
-        raw: u32,
-    },
-}
-
-impl fmt::Display for ImmError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImmError::EmptyMask { raw } => write!(
-                f,
-                "imm_data {raw:#010x} has an empty active mask (slot {}, size_q {})",
-                raw & SLOT_FIELD,
-                raw >> SIZE_Q_SHIFT
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ImmError {}
 
 impl Imm {
     /// Host-order value `slot | mask << 8 | size_q << 10`; excess bits of `mask` and `size_q`
@@ -84,23 +59,38 @@ impl Imm {
         self.encode().to_be()
     }
 
-    /// Decode a host-order value; a zero mask is an error.
+    /// A replay's immediate: the whole of `slot`'s transfer again on one rail (crate::failover).
     #[inline]
-    pub fn decode(raw: u32) -> Result<Imm, ImmError> {
-        let mask = RailMask(((raw >> MASK_SHIFT) & MASK_FIELD) as u8);
-        if mask.is_empty() {
-            return Err(ImmError::EmptyMask { raw });
+    pub const fn replay(slot: u8, size_q: u32) -> Imm {
+        Imm {
+            slot,
+            mask: RailMask::NONE,
+            size_q,
         }
-        Ok(Imm {
+    }
+
+    /// Whether this is a replay's immediate (its mask is empty).
+    #[inline]
+    pub const fn is_replay(self) -> bool {
+        self.mask.0 == 0
+    }
+
+    /// Decode a host-order value. Every value decodes since the empty mask became the replay
+    /// marker; what the receiver makes of a replay it does not await, or of a mask naming a rail
+    /// the connection lacks, is its protocol error (`crate::recv_slots`).
+    #[inline]
+    pub fn decode(raw: u32) -> Imm {
+        let mask = RailMask(((raw >> MASK_SHIFT) & MASK_FIELD) as u8);
+        Imm {
             slot: ((raw >> SLOT_SHIFT) & SLOT_FIELD) as u8,
             mask,
             size_q: (raw >> SIZE_Q_SHIFT) & SIZE_Q_SENTINEL,
-        })
+        }
     }
 
     /// Decode the `imm_data` of a receive completion (network byte order).
     #[inline]
-    pub fn from_wire(wire: u32) -> Result<Imm, ImmError> {
+    pub fn from_wire(wire: u32) -> Imm {
         Imm::decode(u32::from_be(wire))
     }
 
@@ -153,7 +143,7 @@ mod tests {
             size_q: 5,
         };
         assert_eq!(imm.encode(), 0xAB | (3 << 8) | (5 << 10));
-        assert_eq!(Imm::decode(imm.encode()), Ok(imm));
+        assert_eq!(Imm::decode(imm.encode()), imm);
     }
 
     #[test]
@@ -167,15 +157,14 @@ mod tests {
     }
 
     #[test]
-    fn empty_mask_rejected() {
+    fn the_empty_mask_is_a_replay() {
         let raw = 7 | (9 << 10);
-        assert_eq!(Imm::decode(raw), Err(ImmError::EmptyMask { raw }));
-        assert_eq!(
-            Imm::from_wire(raw.to_be()),
-            Err(ImmError::EmptyMask { raw })
-        );
-        let text = ImmError::EmptyMask { raw }.to_string();
-        assert!(text.contains("empty active mask") && text.contains("slot 7"));
+        let imm = Imm::decode(raw);
+        assert!(imm.is_replay());
+        assert_eq!(imm, Imm::replay(7, 9));
+        assert_eq!(Imm::from_wire(raw.to_be()), imm);
+        assert_eq!(imm.size_bytes(), Some(9 * 128));
+        assert!(!Imm::decode(7 | (1 << 8)).is_replay());
     }
 
     #[test]
@@ -210,8 +199,8 @@ mod tests {
         #[test]
         fn roundtrip(slot in any::<u8>(), mask in 1u8..=3, size_q in 0u32..=SIZE_Q_SENTINEL) {
             let imm = Imm { slot, mask: RailMask(mask), size_q };
-            prop_assert_eq!(Imm::decode(imm.encode()), Ok(imm));
-            prop_assert_eq!(Imm::from_wire(imm.to_wire()), Ok(imm));
+            prop_assert_eq!(Imm::decode(imm.encode()), imm);
+            prop_assert_eq!(Imm::from_wire(imm.to_wire()), imm);
         }
 
         #[test]
@@ -237,11 +226,8 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics(raw in any::<u32>()) {
-            match Imm::decode(raw) {
-                Ok(imm) => prop_assert_eq!(imm.encode(), raw),
-                Err(ImmError::EmptyMask { raw: got }) => prop_assert_eq!(got, raw),
-            }
+        fn every_value_decodes_and_encodes_back(raw in any::<u32>()) {
+            prop_assert_eq!(Imm::decode(raw).encode(), raw);
         }
     }
 }

@@ -50,6 +50,19 @@ impl PostPlan {
 /// SUP share in parts per 1024, `record` where the leader writes the record on the general path.
 #[inline]
 pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarget) -> PostPlan {
+    plan_with(slot_index, slot, shares, record, None)
+}
+
+/// [`plan`], with the slot's mask `only` that rail when given (a transfer with no bytes at all
+/// is otherwise signalled on SOUT).
+#[inline]
+fn plan_with(
+    slot_index: u8,
+    slot: &SendSlot,
+    shares: &[u32],
+    record: RecordTarget,
+    only: Option<Rail>,
+) -> PostPlan {
     let nreqs = slot.buffers().len().min(MAX_RECVS);
     let mut buffers = [EMPTY_BUFFER; MAX_RECVS];
     let mut splits = [RailSplit::default(); MAX_RECVS];
@@ -65,7 +78,7 @@ pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarge
         };
     }
     let (buffers, splits) = (&buffers[..nreqs], &splits[..nreqs]);
-    let mask = slot_mask(splits);
+    let mask = only.map_or_else(|| slot_mask(splits), RailMask::of);
     let signal = match (nreqs, Imm::exact_size_q(splits[0].size)) {
         (1, Some(size_q)) => Signal::ExactSize(size_q),
         _ => Signal::Record(record),
@@ -98,6 +111,38 @@ pub fn plan(slot_index: u8, slot: &SendSlot, shares: &[u32], record: RecordTarge
         let chain = &mut posting.chains[rail.index()];
         posting.lengths[rail.index()] =
             chain::build(slot_index, mask, buffers, signal, rail, chain);
+    }
+    posting
+}
+
+/// Plans the posting of `slot` wholly on `rail`, as after the other rail failed
+/// (docs/PROTOCOL.md §10): every byte on `rail`, which leads. With `replay`, its immediate is a
+/// replay's (`Imm::replay`): the whole transfer again, for a receive that awaits it.
+#[inline]
+pub fn plan_on(
+    slot_index: u8,
+    slot: &SendSlot,
+    rail: Rail,
+    record: RecordTarget,
+    replay: bool,
+) -> PostPlan {
+    let share = match rail {
+        Rail::ScaleOut => 0,
+        Rail::ScaleUp => 1024,
+    };
+    let shares = [share; MAX_RECVS];
+    let nreqs = slot.buffers().len().min(MAX_RECVS);
+    let mut posting = plan_with(slot_index, slot, &shares[..nreqs], record, Some(rail));
+    if replay {
+        let length = posting.lengths[rail.index()];
+        let last = &mut posting.chains[rail.index()][length - 1];
+        let size_q = match posting.signal {
+            Signal::ExactSize(size_q) => size_q,
+            Signal::Record(_) => crate::imm::SIZE_Q_SENTINEL,
+        };
+        last.opcode = crate::work::SendOpcode::WriteWithImm {
+            imm: Imm::replay(slot_index, size_q).to_wire(),
+        };
     }
     posting
 }

@@ -12,11 +12,16 @@
 //! * An IMM consumes one receive the connection holds on its rail, names its slot, and teaches
 //!   or checks the slot's rail mask; the slot completes when every rail of the mask has
 //!   delivered.
+//! * When a rail fails ([`RecvSlots::fail_rail`], docs/PROTOCOL.md §10) every outstanding slot
+//!   awaits the sender: it completes on a replay's IMM or on a post that used the survivor
+//!   alone, and ignores what else comes for it (the survivor's part of a post that also used the
+//!   failed rail, which the replay carries again).
 
 use std::fmt;
 
 use crate::completion::{MaskError, MaskLearning};
 use crate::cts::{ready_idx, slot_of, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::failover::{FailoverReport, SlotSet};
 use crate::imm::Imm;
 use crate::rail::Rail;
 use crate::rail_mask::RailMask;
@@ -75,6 +80,12 @@ pub enum RecvSlotError {
     NoReceive(usize),
     /// An IMM's mask contradicts what the slot learned, or repeats a rail.
     Mask(usize, MaskError),
+    /// An IMM on a rail that failed.
+    RailDown(Rail),
+    /// A replay for a slot that awaits none.
+    UnawaitedReplay(usize),
+    /// Both rails failed: there is nothing to go on over.
+    NoSurvivor,
     /// The engine broke a rule of the sequence (a bug, named by the rule).
     Invariant(&'static str),
 }
@@ -89,6 +100,13 @@ impl fmt::Display for RecvSlotError {
                 write!(f, "IMM for slot {slot}, which has no receive posted")
             }
             RecvSlotError::Mask(slot, e) => write!(f, "slot {slot}: {e}"),
+            RecvSlotError::RailDown(rail) => {
+                write!(f, "IMM on the {rail} rail, which failed over")
+            }
+            RecvSlotError::UnawaitedReplay(slot) => {
+                write!(f, "replayed IMM for slot {slot}, which awaits no replay")
+            }
+            RecvSlotError::NoSurvivor => write!(f, "both rails failed"),
             RecvSlotError::Invariant(rule) => write!(f, "receive slot invariant broken: {rule}"),
         }
     }
@@ -102,6 +120,8 @@ struct RecvSlot {
     count: u8,
     learning: MaskLearning,
     imm_size: Option<u64>,
+    /// Outstanding when a rail failed: waits for the sender's replay or survivor-only post.
+    awaiting: bool,
 }
 
 impl RecvSlot {
@@ -110,6 +130,7 @@ impl RecvSlot {
         count: 0,
         learning: MaskLearning::new(),
         imm_size: None,
+        awaiting: false,
     };
 }
 
@@ -118,6 +139,12 @@ impl RecvSlot {
 pub struct RecvSlots {
     fifo_head: u64,
     outstanding: u32,
+    /// Rails that failed, and the failovers so far.
+    down: RailMask,
+    epoch: u32,
+    /// Outstanding slots that await the sender after a failover (each may bring one IMM more
+    /// than a slot does: the ignored survivor part, then the replay).
+    awaiting: u32,
     /// Credits of the rails that have an SRQ (`None`: no SRQ on that rail).
     srq: [Option<SrqCredits>; 2],
     slots: Box<[RecvSlot]>,
@@ -130,6 +157,9 @@ impl RecvSlots {
         RecvSlots {
             fifo_head: 0,
             outstanding: 0,
+            down: RailMask::NONE,
+            epoch: 0,
+            awaiting: 0,
             srq,
             slots: vec![RecvSlot::FREE; FIFO_SLOTS].into_boxed_slice(),
         }
@@ -157,12 +187,31 @@ impl RecvSlots {
     /// rails that have an SRQ.
     #[inline]
     pub fn capacity(&self) -> u32 {
-        self.srq
-            .iter()
-            .flatten()
+        self.live_srqs()
             .map(SrqCredits::high_water)
             .min()
             .unwrap_or(u32::MAX)
+    }
+
+    /// The credits of the rails that have an SRQ and have not failed.
+    fn live_srqs(&self) -> impl Iterator<Item = &SrqCredits> {
+        Rail::ALL
+            .into_iter()
+            .filter(|rail| !self.down.contains(*rail))
+            .filter_map(|rail| self.srq[rail.index()].as_ref())
+    }
+
+    /// The rails that failed.
+    #[inline]
+    pub const fn down(&self) -> RailMask {
+        self.down
+    }
+
+    /// IMMs that may still arrive, one per outstanding slot and one more per slot awaiting the
+    /// sender after a failover: what each rail's holding covers ([`RecvSlots::wanted`]).
+    #[inline]
+    pub const fn imms_in_flight(&self) -> u32 {
+        self.outstanding + self.awaiting
     }
 
     /// Whether a receive may be posted now, and if not why.
@@ -182,6 +231,9 @@ impl RecvSlots {
     /// them and reports with [`RecvSlots::on_granted`].
     #[inline]
     pub fn wanted(&self, rail: Rail, in_flight: u32) -> u32 {
+        if self.down.contains(rail) {
+            return 0;
+        }
         self.srq[rail.index()]
             .as_ref()
             .map_or(0, |credits| credits.wanted(in_flight))
@@ -199,10 +251,7 @@ impl RecvSlots {
     /// the `in_flight`-th goes out only then.
     #[inline]
     pub fn covers(&self, in_flight: u32) -> bool {
-        self.srq
-            .iter()
-            .flatten()
-            .all(|credits| credits.covers(in_flight))
+        self.live_srqs().all(|credits| credits.covers(in_flight))
     }
 
     /// Receives `rail` holds beyond what `in_flight` slots need (see [`SrqCredits::excess`]);
@@ -249,7 +298,7 @@ impl RecvSlots {
         if count == 0 || usize::from(count) > MAX_RECVS {
             return Err(RecvSlotError::Invariant("a receive has 1..=8 buffers"));
         }
-        if !self.covers(self.outstanding + 1) {
+        if !self.covers(self.imms_in_flight() + 1) {
             return Err(RecvSlotError::Invariant(
                 "a CTS goes out only when every rail holds a receive for it",
             ));
@@ -274,6 +323,9 @@ impl RecvSlots {
         imm: Imm,
         allowed: RailMask,
     ) -> Result<ImmOutcome, RecvSlotError> {
+        if self.down.contains(rail) {
+            return Err(RecvSlotError::RailDown(rail));
+        }
         // A rail without an SRQ has no receive an IMM could consume.
         self.srq[rail.index()]
             .as_mut()
@@ -281,14 +333,29 @@ impl RecvSlots {
             .on_consumed()
             .map_err(|_| RecvSlotError::SrqUnderflow(rail))?;
         let slot = usize::from(imm.slot);
+        let live = RailMask(allowed.bits() & !self.down.bits());
         let state = &mut self.slots[slot];
         let Some(request) = state.request else {
             return Err(RecvSlotError::NoReceive(slot));
         };
-        let complete = state
-            .learning
-            .arrive(rail, imm.mask, allowed)
-            .map_err(|e| RecvSlotError::Mask(slot, e))?;
+        // A slot that learned its mask before a failover may still name the failed rail (its
+        // part there arrived: the survivor's comes); one that learns it now may not.
+        let learnable = if state.learning.expected().is_empty() {
+            live
+        } else {
+            allowed
+        };
+        let complete = match (imm.is_replay(), state.awaiting) {
+            (true, true) => true,
+            (true, false) => return Err(RecvSlotError::UnawaitedReplay(slot)),
+            // The survivor's part of a post whose part on the failed rail was lost: the replay
+            // will carry it again, whole.
+            (false, true) if !imm.mask.is_subset_of(live) => return Ok(ImmOutcome::Pending),
+            (false, _) => state
+                .learning
+                .arrive(rail, imm.mask, learnable)
+                .map_err(|e| RecvSlotError::Mask(slot, e))?,
+        };
         if let Some(bytes) = imm.size_bytes() {
             state.imm_size = Some(bytes);
         }
@@ -301,9 +368,53 @@ impl RecvSlots {
             count: state.count,
             imm_size: state.imm_size,
         };
+        if state.awaiting {
+            self.awaiting -= 1;
+        }
         *state = RecvSlot::FREE;
         self.outstanding -= 1;
         Ok(ImmOutcome::Complete(completed))
+    }
+
+    /// `rail` failed, and nothing more can land on it (its queue pairs are in error and every
+    /// IMM they delivered was passed to [`RecvSlots::on_imm`]). Every outstanding slot that
+    /// may lack a part of the failed rail — it learned a mask naming that rail whose IMM has
+    /// not come, or learned nothing yet — now awaits the sender: a replay, or a first post on
+    /// the survivor alone. The others complete as they would have (their part on the failed
+    /// rail arrived, or they did not use it). Returns the report for the sender, `Ok(None)` if
+    /// the rail had failed already; fails when the other rail had too.
+    pub fn fail_rail(&mut self, rail: Rail) -> Result<Option<FailoverReport>, RecvSlotError> {
+        if self.down.contains(rail) {
+            return Ok(None);
+        }
+        if !self.down.is_empty() {
+            return Err(RecvSlotError::NoSurvivor);
+        }
+        self.down = self.down.with(rail);
+        self.epoch += 1;
+        let mut awaiting = SlotSet::EMPTY;
+        for (slot, state) in self.slots.iter_mut().enumerate() {
+            let expected = state.learning.expected();
+            let lacks = expected.is_empty()
+                || (expected.contains(rail) && !state.learning.seen().contains(rail));
+            if state.request.is_none() || !lacks {
+                continue;
+            }
+            // What arrived of it is not counted: its replay, or its survivor-only post,
+            // brings it all.
+            state.learning = MaskLearning::new();
+            state.imm_size = None;
+            if !state.awaiting {
+                state.awaiting = true;
+                self.awaiting += 1;
+            }
+            awaiting.insert(slot);
+        }
+        Ok(Some(FailoverReport {
+            epoch: self.epoch,
+            failed: rail,
+            awaiting,
+        }))
     }
 }
 

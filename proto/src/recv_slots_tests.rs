@@ -143,3 +143,102 @@ fn a_cts_goes_out_only_for_a_receive_every_rail_holds() {
     assert_eq!(slots.posted(1, 1), Ok(0));
     assert_eq!(slots.excess(Rail::ScaleOut, 1), 0);
 }
+
+#[test]
+fn a_failover_awaits_only_the_receives_that_may_lack_the_failed_rails_part() {
+    let mut slots = slots(8);
+    fill(&mut slots, 4);
+    let both = imm(0, RailMask::BOTH, SIZE_Q_SENTINEL);
+    for request in 0..4 {
+        slots.posted(request, 1).unwrap();
+    }
+    // Slot 0 got its SUP part, slot 1 its SOUT part, slot 2 a SOUT-only post is coming, slot 3
+    // nothing yet.
+    let on = |slot: u8, mask| imm(slot, mask, SIZE_Q_SENTINEL);
+    assert_eq!(
+        slots.on_imm(Rail::ScaleUp, both, RailMask::BOTH),
+        Ok(ImmOutcome::Pending)
+    );
+    let one = on(1, RailMask::BOTH);
+    assert_eq!(
+        slots.on_imm(Rail::ScaleOut, one, RailMask::BOTH),
+        Ok(ImmOutcome::Pending)
+    );
+    let report = slots
+        .fail_rail(Rail::ScaleUp)
+        .unwrap()
+        .expect("a first failure reports");
+    assert_eq!(report.failed, Rail::ScaleUp);
+    // 0 has its SUP part; 1 lacks it; 2 and 3 learned nothing.
+    assert_eq!(report.awaiting.iter().collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(slots.imms_in_flight(), 4 + 3);
+    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(None), "reported once");
+    // 0 completes on its SOUT part as it would have.
+    let done = slots.on_imm(Rail::ScaleOut, both, RailMask::BOTH).unwrap();
+    assert!(matches!(
+        done,
+        ImmOutcome::Complete(Completed { slot: 0, .. })
+    ));
+    // 1: its SOUT part again (a late one) is ignored; the replay completes it.
+    assert_eq!(
+        slots.on_imm(Rail::ScaleOut, one, RailMask::BOTH),
+        Ok(ImmOutcome::Pending)
+    );
+    let replay = Imm::replay(1, 3);
+    let done = slots
+        .on_imm(Rail::ScaleOut, replay, RailMask::BOTH)
+        .unwrap();
+    assert!(
+        matches!(
+            done,
+            ImmOutcome::Complete(Completed {
+                slot: 1,
+                imm_size: Some(384),
+                ..
+            })
+        ),
+        "{done:?}"
+    );
+    // 2: a SOUT-only post completes it. A receive posted since awaits no replay.
+    let sout = on(2, RailMask::SCALE_OUT);
+    let done = slots.on_imm(Rail::ScaleOut, sout, RailMask::BOTH).unwrap();
+    assert!(matches!(
+        done,
+        ImmOutcome::Complete(Completed { slot: 2, .. })
+    ));
+    let in_flight = slots.imms_in_flight() + 1;
+    fill(&mut slots, in_flight);
+    let fresh = slots.posted(9, 1).unwrap();
+    assert_eq!(
+        slots.on_imm(Rail::ScaleOut, Imm::replay(fresh as u8, 0), RailMask::BOTH),
+        Err(RecvSlotError::UnawaitedReplay(fresh))
+    );
+    assert_eq!(
+        slots.on_imm(Rail::ScaleUp, on(3, RailMask::SCALE_UP), RailMask::BOTH),
+        Err(RecvSlotError::RailDown(Rail::ScaleUp))
+    );
+    assert_eq!(
+        slots.fail_rail(Rail::ScaleOut),
+        Err(RecvSlotError::NoSurvivor)
+    );
+}
+
+#[test]
+fn after_a_failover_a_new_receive_learns_only_the_survivor() {
+    let mut slots = slots(8);
+    fill(&mut slots, 1);
+    slots.fail_rail(Rail::ScaleOut).unwrap();
+    fill(&mut slots, 1);
+    let slot = slots.posted(7, 1).unwrap() as u8;
+    let both = imm(slot, RailMask::BOTH, SIZE_Q_SENTINEL);
+    assert!(matches!(
+        slots.on_imm(Rail::ScaleUp, both, RailMask::BOTH),
+        Err(RecvSlotError::Mask(_, MaskError::InvalidMask { .. }))
+    ));
+    let up = imm(slot, RailMask::SCALE_UP, 2);
+    let done = slots.on_imm(Rail::ScaleUp, up, RailMask::BOTH).unwrap();
+    assert!(matches!(
+        done,
+        ImmOutcome::Complete(Completed { request: 7, .. })
+    ));
+}

@@ -13,12 +13,19 @@
 //! * `Posting → InFlight` when its chains are posted, strictly in fifo order
 //!   ([`SendSlots::posted`]);
 //! * `InFlight → Idle` when every rail it used has completed ([`SendSlots::complete`]).
+//!
+//! When a rail fails (docs/PROTOCOL.md §10) nothing more is posted on it
+//! ([`SendSlots::rail_failed`]); the receiver's report ([`SendSlots::on_report`]) settles every
+//! slot in flight that used it: done if the receiver has it whole, else replayed whole on the
+//! survivor ([`SendSlots::next_replay`], [`SendSlots::replayed`]) and done once that replay
+//! and what the slot still had in flight on the survivor have completed.
 
 use std::fmt;
 
 use crate::cts::{
     match_tag, ready_idx, slot_of, Advertised, CtsEntry, CtsError, FIFO_SLOTS, MAX_RECVS,
 };
+use crate::failover::{FailoverNotice, FailoverReport, SlotSet};
 use crate::rail::Rail;
 use crate::rail_mask::RailMask;
 
@@ -61,10 +68,23 @@ pub struct SendSlot {
     buffers: [SendBuffer; MAX_RECVS],
     post_ns: u64,
     done_ns: [u64; 2],
+    /// A replay is to be posted (after a failover) or in flight.
+    replay: Replay,
+}
+
+/// A slot's replay after a failover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replay {
+    None,
+    /// The receiver awaits it: to be posted on the survivor.
+    Needed,
+    /// Posted; its completion is awaited.
+    InFlight,
 }
 
 impl SendSlot {
     const IDLE: SendSlot = SendSlot {
+        replay: Replay::None,
         phase: Phase::Idle,
         seq: 0,
         nreqs: 0,
@@ -179,6 +199,8 @@ pub enum SendSlotError {
     },
     /// The engine broke a rule of the sequence (a bug, named by the rule).
     Invariant(&'static str),
+    /// Both rails failed: there is nothing to go on over.
+    NoSurvivor,
 }
 
 impl fmt::Display for SendSlotError {
@@ -190,6 +212,7 @@ impl fmt::Display for SendSlotError {
                 "completion for slot {slot} on {rail} that has no transfer in flight"
             ),
             SendSlotError::Invariant(rule) => write!(f, "send slot invariant broken: {rule}"),
+            SendSlotError::NoSurvivor => write!(f, "both rails failed"),
         }
     }
 }
@@ -203,6 +226,12 @@ pub struct SendSlots {
     fifo_head: u64,
     post_head: u64,
     slots: Box<[SendSlot]>,
+    /// Rails that failed, failovers so far (this side's count), and the last report taken.
+    down: RailMask,
+    epoch: u32,
+    reported: u32,
+    /// Slots whose replay is to be posted.
+    replays: SlotSet,
 }
 
 impl Default for SendSlots {
@@ -219,6 +248,10 @@ impl SendSlots {
             fifo_head: 0,
             post_head: 0,
             slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+            down: RailMask::NONE,
+            epoch: 0,
+            reported: 0,
+            replays: SlotSet::EMPTY,
         }
     }
 
@@ -353,6 +386,11 @@ impl SendSlots {
         if mask.is_empty() {
             return Err(SendSlotError::Invariant("a posted slot uses a rail"));
         }
+        if mask.bits() & self.down.bits() != 0 {
+            return Err(SendSlotError::Invariant(
+                "nothing is posted on a failed rail",
+            ));
+        }
         let state = &mut self.slots[slot];
         state.phase = Phase::InFlight;
         state.pending = mask;
@@ -363,7 +401,8 @@ impl SendSlots {
         Ok(())
     }
 
-    /// The signalled work request of `slot` on `rail` completed at `now`.
+    /// The signalled work request of `slot` on `rail` completed at `now` (on a queue pair, a
+    /// slot's first post completes before its replay).
     #[inline]
     pub fn complete(
         &mut self,
@@ -375,16 +414,104 @@ impl SendSlots {
             .slots
             .get_mut(slot)
             .ok_or(SendSlotError::NotInFlight { slot, rail })?;
-        if state.phase != Phase::InFlight || !state.pending.contains(rail) {
+        if state.phase != Phase::InFlight || self.down.contains(rail) {
             return Err(SendSlotError::NotInFlight { slot, rail });
         }
-        state.done_ns[rail.index()] = now;
-        state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
-        if !state.pending.is_empty() {
-            return Ok(SendProgress::RailDone);
+        if state.pending.contains(rail) {
+            state.done_ns[rail.index()] = now;
+            state.pending = RailMask(state.pending.bits() & !RailMask::of(rail).bits());
+        } else if state.replay == Replay::InFlight {
+            state.done_ns[rail.index()] = now;
+            state.replay = Replay::None;
+        } else {
+            return Err(SendSlotError::NotInFlight { slot, rail });
+        }
+        Ok(Self::settle(state))
+    }
+
+    /// A slot in flight is done once nothing of it is pending, replay included.
+    fn settle(state: &mut SendSlot) -> SendProgress {
+        if !state.pending.is_empty() || state.replay != Replay::None {
+            return SendProgress::RailDone;
         }
         state.phase = Phase::Idle;
-        Ok(SendProgress::SlotDone)
+        SendProgress::SlotDone
+    }
+
+    /// The rails that failed: nothing is posted on them (the engine splits onto the other).
+    #[inline]
+    pub const fn down(&self) -> RailMask {
+        self.down
+    }
+
+    /// `rail` failed on this side (an error completion, or its port went down): nothing more
+    /// is posted on it. Returns the notice asking the receiver for its report, `Ok(None)` when
+    /// the rail had failed already; fails when the other rail had too.
+    pub fn rail_failed(&mut self, rail: Rail) -> Result<Option<FailoverNotice>, SendSlotError> {
+        if self.down.contains(rail) {
+            return Ok(None);
+        }
+        if !self.down.is_empty() {
+            return Err(SendSlotError::NoSurvivor);
+        }
+        self.down = self.down.with(rail);
+        self.epoch += 1;
+        Ok(Some(FailoverNotice {
+            epoch: self.epoch,
+            failed: rail,
+        }))
+    }
+
+    /// The receiver's report: every slot in flight that used the failed rail is replayed if
+    /// the receiver awaits it, else its part there arrived (and it is done once its part on the
+    /// survivor, if any, completes). Returns the slots it made done (their requests are
+    /// complete); a report seen before is nothing new.
+    pub fn on_report(&mut self, report: &FailoverReport) -> Result<SlotSet, SendSlotError> {
+        let mut done = SlotSet::EMPTY;
+        if report.epoch <= self.reported {
+            return Ok(done);
+        }
+        self.reported = report.epoch;
+        let failed = report.failed;
+        if !self.down.contains(failed) {
+            self.rail_failed(failed)?;
+        }
+        for (slot, state) in self.slots.iter_mut().enumerate() {
+            if state.phase != Phase::InFlight || !state.used.contains(failed) {
+                continue;
+            }
+            // Its part on the failed rail completes no more: the report settles it.
+            state.pending = RailMask(state.pending.bits() & !RailMask::of(failed).bits());
+            if report.awaiting.contains(slot) {
+                if state.replay == Replay::None {
+                    state.replay = Replay::Needed;
+                    self.replays.insert(slot);
+                }
+            } else if Self::settle(state) == SendProgress::SlotDone {
+                done.insert(slot);
+            }
+        }
+        Ok(done)
+    }
+
+    /// A slot whose replay is to be posted (whole, on the surviving rail, with the replay's
+    /// immediate: `crate::post_plan::plan_on`).
+    #[inline]
+    pub fn next_replay(&self) -> Option<usize> {
+        self.replays.first()
+    }
+
+    /// The replay of `slot` was posted.
+    pub fn replayed(&mut self, slot: usize) -> Result<(), SendSlotError> {
+        let state = &mut self.slots[slot % FIFO_SLOTS];
+        if !self.replays.contains(slot) || state.replay != Replay::Needed {
+            return Err(SendSlotError::Invariant(
+                "a replay is posted once, when needed",
+            ));
+        }
+        self.replays.remove(slot);
+        state.replay = Replay::InFlight;
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::cts::CtsError;
+use crate::failover::{FailoverReport, SlotSet};
 
 fn entry(seq: u64, nreqs: u32, tag: u32, size: u64) -> CtsEntry {
     CtsEntry {
@@ -141,4 +142,94 @@ fn slots_post_in_fifo_order_and_a_busy_slot_blocks_its_next_sequence() {
     slots.complete(0, Rail::ScaleOut, 1).unwrap();
     assert_eq!(slots.head(), Head::NeedsCts { seq: 256 });
     assert!(slots.complete(999, Rail::ScaleOut, 1).is_err());
+}
+
+/// Loads, matches and posts sequence `seq` (one entry) on the rails of `mask`.
+fn post_one(slots: &mut SendSlots, seq: u64, mask: RailMask) -> usize {
+    let fifo = [entry(seq, 1, 0, 100)];
+    assert!(slots.load_cts(|r| fifo[r], RailMask::BOTH).unwrap());
+    let matched = slots.match_send(0, 100).unwrap();
+    assert!(slots.take(matched, buffer(seq as u16, 100)).unwrap());
+    let slot = slots.next_to_post().unwrap();
+    slots.posted(slot, mask, seq).unwrap();
+    slot
+}
+
+#[test]
+fn a_report_settles_every_slot_that_used_the_failed_rail() {
+    let mut slots = SendSlots::new();
+    let awaited = post_one(&mut slots, 0, RailMask::BOTH);
+    let arrived = post_one(&mut slots, 1, RailMask::BOTH);
+    let sout_only = post_one(&mut slots, 2, RailMask::SCALE_OUT);
+    let whole = post_one(&mut slots, 3, RailMask::BOTH);
+    assert_eq!(
+        slots.complete(whole, Rail::ScaleOut, 9),
+        Ok(SendProgress::RailDone)
+    );
+    // The sender sees SUP fail: nothing more goes on it, and the receiver is asked.
+    let notice = slots.rail_failed(Rail::ScaleUp).unwrap().unwrap();
+    assert_eq!((notice.epoch, notice.failed), (1, Rail::ScaleUp));
+    assert_eq!(slots.rail_failed(Rail::ScaleUp), Ok(None));
+    assert_eq!(
+        slots.complete(awaited, Rail::ScaleUp, 10),
+        Err(SendSlotError::NotInFlight {
+            slot: awaited,
+            rail: Rail::ScaleUp
+        })
+    );
+    let mut awaiting = SlotSet::EMPTY;
+    awaiting.insert(awaited);
+    awaiting.insert(sout_only);
+    let report = FailoverReport {
+        epoch: 1,
+        failed: Rail::ScaleUp,
+        awaiting,
+    };
+    let done = slots.on_report(&report).unwrap();
+    // `whole` had its SOUT part confirmed and its SUP part arrived: done now.
+    assert_eq!(done.iter().collect::<Vec<_>>(), vec![whole]);
+    assert_eq!(
+        slots.on_report(&report),
+        Ok(SlotSet::EMPTY),
+        "a report is taken once"
+    );
+    // `awaited` is replayed, and done once its first SOUT part and the replay completed.
+    assert_eq!(slots.next_replay(), Some(awaited));
+    slots.replayed(awaited).unwrap();
+    assert_eq!(slots.next_replay(), None);
+    assert!(slots.replayed(awaited).is_err(), "a replay is posted once");
+    assert_eq!(
+        slots.complete(awaited, Rail::ScaleOut, 11),
+        Ok(SendProgress::RailDone)
+    );
+    assert_eq!(
+        slots.complete(awaited, Rail::ScaleOut, 12),
+        Ok(SendProgress::SlotDone)
+    );
+    // `arrived` waits for its SOUT part only; `sout_only` was never on SUP.
+    assert_eq!(
+        slots.complete(arrived, Rail::ScaleOut, 13),
+        Ok(SendProgress::SlotDone)
+    );
+    assert_eq!(
+        slots.complete(sout_only, Rail::ScaleOut, 14),
+        Ok(SendProgress::SlotDone)
+    );
+    assert_eq!(
+        slots.rail_failed(Rail::ScaleOut),
+        Err(SendSlotError::NoSurvivor)
+    );
+}
+
+#[test]
+fn nothing_is_posted_on_a_failed_rail() {
+    let mut slots = SendSlots::new();
+    slots.rail_failed(Rail::ScaleOut).unwrap();
+    let fifo = [entry(0, 1, 0, 100)];
+    assert!(slots.load_cts(|r| fifo[r], RailMask::BOTH).unwrap());
+    let matched = slots.match_send(0, 100).unwrap();
+    assert!(slots.take(matched, buffer(0, 100)).unwrap());
+    let slot = slots.next_to_post().unwrap();
+    assert!(slots.posted(slot, RailMask::BOTH, 1).is_err());
+    assert_eq!(slots.posted(slot, RailMask::SCALE_UP, 1), Ok(()));
 }

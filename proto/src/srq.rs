@@ -73,16 +73,20 @@ impl SrqCredits {
         self.high
     }
 
-    /// Receives to ask the shared queue for while `in_flight` receives (the one about to be
-    /// posted included) may each still bring an IMM: 0 when the holding covers them, else the
-    /// shortfall and a batch, within the most held.
+    /// Receives to ask the shared queue for while `in_flight` IMMs may still come (one per
+    /// receive outstanding, the one about to be posted included, and one more per receive
+    /// awaiting a replay): 0 when the holding covers them, else the shortfall and a batch,
+    /// within the most held.
     #[inline]
     pub fn wanted(&self, in_flight: u32) -> u32 {
-        let needed = in_flight.min(self.high);
+        // After a failover each slot awaiting the sender may bring one IMM more
+        // (crate::recv_slots): up to twice the most held, for a while, and no batch beyond.
+        let ceiling = in_flight.clamp(self.high, self.high.saturating_mul(2));
+        let needed = in_flight.min(ceiling);
         if self.held >= needed {
             0
         } else {
-            needed.saturating_add(self.low).min(self.high) - self.held
+            needed.saturating_add(self.low).min(ceiling) - self.held
         }
     }
 
@@ -109,12 +113,13 @@ impl SrqCredits {
         }
     }
 
-    /// A take granted `n` receives. Holding more than `high` is a caller bug.
+    /// A take granted `n` receives. Holding more than twice `high` (the most, while slots await
+    /// replays after a failover: [`SrqCredits::wanted`]) is a caller bug.
     #[inline]
     pub fn on_granted(&mut self, n: u32) {
         debug_assert!(
-            self.held.saturating_add(n) <= self.high,
-            "holding {} + {n} receives exceeds the most held {}",
+            self.held.saturating_add(n) <= self.high.saturating_mul(2),
+            "holding {} + {n} receives exceeds twice the most held {}",
             self.held,
             self.high
         );
@@ -163,7 +168,21 @@ mod tests {
             "within two batches over what is in flight"
         );
         assert_eq!(srq.excess(0), 6, "idle: down to one batch");
-        assert_eq!(srq.wanted(600), 512 - 14, "never beyond the most held");
+        assert_eq!(
+            srq.wanted(510),
+            512 - 14,
+            "a batch more, within the most held"
+        );
+        assert_eq!(
+            srq.wanted(600),
+            600 - 14,
+            "past the most held (replays awaited after a failover): what is in flight, no batch"
+        );
+        assert_eq!(
+            srq.wanted(5000),
+            1024 - 14,
+            "never beyond twice the most held"
+        );
         srq.on_granted(512 - 14);
         assert_eq!(srq.excess(4), 512 - 12);
         srq.on_given_back(srq.excess(4));
@@ -182,8 +201,8 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the sequence, a full grant covers what is in flight (up to the most held),
-        /// the holding stays within the most held, and giving back keeps what is in flight.
+        /// Whatever the sequence, a full grant covers what is in flight (up to twice the most
+        /// held), the holding stays within that, and giving back keeps what is in flight.
         #[test]
         fn a_grant_covers_what_is_in_flight(
             low in 0u32..64,
@@ -197,7 +216,7 @@ mod tests {
                     0 => {
                         let wanted = srq.wanted(in_flight);
                         srq.on_granted(wanted);
-                        prop_assert!(srq.covers(in_flight.min(high)));
+                        prop_assert!(srq.covers(in_flight.min(2 * high)));
                     }
                     1 => {
                         let before = srq.held();
@@ -213,7 +232,7 @@ mod tests {
                         }
                     }
                 }
-                prop_assert!(srq.held() <= high);
+                prop_assert!(srq.held() <= 2 * high);
             }
         }
     }

@@ -5,13 +5,17 @@
 //! Properties: with both rails up every receive completes exactly once, with the sizes NCCL
 //! expects (the send clamped to the capacity) and the bytes that were sent, and every send is
 //! reported done; with a rail cut nothing completes that did not receive all of its bytes, a send
-//! reported done was received, and neither side reports a protocol error. Runs under Miri too (fewer cases; scripts/test).
+//! reported done was received, and neither side reports a protocol error. With failover on
+//! (docs/PROTOCOL.md §10), a rail that fails at any point — cut both ways, one way only, or found
+//! failed by either side while still up — costs nothing: every receive still completes exactly
+//! once with its sizes and bytes, and every send is reported done. Runs under Miri too (fewer
+//! cases; scripts/test).
 
 mod pair;
 
 use mpib_proto::cts::FIFO_SLOTS;
 use mpib_proto::rail::Rail;
-use pair::{Buffer, Event, Group, Pair};
+use pair::{Buffer, Event, Group, Pair, Side};
 use proptest::prelude::*;
 
 /// Sizes that take the exact-size IMM (multiples of 128), the record, and 0.
@@ -117,6 +121,105 @@ proptest! {
         for (g, sent) in pair.sent.iter().enumerate() {
             prop_assert!(!sent || pair.received[g].is_some(), "group {} sent, never received", g);
         }
+    }
+}
+
+fn rail() -> impl Strategy<Value = Rail> {
+    prop_oneof![Just(Rail::ScaleOut), Just(Rail::ScaleUp)]
+}
+
+/// How a rail fails: cut both ways, one way, or found failed by a side while it still works.
+fn failure(rail: Rail) -> impl Strategy<Value = Event> {
+    prop_oneof![
+        Just(Event::Cut(rail)),
+        Just(Event::CutData(rail)),
+        Just(Event::CutCts(rail)),
+        Just(Event::Detect(Side::Sender, rail)),
+        Just(Event::Detect(Side::Receiver, rail)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_failed_rail_fails_over_and_every_transfer_completes_once(
+        groups in proptest::collection::vec(group(), 1..MAX_GROUPS),
+        srq_high in 2u32..12,
+        order in proptest::collection::vec(0usize..8, MAX_GROUPS),
+        script in proptest::collection::vec(event(), 0..MAX_EVENTS),
+        (failing, failures) in rail().prop_flat_map(|rail| {
+            (Just(rail), proptest::collection::vec((0usize..MAX_EVENTS, failure(rail)), 1..3))
+        }),
+        cts_rail in rail(),
+    ) {
+        let mut pair = Pair::new(groups.clone(), srq_high, &order).with_failover(cts_rail);
+        for (i, event) in script.into_iter().enumerate() {
+            for (_, failure) in failures.iter().filter(|(at, _)| *at == i) {
+                pair.step(*failure);
+            }
+            pair.step(event);
+        }
+        // Whatever happened, the rail fails in the end (the script may have ended first).
+        pair.step(Event::CutData(failing));
+        pair.drain(20_000);
+        prop_assert!(!pair.no_survivor, "one rail failed, and both were given up");
+        prop_assert_eq!(pair.error.as_deref(), None);
+        check_completed(&pair, &groups)?;
+        prop_assert!(pair.received.iter().all(Option::is_some), "a receive never completed");
+        prop_assert!(pair.sent.iter().all(|s| *s), "a send was never reported done");
+        prop_assert_eq!(pair.outstanding(), 0);
+    }
+}
+
+/// A rail cut with transfers in flight on both rails: the receiver reports what it lacks, the
+/// sender replays it whole on the survivor, and every transfer completes exactly once.
+#[test]
+fn transfers_in_flight_on_a_cut_rail_are_replayed_on_the_survivor() {
+    for (cut, cts_rail) in [
+        (Rail::ScaleUp, Rail::ScaleOut),
+        (Rail::ScaleOut, Rail::ScaleOut),
+        (Rail::ScaleOut, Rail::ScaleUp),
+    ] {
+        let groups: Vec<Group> = (0..12)
+            .map(|i| Group {
+                buffers: (0..1 + i % 3)
+                    .map(|r| Buffer {
+                        capacity: 4096,
+                        send: 1000 + 128 * (i + r) as u64,
+                    })
+                    .collect(),
+                share: 512,
+            })
+            .collect();
+        let mut pair = Pair::new(groups.clone(), 16, &[]).with_failover(cts_rail);
+        // Receives posted, CTS landed, sends matched and posted on both rails; nothing delivered.
+        for _ in 0..40 {
+            for event in [Event::Receiver, Event::Cts, Event::Sender] {
+                pair.step(event);
+            }
+        }
+        // The surviving rail delivers what it carries; then the other is cut.
+        for _ in 0..200 {
+            pair.step(Event::Deliver(pair::other(cut)));
+        }
+        pair.step(Event::Cut(cut));
+        pair.drain(20_000);
+        assert_eq!(pair.error, None);
+        assert!(
+            pair.reports == 1 && pair.replays > 0,
+            "{cut}: {} replays",
+            pair.replays
+        );
+        check_completed(&pair, &groups).unwrap();
+        assert!(
+            pair.received.iter().all(Option::is_some),
+            "{cut}: a receive never completed"
+        );
+        assert!(
+            pair.sent.iter().all(|s| *s),
+            "{cut}: a send was never reported done"
+        );
     }
 }
 

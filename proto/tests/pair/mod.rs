@@ -6,7 +6,13 @@
 //! is one queue pair, in order on itself and unordered against the other; a write lands its
 //! bytes before its IMM completes; an IMM needs a posted SRQ receive on its rail and waits
 //! (RNR) until there is one; the receiver's CTS write lands in the sender's FIFO one entry at a
-//! time. A cut rail drops what it carries and completes nothing, on either side.
+//! time. A cut rail drops what it carries and completes nothing, on either side; a cut may take
+//! one direction only (the data, or the receiver's writes to the sender). With failover on
+//! (`failover.rs`), a side that detects a failed rail puts its end in error (nothing more
+//! crosses it either way) and the two go on over the other, as docs/PROTOCOL.md §10 says.
+
+mod failover;
+pub use failover::other;
 
 use std::collections::VecDeque;
 
@@ -14,6 +20,7 @@ use mpib_proto::chain::RecordTarget;
 use mpib_proto::cts::{
     slot_of, CompletionRecord, CtsEntry, COMPLETION_RECORD_SIZE, FIFO_SLOTS, MAX_RECVS,
 };
+use mpib_proto::failover::{FailoverReport, FAILOVER_NOTICE_LEN};
 use mpib_proto::imm::Imm;
 use mpib_proto::post_plan;
 use mpib_proto::rail::Rail;
@@ -30,6 +37,9 @@ const RECV_BASE: u64 = 0x2000_0000;
 /// The sender's record shadow and the receiver's records.
 const SHADOW_BASE: u64 = 0x3000_0000;
 const RECORDS_BASE: u64 = 0x4000_0000;
+/// The sender's failover notice shadow and the receiver's mailbox it is written to.
+const NOTICE_SHADOW_BASE: u64 = 0x5000_0000;
+const NOTICE_MAILBOX_BASE: u64 = 0x6000_0000;
 const RKEYS: [u32; 2] = [11, 12];
 const LKEYS: [u32; 2] = [21, 22];
 
@@ -56,10 +66,33 @@ pub enum Event {
     Sender,
     /// The head of a rail's queue is executed.
     Deliver(Rail),
-    /// The next CTS entry lands in the sender's FIFO.
+    /// The next CTS entry (or failover report) lands in the sender's memory.
     Cts,
-    /// From now on this rail drops everything.
+    /// From now on this rail drops everything, both ways.
     Cut(Rail),
+    /// From now on this rail drops the sender's writes (data, IMMs, notices).
+    CutData(Rail),
+    /// From now on this rail drops the receiver's writes (CTS entries, reports).
+    CutCts(Rail),
+    /// A side finds the rail failed (an error completion, a port event; or wrongly): its end
+    /// goes to error and it fails over (with failover on).
+    Detect(Side, Rail),
+}
+
+/// One side of the pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Sender,
+    Receiver,
+}
+
+/// What the receiver writes into the sender's memory.
+#[derive(Clone, Copy, Debug)]
+enum ToSender {
+    /// A CTS entry at this FIFO index.
+    Cts(usize, CtsEntry),
+    /// The failover report, into the sender's mailbox.
+    Report(FailoverReport),
 }
 
 /// The outcome of a receive.
@@ -91,8 +124,29 @@ pub struct Pair {
     ledgers: [SharedSrqLedger; 2],
     settled: [u32; 2],
     rails: [VecDeque<WorkRequest>; 2],
-    cut: [bool; 2],
-    cts: VecDeque<(usize, CtsEntry)>,
+    /// Per rail, whether the sender's writes (data) and the receiver's (CTS) are dropped.
+    data_cut: [bool; 2],
+    cts_cut: [bool; 2],
+    /// The receiver's writes to the sender in order, each with the rail it rides.
+    cts: VecDeque<(Rail, ToSender)>,
+    /// The rail the receiver's CTS writes ride (SUP for vanilla intra-island, else SOUT).
+    cts_rail: Rail,
+    /// Every CTS entry the receiver wrote, by FIFO index (its shadow, rewritten on failover).
+    cts_shadow: Vec<CtsEntry>,
+    /// Failover on: each side detects a failed rail (and the pair finds a cut that stalls it).
+    failover: bool,
+    notice_shadow: [u8; FAILOVER_NOTICE_LEN],
+    notice_mailbox: [u8; FAILOVER_NOTICE_LEN],
+    /// The failover report last written into the sender's memory, and the epochs taken.
+    report_mailbox: Option<FailoverReport>,
+    notice_taken: u32,
+    /// The receiver's report, until its holding covers the replays it asks for.
+    report_to_send: Option<FailoverReport>,
+    /// Both rails failed: the connection ends (the properties expect nothing more).
+    pub no_survivor: bool,
+    /// Transfers sent again whole after a failover, and reports the sender took.
+    pub replays: usize,
+    pub reports: usize,
     send_cq: VecDeque<(Rail, usize)>,
     recv_cq: VecDeque<(Rail, u32)>,
     now: u64,
@@ -158,8 +212,20 @@ impl Pair {
             ledgers: [ledger(srq_high); 2],
             settled: [0; 2],
             rails: [VecDeque::new(), VecDeque::new()],
-            cut: [false; 2],
+            data_cut: [false; 2],
+            cts_cut: [false; 2],
             cts: VecDeque::new(),
+            cts_rail: Rail::ScaleOut,
+            cts_shadow: vec![CtsEntry::EMPTY; FIFO_SLOTS * MAX_RECVS],
+            failover: false,
+            notice_shadow: [0; FAILOVER_NOTICE_LEN],
+            notice_mailbox: [0; FAILOVER_NOTICE_LEN],
+            report_mailbox: None,
+            notice_taken: 0,
+            report_to_send: None,
+            no_survivor: false,
+            replays: 0,
+            reports: 0,
             send_cq: VecDeque::new(),
             recv_cq: VecDeque::new(),
             now: 1,
@@ -169,9 +235,16 @@ impl Pair {
         }
     }
 
+    /// With failover on, and the receiver's CTS writes on `cts_rail`.
+    pub fn with_failover(mut self, cts_rail: Rail) -> Pair {
+        self.failover = true;
+        self.cts_rail = cts_rail;
+        self
+    }
+
     /// Runs one event; a protocol error stops the pair (recorded in `error`).
     pub fn step(&mut self, event: Event) {
-        if self.error.is_some() {
+        if self.error.is_some() || self.no_survivor {
             return;
         }
         self.now += 1;
@@ -183,23 +256,32 @@ impl Pair {
                 Ok(())
             }
             Event::Cts => {
-                if let Some((index, entry)) = self.cts.pop_front() {
-                    self.fifo[index] = entry;
-                }
+                self.land_cts();
                 Ok(())
             }
             Event::Cut(rail) => {
-                self.cut[rail.index()] = true;
-                self.rails[rail.index()].clear();
+                self.cut_data(rail);
+                self.cut_cts(rail);
                 Ok(())
             }
+            Event::CutData(rail) => {
+                self.cut_data(rail);
+                Ok(())
+            }
+            Event::CutCts(rail) => {
+                self.cut_cts(rail);
+                Ok(())
+            }
+            Event::Detect(side, rail) => self.detect(side, rail),
         };
         if let Err(error) = result {
             self.error = Some(error);
         }
     }
 
-    /// Runs every kind of event in turn until nothing changes (or `limit` rounds).
+    /// Runs every kind of event in turn until nothing changes (or `limit` rounds). With
+    /// failover on, a cut that stalls the pair is found by the side whose writes it drops, as
+    /// their error completions would tell it.
     pub fn drain(&mut self, limit: usize) {
         for _ in 0..limit {
             let before = self.progress();
@@ -212,7 +294,7 @@ impl Pair {
             ] {
                 self.step(event);
             }
-            if self.progress() == before && self.cts.is_empty() {
+            if self.progress() == before && self.cts.is_empty() && !self.find_a_cut() {
                 return;
             }
         }
@@ -243,22 +325,30 @@ impl Pair {
     }
 
     fn receiver_step(&mut self) -> Result<(), String> {
+        self.poll_receiver_cq()?;
+        self.read_notice()?;
+        self.refill(self.receiver.imms_in_flight());
+        self.send_report();
+        if self.next_receive < self.groups.len() && self.receiver.can_post().is_ok() {
+            let in_flight = self.receiver.imms_in_flight() + 1;
+            self.refill(in_flight);
+            if self.receiver.covers(in_flight) {
+                self.post_receive()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every IMM the receiver's completion queue holds.
+    fn poll_receiver_cq(&mut self) -> Result<(), String> {
         while let Some((rail, wire)) = self.recv_cq.pop_front() {
-            let imm = Imm::from_wire(wire).map_err(|e| e.to_string())?;
+            let imm = Imm::from_wire(wire);
             let outcome = self
                 .receiver
                 .on_imm(rail, imm, RailMask::BOTH)
                 .map_err(|e| e.to_string())?;
             if let ImmOutcome::Complete(done) = outcome {
                 self.finish_receive(done.slot, done.request, done.imm_size)?;
-            }
-        }
-        self.refill(self.receiver.outstanding());
-        if self.next_receive < self.groups.len() && self.receiver.can_post().is_ok() {
-            let in_flight = self.receiver.outstanding() + 1;
-            self.refill(in_flight);
-            if self.receiver.covers(in_flight) {
-                self.post_receive()?;
             }
         }
         Ok(())
@@ -298,7 +388,8 @@ impl Pair {
         let slot = slot_of(self.receiver.fifo_head());
         for (r, buffer) in buffers.iter().enumerate() {
             let entry = self.receiver.cts_entry(buffers.len(), buffer);
-            self.cts.push_back((slot * MAX_RECVS + r, entry));
+            self.cts_shadow[slot * MAX_RECVS + r] = entry;
+            self.write_to_sender(ToSender::Cts(slot * MAX_RECVS + r, entry));
         }
         let posted = self.receiver.posted(g as u16, buffers.len() as u8);
         posted.map_err(|e| e.to_string())?;
@@ -328,6 +419,7 @@ impl Pair {
     }
 
     fn sender_step(&mut self) -> Result<(), String> {
+        self.read_report()?;
         self.post_ready()?;
         if let Some(&(g, r)) = self.sends.front() {
             if self.head_matching()? {
@@ -348,22 +440,33 @@ impl Pair {
                 }
             }
         }
+        self.poll_sender_cq()
+    }
+
+    /// Takes every completion the sender's completion queue holds.
+    fn poll_sender_cq(&mut self) -> Result<(), String> {
         while let Some((rail, slot)) = self.send_cq.pop_front() {
             let progress = self.sender.complete(slot, rail, self.now);
             if progress.map_err(|e| e.to_string())? == SendProgress::SlotDone {
-                let state = *self.sender.slot(slot);
-                for buffer in state.buffers() {
-                    let request = usize::from(buffer.request);
-                    if std::mem::replace(&mut self.requests_done[request], true) {
-                        return Err(format!("request {request} reported done twice"));
-                    }
-                    self.done_count += 1;
-                    let g = self.owners[request];
-                    let n = self.groups[g].buffers.len();
-                    let first = self.first_request[g];
-                    self.sent[g] = self.requests_done[first..first + n].iter().all(|d| *d);
-                }
+                self.send_done(slot)?;
             }
+        }
+        Ok(())
+    }
+
+    /// `slot`'s sends are done.
+    fn send_done(&mut self, slot: usize) -> Result<(), String> {
+        let state = *self.sender.slot(slot);
+        for buffer in state.buffers() {
+            let request = usize::from(buffer.request);
+            if std::mem::replace(&mut self.requests_done[request], true) {
+                return Err(format!("request {request} reported done twice"));
+            }
+            self.done_count += 1;
+            let g = self.owners[request];
+            let n = self.groups[g].buffers.len();
+            let first = self.first_request[g];
+            self.sent[g] = self.requests_done[first..first + n].iter().all(|d| *d);
         }
         Ok(())
     }
@@ -386,35 +489,39 @@ impl Pair {
     }
 
     fn post_ready(&mut self) -> Result<(), String> {
+        self.post_replays()?;
         while let Some(slot) = self.sender.next_to_post() {
             let state = *self.sender.slot(slot);
             let g = self.owners[usize::from(state.buffers()[0].request)];
             let shares = vec![self.groups[g].share; state.buffers().len()];
-            let target = RecordTarget {
-                local_addr: SHADOW_BASE + CompletionRecord::offset(slot),
-                lkeys: LKEYS,
-                remote_addr: RECORDS_BASE + CompletionRecord::offset(slot),
-                rkeys: RKEYS,
-                length: COMPLETION_RECORD_SIZE as u32,
+            let target = record_target(slot);
+            let plan = match self.survivor() {
+                // A rail failed: everything on the other.
+                Some(rail) => post_plan::plan_on(slot as u8, &state, rail, target, false),
+                None => post_plan::plan(slot as u8, &state, &shares, target),
             };
-            let mut plan = post_plan::plan(slot as u8, &state, &shares, target);
-            if let Some(record) = plan.record {
-                let at = slot * COMPLETION_RECORD_SIZE;
-                self.shadow[at..at + COMPLETION_RECORD_SIZE].copy_from_slice(&record.to_le_bytes());
-            }
-            for rail in plan.mask.rails() {
-                let chain = plan.chain_mut(rail);
-                let last = chain.len() - 1;
-                chain[last].wr_id = slot as u64;
-                if !self.cut[rail.index()] {
-                    self.rails[rail.index()].extend(chain.iter().copied());
-                }
-            }
+            self.post_plan(slot, plan);
             self.sender
                 .posted(slot, plan.mask, self.now)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// Stores the plan's record and puts its chains on the wire.
+    fn post_plan(&mut self, slot: usize, mut plan: post_plan::PostPlan) {
+        if let Some(record) = plan.record {
+            let at = slot * COMPLETION_RECORD_SIZE;
+            self.shadow[at..at + COMPLETION_RECORD_SIZE].copy_from_slice(&record.to_le_bytes());
+        }
+        for rail in plan.mask.rails() {
+            let chain = plan.chain_mut(rail);
+            let last = chain.len() - 1;
+            chain[last].wr_id = slot as u64;
+            if !self.data_cut[rail.index()] {
+                self.rails[rail.index()].extend(chain.iter().copied());
+            }
+        }
     }
 
     /// Executes the head of `rail`'s queue: its bytes land, then its IMM (if it has a receive)
@@ -452,7 +559,9 @@ impl Pair {
     }
 
     fn local(&self, addr: u64, length: usize) -> &[u8] {
-        let (memory, base) = if addr >= SHADOW_BASE {
+        let (memory, base): (&[u8], u64) = if addr >= NOTICE_SHADOW_BASE {
+            (&self.notice_shadow, NOTICE_SHADOW_BASE)
+        } else if addr >= SHADOW_BASE {
             (&self.shadow, SHADOW_BASE)
         } else {
             (&self.send_memory, SEND_BASE)
@@ -461,12 +570,25 @@ impl Pair {
     }
 
     fn remote(&mut self, addr: u64, length: usize) -> &mut [u8] {
-        let (memory, base) = if addr >= RECORDS_BASE {
+        let (memory, base): (&mut [u8], u64) = if addr >= NOTICE_MAILBOX_BASE {
+            (&mut self.notice_mailbox, NOTICE_MAILBOX_BASE)
+        } else if addr >= RECORDS_BASE {
             (&mut self.records, RECORDS_BASE)
         } else {
             (&mut self.recv_memory, RECV_BASE)
         };
         &mut memory[(addr - base) as usize..][..length]
+    }
+}
+
+/// Where `slot`'s completion record goes, from the sender's shadow.
+fn record_target(slot: usize) -> RecordTarget {
+    RecordTarget {
+        local_addr: SHADOW_BASE + CompletionRecord::offset(slot),
+        lkeys: LKEYS,
+        remote_addr: RECORDS_BASE + CompletionRecord::offset(slot),
+        rkeys: RKEYS,
+        length: COMPLETION_RECORD_SIZE as u32,
     }
 }
 

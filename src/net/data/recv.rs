@@ -421,10 +421,7 @@ impl RecvComm {
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         let probe = data.telemetry.rail(rail);
         probe.inc(RAIL_RECV_COMPLETIONS);
-        let imm = match Imm::from_wire(completion.imm) {
-            Ok(imm) => imm,
-            Err(e) => return self.protocol_error(data, rail, None, e.to_string()),
-        };
+        let imm = Imm::from_wire(completion.imm);
         let allowed = self.info.layout.rails();
         let outcome = match data.slots.on_imm(rail, imm, allowed) {
             Ok(outcome) => outcome,

@@ -240,7 +240,7 @@ impl SendComm {
     fn slot_error(&self, error: SendSlotError) -> Error {
         let text = format!("{}: {error}", self.info.describe_peer());
         match error {
-            SendSlotError::Cts(_) => Error::remote(text),
+            SendSlotError::Cts(_) | SendSlotError::NoSurvivor => Error::remote(text),
             SendSlotError::NotInFlight { .. } | SendSlotError::Invariant(_) => {
                 Error::internal(text)
             }
