@@ -176,12 +176,14 @@ proptest! {
 /// sender replays it whole on the survivor, and every transfer completes exactly once.
 #[test]
 fn transfers_in_flight_on_a_cut_rail_are_replayed_on_the_survivor() {
-    for (cut, cts_rail) in [
+    let cases = [
         (Rail::ScaleUp, Rail::ScaleOut),
         (Rail::ScaleOut, Rail::ScaleOut),
         (Rail::ScaleOut, Rail::ScaleUp),
-    ] {
-        let groups: Vec<Group> = (0..12)
+    ];
+    for (cut, cts_rail) in &cases[..if MIRI { 1 } else { cases.len() }] {
+        let (cut, cts_rail) = (*cut, *cts_rail);
+        let groups: Vec<Group> = (0..if MIRI { 4 } else { 12 })
             .map(|i| Group {
                 buffers: (0..1 + i % 3)
                     .map(|r| Buffer {
