@@ -137,39 +137,23 @@ impl Engine {
 
     /// Applies what the engine asked for since the last pass.
     fn take_notices(&mut self) {
-        let mut state = self.shared.state();
-        std::mem::swap(&mut self.notices, &mut state.notices);
+        std::mem::swap(&mut self.notices, &mut self.shared.state().notices);
         while let Some(notice) = self.notices.pop_front() {
+            // The state lock is held only to read or change a QP's entry, never across a worker
+            // call given `shared`: connecting or saying farewell can fail the QP, which takes the
+            // lock itself (a stranger's hello claiming a passive QP before `connect` named its
+            // peer hung the thread here when the lock was held: issue 34).
             match notice {
                 Notice::Created(qpn) => {
-                    if let Some(qp) = state.qps.get(&qpn) {
-                        let worker = Worker::new(qpn, qp.cq, qp.srq, qp.max_send_wr);
+                    let created = (self.shared.state().qps.get(&qpn))
+                        .map(|qp| Worker::new(qpn, qp.cq, qp.srq, qp.max_send_wr));
+                    if let Some(worker) = created {
                         self.workers.insert(qpn, worker);
                     }
                 }
-                Notice::Connected(qpn) => {
-                    let (Some(qp), Some(worker)) =
-                        (state.qps.get_mut(&qpn), self.workers.get_mut(&qpn))
-                    else {
-                        continue;
-                    };
-                    let Some(peer) = qp.peer.take() else { continue };
-                    let active = peer.socket.as_ref().map(AsRawFd::as_raw_fd);
-                    let address = PeerAddress {
-                        address: peer.address,
-                        qpn: peer.qpn,
-                    };
-                    worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
-                    if let Some(fd) = active {
-                        if let Err(e) = watch_fd(&self.epoll, fd, u64::from(qpn)) {
-                            warn!(
-                                crate::log::NET,
-                                "tcp {}: epoll for QP {qpn}: {e}", self.shared.device
-                            );
-                        }
-                    }
-                }
+                Notice::Connected(qpn) => self.connect_worker(qpn),
                 Notice::Posted(qpn) => {
+                    let mut state = self.shared.state();
                     if let (Some(qp), Some(worker)) =
                         (state.qps.get_mut(&qpn), self.workers.get_mut(&qpn))
                     {
@@ -185,6 +169,32 @@ impl Engine {
                     }
                 }
                 Notice::Receives => {}
+            }
+        }
+    }
+
+    /// `connect` named QP `qpn`'s peer: its worker connects (or checks the hello that came
+    /// first), outside the state lock.
+    fn connect_worker(&mut self, qpn: u32) {
+        if !self.workers.contains_key(&qpn) {
+            return;
+        }
+        let peer = (self.shared.state().qps.get_mut(&qpn)).and_then(|qp| qp.peer.take());
+        let (Some(peer), Some(worker)) = (peer, self.workers.get_mut(&qpn)) else {
+            return;
+        };
+        let active = peer.socket.as_ref().map(AsRawFd::as_raw_fd);
+        let address = PeerAddress {
+            address: peer.address,
+            qpn: peer.qpn,
+        };
+        worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
+        if let Some(fd) = active {
+            if let Err(e) = watch_fd(&self.epoll, fd, u64::from(qpn)) {
+                warn!(
+                    crate::log::NET,
+                    "tcp {}: epoll for QP {qpn}: {e}", self.shared.device
+                );
             }
         }
     }
