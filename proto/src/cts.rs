@@ -44,11 +44,31 @@ pub struct CtsEntry {
     pub tag: u32,
     /// `fifo_head + 1` when the entry is valid for that `fifo_head`.
     pub idx: u64,
-    /// Pads the entry to 64 bytes.
+    /// Pads the entry to 64 bytes; its first 4 bytes carry the receiver's failovers so far
+    /// ([`CtsEntry::failover_epoch`], docs/PROTOCOL.md §10), the rest are 0.
     pub padding: [u8; 24],
 }
 
 impl CtsEntry {
+    /// The receiver's failovers when it wrote the entry: a sender that has taken fewer reports
+    /// reads its mailbox before it loads the entry (crate::send_slots).
+    #[inline]
+    pub fn failover_epoch(&self) -> u32 {
+        u32::from_le_bytes([
+            self.padding[0],
+            self.padding[1],
+            self.padding[2],
+            self.padding[3],
+        ])
+    }
+
+    /// The entry, saying the receiver's failovers so far.
+    #[inline]
+    pub fn with_failover_epoch(mut self, epoch: u32) -> CtsEntry {
+        self.padding[..4].copy_from_slice(&epoch.to_le_bytes());
+        self
+    }
+
     /// An entry nothing was written to (a fresh FIFO, or an unused element of an array).
     pub const EMPTY: CtsEntry = CtsEntry {
         addr: 0,

@@ -23,7 +23,7 @@ use crate::rail::Rail;
 /// Bytes of a [`FailoverNotice`] as written.
 pub const FAILOVER_NOTICE_LEN: usize = 16;
 /// Bytes of a [`FailoverReport`] as written.
-pub const FAILOVER_REPORT_LEN: usize = 48;
+pub const FAILOVER_REPORT_LEN: usize = 56;
 
 const NOTICE_MAGIC: u32 = 0x4D50_464E; // "MPFN"
 const REPORT_MAGIC: u32 = 0x4D50_4652; // "MPFR"
@@ -163,8 +163,9 @@ impl FailoverNotice {
 }
 
 /// Receiver → sender: the `failed` rail is down from the receiver's `epoch`-th failover on;
-/// `awaiting` are its outstanding receives that may lack their part on it. Every other receive
-/// it had posted got that part, or did not use the rail.
+/// `awaiting` are its outstanding receives that may lack their part on it, named by slot within
+/// the 256 sequences before `head` (the receiver's next sequence when it reported). Every other
+/// receive it had posted got that part, or did not use the rail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailoverReport {
     /// Failovers on this connection so far, this one included.
@@ -173,10 +174,31 @@ pub struct FailoverReport {
     pub failed: Rail,
     /// The slots whose receives wait for the sender.
     pub awaiting: SlotSet,
+    /// The receiver's next fifo sequence: slot `s` of `awaiting` is the sequence in
+    /// `[head - 256, head)` that maps to it (a sender's slot in flight for an earlier use of `s`
+    /// is not awaited).
+    pub head: u64,
 }
 
 impl FailoverReport {
-    /// The message as written: magic, epoch, rail, the slot set, then the seal.
+    /// The sequence slot `slot` of the report stands for, if any (none before sequence 0).
+    #[inline]
+    pub fn sequence_of(&self, slot: usize) -> Option<u64> {
+        let back = (self.head as usize % FIFO_SLOTS + FIFO_SLOTS - slot % FIFO_SLOTS) % FIFO_SLOTS;
+        let back = if back == 0 { FIFO_SLOTS } else { back };
+        self.head.checked_sub(back as u64)
+    }
+
+    /// Whether the report awaits sequence `seq`.
+    #[inline]
+    pub fn awaits(&self, seq: u64) -> bool {
+        let slot = (seq % FIFO_SLOTS as u64) as usize;
+        self.awaiting.contains(slot) && self.sequence_of(slot) == Some(seq)
+    }
+}
+
+impl FailoverReport {
+    /// The message as written: magic, epoch, rail, the slot set, the head, then the seal.
     pub fn encode(&self) -> [u8; FAILOVER_REPORT_LEN] {
         let mut bytes = [0u8; FAILOVER_REPORT_LEN];
         bytes[0..4].copy_from_slice(&REPORT_MAGIC.to_le_bytes());
@@ -185,14 +207,15 @@ impl FailoverReport {
         for (index, word) in self.awaiting.0.iter().enumerate() {
             bytes[8 + 8 * index..16 + 8 * index].copy_from_slice(&word.to_le_bytes());
         }
-        bytes[40..48].copy_from_slice(&seal(REPORT_MAGIC, self.epoch & 0xFFFF).to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.head.to_le_bytes());
+        bytes[48..56].copy_from_slice(&seal(REPORT_MAGIC, self.epoch & 0xFFFF).to_le_bytes());
         bytes
     }
 
     /// The message in `bytes`, once sealed.
     pub fn decode(bytes: &[u8; FAILOVER_REPORT_LEN]) -> Result<FailoverReport, FailoverError> {
         let epoch = u32::from(u16::from_le_bytes([bytes[4], bytes[5]]));
-        if word32(bytes, 0) != REPORT_MAGIC || word64(bytes, 40) != seal(REPORT_MAGIC, epoch) {
+        if word32(bytes, 0) != REPORT_MAGIC || word64(bytes, 48) != seal(REPORT_MAGIC, epoch) {
             return Err(FailoverError::Unsealed);
         }
         let mut awaiting = SlotSet::EMPTY;
@@ -203,6 +226,7 @@ impl FailoverReport {
             epoch,
             failed: rail_of(bytes[6])?,
             awaiting,
+            head: word64(bytes, 40),
         })
     }
 }
@@ -233,9 +257,10 @@ mod tests {
             epoch: 1,
             failed: Rail::ScaleUp,
             awaiting: SlotSet::EMPTY,
+            head: 3,
         };
         let mut bytes = report.encode();
-        bytes[47] ^= 1;
+        bytes[55] ^= 1;
         assert_eq!(FailoverReport::decode(&bytes), Err(FailoverError::Unsealed));
         assert_eq!(
             FailoverNotice::decode(&[0; FAILOVER_NOTICE_LEN]),
@@ -255,17 +280,35 @@ mod tests {
 
     proptest! {
         #[test]
-        fn messages_round_trip(epoch in 1u32..0xFFFF, up in any::<bool>(), words in any::<[u64; 4]>()) {
+        fn messages_round_trip(
+            epoch in 1u32..0xFFFF,
+            up in any::<bool>(),
+            words in any::<[u64; 4]>(),
+            head in any::<u64>(),
+        ) {
             let failed = if up { Rail::ScaleUp } else { Rail::ScaleOut };
             let notice = FailoverNotice { epoch, failed };
             prop_assert_eq!(FailoverNotice::decode(&notice.encode()), Ok(notice));
-            let report = FailoverReport { epoch, failed, awaiting: SlotSet(words) };
+            let report = FailoverReport { epoch, failed, awaiting: SlotSet(words), head };
             prop_assert_eq!(FailoverReport::decode(&report.encode()), Ok(report));
         }
 
         #[test]
-        fn any_bytes_decode_without_panic(bytes in any::<[u8; FAILOVER_REPORT_LEN]>()) {
-            let _ = FailoverReport::decode(&bytes);
+        /// A slot of the report names the one sequence of the 256 before the head that maps
+        /// to it.
+        #[test]
+        fn a_slot_names_one_sequence_before_the_head(head in 0u64..10_000, seq in 0u64..10_000) {
+            let mut awaiting = SlotSet::EMPTY;
+            awaiting.insert((seq % 256) as usize);
+            let report = FailoverReport { epoch: 1, failed: Rail::ScaleOut, awaiting, head };
+            prop_assert_eq!(report.awaits(seq), seq < head && head - seq <= 256);
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panic(bytes in proptest::collection::vec(any::<u8>(), FAILOVER_REPORT_LEN)) {
+            let mut report = [0u8; FAILOVER_REPORT_LEN];
+            report.copy_from_slice(&bytes);
+            let _ = FailoverReport::decode(&report);
             let mut notice = [0u8; FAILOVER_NOTICE_LEN];
             notice.copy_from_slice(&bytes[..FAILOVER_NOTICE_LEN]);
             let _ = FailoverNotice::decode(&notice);

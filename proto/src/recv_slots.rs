@@ -13,9 +13,11 @@
 //!   or checks the slot's rail mask; the slot completes when every rail of the mask has
 //!   delivered.
 //! * When a rail fails ([`RecvSlots::fail_rail`], docs/PROTOCOL.md §10) every outstanding slot
-//!   awaits the sender: it completes on a replay's IMM or on a post that used the survivor
-//!   alone, and ignores what else comes for it (the survivor's part of a post that also used the
-//!   failed rail, which the replay carries again).
+//!   that may lack its part on that rail awaits the sender: it completes on a replay's IMM or on
+//!   a post that used the survivor alone, and ignores once the survivor's part of a post that
+//!   also used the failed rail (the replay carries it again). The report goes out
+//!   ([`RecvSlots::take_report`]) only once the connection holds a receive for every IMM that
+//!   may still come, and no receive is posted before it.
 
 use std::fmt;
 
@@ -47,6 +49,8 @@ pub enum RecvBlocked {
     SrqFull,
     /// The head's slot still waits for the IMMs of the receive 256 earlier.
     SlotBusy,
+    /// A failover's report has not gone out yet (docs/PROTOCOL.md §10).
+    ReportDue,
 }
 
 /// A receive completed by an IMM.
@@ -122,6 +126,9 @@ struct RecvSlot {
     imm_size: Option<u64>,
     /// Outstanding when a rail failed: waits for the sender's replay or survivor-only post.
     awaiting: bool,
+    /// An awaiting slot ignored the survivor's part of a post that also used the failed rail
+    /// (there is one such part at most).
+    ignored: bool,
 }
 
 impl RecvSlot {
@@ -131,6 +138,7 @@ impl RecvSlot {
         learning: MaskLearning::new(),
         imm_size: None,
         awaiting: false,
+        ignored: false,
     };
 }
 
@@ -145,6 +153,8 @@ pub struct RecvSlots {
     /// Outstanding slots that await the sender after a failover (each may bring one IMM more
     /// than a slot does: the ignored survivor part, then the replay).
     awaiting: u32,
+    /// A failover not reported yet (the report is built when it goes: [`RecvSlots::take_report`]).
+    report_due: bool,
     /// Credits of the rails that have an SRQ (`None`: no SRQ on that rail).
     srq: [Option<SrqCredits>; 2],
     slots: Box<[RecvSlot]>,
@@ -160,6 +170,7 @@ impl RecvSlots {
             down: RailMask::NONE,
             epoch: 0,
             awaiting: 0,
+            report_due: false,
             srq,
             slots: vec![RecvSlot::FREE; FIFO_SLOTS].into_boxed_slice(),
         }
@@ -217,6 +228,11 @@ impl RecvSlots {
     /// Whether a receive may be posted now, and if not why.
     #[inline]
     pub fn can_post(&self) -> Result<(), RecvBlocked> {
+        if self.report_due {
+            // A CTS must not reach the sender before the report it comes after (the sender
+            // would post it on the failed rail too).
+            return Err(RecvBlocked::ReportDue);
+        }
         if self.outstanding >= self.capacity() {
             return Err(RecvBlocked::SrqFull);
         }
@@ -284,6 +300,7 @@ impl RecvSlots {
             idx: ready_idx(self.fifo_head),
             padding: [0; 24],
         }
+        .with_failover_epoch(self.epoch)
     }
 
     /// The head's CTS went out for `request`, a receive of `count` buffers: the slot waits for
@@ -349,8 +366,15 @@ impl RecvSlots {
             (true, true) => true,
             (true, false) => return Err(RecvSlotError::UnawaitedReplay(slot)),
             // The survivor's part of a post whose part on the failed rail was lost: the replay
-            // will carry it again, whole.
-            (false, true) if !imm.mask.is_subset_of(live) => return Ok(ImmOutcome::Pending),
+            // will carry it again, whole. There is one at most, on the rail it names.
+            (false, true) if !imm.mask.is_subset_of(live) => {
+                if state.ignored || !imm.mask.contains(rail) {
+                    let error = MaskError::Duplicate { rail };
+                    return Err(RecvSlotError::Mask(slot, error));
+                }
+                state.ignored = true;
+                return Ok(ImmOutcome::Pending);
+            }
             (false, _) => state
                 .learning
                 .arrive(rail, imm.mask, learnable)
@@ -381,19 +405,23 @@ impl RecvSlots {
     /// may lack a part of the failed rail — it learned a mask naming that rail whose IMM has
     /// not come, or learned nothing yet — now awaits the sender: a replay, or a first post on
     /// the survivor alone. The others complete as they would have (their part on the failed
-    /// rail arrived, or they did not use it). Returns the report for the sender, `Ok(None)` if
-    /// the rail had failed already; fails when the other rail had too.
-    pub fn fail_rail(&mut self, rail: Rail) -> Result<Option<FailoverReport>, RecvSlotError> {
+    /// rail arrived, or they did not use it). `Ok(true)` when the rail had not failed before
+    /// (a report is then due: [`RecvSlots::take_report`]); fails when the connection has no
+    /// other rail, or it failed too.
+    pub fn fail_rail(&mut self, rail: Rail) -> Result<bool, RecvSlotError> {
         if self.down.contains(rail) {
-            return Ok(None);
+            return Ok(false);
         }
-        if !self.down.is_empty() {
+        let survivor = Rail::ALL.into_iter().find(|other| *other != rail);
+        let survives = survivor
+            .is_some_and(|other| !self.down.contains(other) && self.srq[other.index()].is_some());
+        if !survives {
             return Err(RecvSlotError::NoSurvivor);
         }
         self.down = self.down.with(rail);
         self.epoch += 1;
-        let mut awaiting = SlotSet::EMPTY;
-        for (slot, state) in self.slots.iter_mut().enumerate() {
+        self.report_due = true;
+        for state in self.slots.iter_mut() {
             let expected = state.learning.expected();
             let lacks = expected.is_empty()
                 || (expected.contains(rail) && !state.learning.seen().contains(rail));
@@ -408,13 +436,34 @@ impl RecvSlots {
                 state.awaiting = true;
                 self.awaiting += 1;
             }
-            awaiting.insert(slot);
         }
-        Ok(Some(FailoverReport {
+        Ok(true)
+    }
+
+    /// The report of the last failover, once it is due and the connection holds a receive for
+    /// every IMM that may still come (the replays it asks for come on top of the survivor's
+    /// parts already in flight: [`RecvSlots::imms_in_flight`]). Built now, from the slots that
+    /// await the sender now. Receives are posted again after it.
+    pub fn take_report(&mut self) -> Option<FailoverReport> {
+        if !self.report_due || !self.covers(self.imms_in_flight()) {
+            return None;
+        }
+        let failed = Rail::ALL
+            .into_iter()
+            .find(|rail| self.down.contains(*rail))?;
+        self.report_due = false;
+        let mut awaiting = SlotSet::EMPTY;
+        for (slot, state) in self.slots.iter().enumerate() {
+            if state.awaiting {
+                awaiting.insert(slot);
+            }
+        }
+        Some(FailoverReport {
             epoch: self.epoch,
-            failed: rail,
+            failed,
             awaiting,
-        }))
+            head: self.fifo_head,
+        })
     }
 }
 

@@ -164,26 +164,35 @@ fn a_failover_awaits_only_the_receives_that_may_lack_the_failed_rails_part() {
         slots.on_imm(Rail::ScaleOut, one, RailMask::BOTH),
         Ok(ImmOutcome::Pending)
     );
-    let report = slots
-        .fail_rail(Rail::ScaleUp)
-        .unwrap()
-        .expect("a first failure reports");
-    assert_eq!(report.failed, Rail::ScaleUp);
+    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(true));
+    assert_eq!(slots.imms_in_flight(), 4 + 3);
+    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(false), "failed once");
+    // Receives are held for every IMM that may come before the report goes, and no receive is
+    // posted meanwhile.
+    assert_eq!(slots.can_post(), Err(RecvBlocked::ReportDue));
+    let in_flight = slots.imms_in_flight();
+    fill(&mut slots, in_flight);
+    let report = slots.take_report().expect("covered: the report goes");
+    assert_eq!((report.failed, report.head), (Rail::ScaleUp, 4));
     // 0 has its SUP part; 1 lacks it; 2 and 3 learned nothing.
     assert_eq!(report.awaiting.iter().collect::<Vec<_>>(), vec![1, 2, 3]);
-    assert_eq!(slots.imms_in_flight(), 4 + 3);
-    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(None), "reported once");
+    assert_eq!(slots.take_report(), None, "reported once");
+    assert_eq!(slots.can_post(), Ok(()));
     // 0 completes on its SOUT part as it would have.
     let done = slots.on_imm(Rail::ScaleOut, both, RailMask::BOTH).unwrap();
     assert!(matches!(
         done,
         ImmOutcome::Complete(Completed { slot: 0, .. })
     ));
-    // 1: its SOUT part again (a late one) is ignored; the replay completes it.
+    // 1: its SOUT part again (a late one) is ignored, once; the replay completes it.
     assert_eq!(
         slots.on_imm(Rail::ScaleOut, one, RailMask::BOTH),
         Ok(ImmOutcome::Pending)
     );
+    assert!(matches!(
+        slots.on_imm(Rail::ScaleOut, one, RailMask::BOTH),
+        Err(RecvSlotError::Mask(1, MaskError::Duplicate { .. }))
+    ));
     let replay = Imm::replay(1, 3);
     let done = slots
         .on_imm(Rail::ScaleOut, replay, RailMask::BOTH)
@@ -229,7 +238,15 @@ fn after_a_failover_a_new_receive_learns_only_the_survivor() {
     fill(&mut slots, 1);
     slots.fail_rail(Rail::ScaleOut).unwrap();
     fill(&mut slots, 1);
+    let report = slots
+        .take_report()
+        .expect("nothing outstanding: the report goes at once");
+    assert!(report.awaiting.is_empty());
     let slot = slots.posted(7, 1).unwrap() as u8;
+    assert_eq!(
+        slots.cts_entry(1, &RecvBuffer::default()).failover_epoch(),
+        1
+    );
     let both = imm(slot, RailMask::BOTH, SIZE_Q_SENTINEL);
     assert!(matches!(
         slots.on_imm(Rail::ScaleUp, both, RailMask::BOTH),

@@ -226,7 +226,9 @@ pub struct SendSlots {
     fifo_head: u64,
     post_head: u64,
     slots: Box<[SendSlot]>,
-    /// Rails that failed, failovers so far (this side's count), and the last report taken.
+    /// The connection's rails, those that failed, failovers so far (this side's count), and
+    /// the last report taken.
+    rails: RailMask,
     down: RailMask,
     epoch: u32,
     reported: u32,
@@ -248,11 +250,19 @@ impl SendSlots {
             fifo_head: 0,
             post_head: 0,
             slots: vec![SendSlot::IDLE; FIFO_SLOTS].into_boxed_slice(),
+            rails: RailMask::BOTH,
             down: RailMask::NONE,
             epoch: 0,
             reported: 0,
             replays: SlotSet::EMPTY,
         }
+    }
+
+    /// The connection has only `rails` (a vanilla inter-island one has no SUP QPs): a failure
+    /// of the last one leaves nothing to go on over.
+    #[inline]
+    pub fn use_rails(&mut self, rails: RailMask) {
+        self.rails = rails;
     }
 
     /// The slot with this index (`0..256`).
@@ -306,6 +316,11 @@ impl SendSlots {
         }
         let nreqs = (read(0).nreqs as usize).clamp(1, MAX_RECVS);
         if (1..nreqs).any(|r| read(r).idx != ready) {
+            return Ok(false);
+        }
+        if read(0).failover_epoch() > self.reported {
+            // Written after a failover report this side has not taken: the report landed first
+            // (docs/PROTOCOL.md §10), so the engine reads its mailbox and calls again.
             return Ok(false);
         }
         // Read straight into the slot: until its phase changes it is idle and its entries
@@ -402,7 +417,8 @@ impl SendSlots {
     }
 
     /// The signalled work request of `slot` on `rail` completed at `now` (on a queue pair, a
-    /// slot's first post completes before its replay).
+    /// slot's first post completes before its replay, which goes on the same queue pair). A
+    /// completion on a rail that failed is ignored.
     #[inline]
     pub fn complete(
         &mut self,
@@ -414,7 +430,12 @@ impl SendSlots {
             .slots
             .get_mut(slot)
             .ok_or(SendSlotError::NotInFlight { slot, rail })?;
-        if state.phase != Phase::InFlight || self.down.contains(rail) {
+        if self.down.contains(rail) {
+            // A completion of a failed rail (late, or flushed) says nothing any more: the
+            // receiver's report settles what rode it.
+            return Ok(SendProgress::RailDone);
+        }
+        if state.phase != Phase::InFlight {
             return Err(SendSlotError::NotInFlight { slot, rail });
         }
         if state.pending.contains(rail) {
@@ -451,7 +472,8 @@ impl SendSlots {
         if self.down.contains(rail) {
             return Ok(None);
         }
-        if !self.down.is_empty() {
+        let left = RailMask(self.rails.bits() & !self.down.with(rail).bits());
+        if left.is_empty() {
             return Err(SendSlotError::NoSurvivor);
         }
         self.down = self.down.with(rail);
@@ -482,7 +504,9 @@ impl SendSlots {
             }
             // Its part on the failed rail completes no more: the report settles it.
             state.pending = RailMask(state.pending.bits() & !RailMask::of(failed).bits());
-            if report.awaiting.contains(slot) {
+            // The report names a slot's sequence within the 256 before the receiver's head: an
+            // earlier use of the slot still in flight here got its part on the failed rail.
+            if report.awaits(state.seq) {
                 if state.replay == Replay::None {
                     state.replay = Replay::Needed;
                     self.replays.insert(slot);

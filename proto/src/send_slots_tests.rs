@@ -172,10 +172,8 @@ fn a_report_settles_every_slot_that_used_the_failed_rail() {
     assert_eq!(slots.rail_failed(Rail::ScaleUp), Ok(None));
     assert_eq!(
         slots.complete(awaited, Rail::ScaleUp, 10),
-        Err(SendSlotError::NotInFlight {
-            slot: awaited,
-            rail: Rail::ScaleUp
-        })
+        Ok(SendProgress::RailDone),
+        "a late completion of the failed rail says nothing"
     );
     let mut awaiting = SlotSet::EMPTY;
     awaiting.insert(awaited);
@@ -184,6 +182,7 @@ fn a_report_settles_every_slot_that_used_the_failed_rail() {
         epoch: 1,
         failed: Rail::ScaleUp,
         awaiting,
+        head: 4,
     };
     let done = slots.on_report(&report).unwrap();
     // `whole` had its SOUT part confirmed and its SUP part arrived: done now.
@@ -232,4 +231,56 @@ fn nothing_is_posted_on_a_failed_rail() {
     let slot = slots.next_to_post().unwrap();
     assert!(slots.posted(slot, RailMask::BOTH, 1).is_err());
     assert_eq!(slots.posted(slot, RailMask::SCALE_UP, 1), Ok(()));
+}
+
+#[test]
+fn a_report_names_sequences_not_just_slots() {
+    // Sequence 0 is still in flight here on both rails in slot 0; the receiver completed it and
+    // awaits sequence 256 in the same slot (its head is past it).
+    let mut slots = SendSlots::new();
+    let slot = post_one(&mut slots, 0, RailMask::BOTH);
+    let mut awaiting = SlotSet::EMPTY;
+    awaiting.insert(slot);
+    let report = FailoverReport {
+        epoch: 1,
+        failed: Rail::ScaleUp,
+        awaiting,
+        head: 257,
+    };
+    assert_eq!(slots.on_report(&report), Ok(SlotSet::EMPTY));
+    assert_eq!(
+        slots.next_replay(),
+        None,
+        "sequence 0 is not the one awaited"
+    );
+    assert_eq!(
+        slots.complete(slot, Rail::ScaleOut, 3),
+        Ok(SendProgress::SlotDone)
+    );
+}
+
+#[test]
+fn a_cts_written_after_a_report_waits_for_that_report() {
+    let mut slots = SendSlots::new();
+    let fifo = [entry(0, 1, 0, 100).with_failover_epoch(1)];
+    assert_eq!(slots.load_cts(|r| fifo[r], RailMask::BOTH), Ok(false));
+    let report = FailoverReport {
+        epoch: 1,
+        failed: Rail::ScaleOut,
+        awaiting: SlotSet::EMPTY,
+        head: 1,
+    };
+    slots.on_report(&report).unwrap();
+    assert_eq!(slots.down(), RailMask::SCALE_OUT);
+    assert_eq!(slots.load_cts(|r| fifo[r], RailMask::BOTH), Ok(true));
+}
+
+#[test]
+fn a_connection_with_one_rail_has_no_survivor() {
+    let mut slots = SendSlots::new();
+    slots.use_rails(RailMask::SCALE_OUT);
+    assert_eq!(
+        slots.rail_failed(Rail::ScaleOut),
+        Err(SendSlotError::NoSurvivor)
+    );
 }

@@ -2,9 +2,9 @@
 //! detects a failed rail first takes every completion already in its queue, then puts its end
 //! in error (nothing more crosses the rail either way), then fails over; the sender asks for the
 //! receiver's report with a notice written into the receiver's mailbox over the survivor; the
-//! receiver reports into the sender's, then writes again the CTS entries of every receive still
-//! outstanding (a CTS write on the failed rail may have been lost); the sender settles its slots
-//! on the report and replays, on the survivor, what the receiver still awaits.
+//! receiver reports into the sender's, then writes again the CTS entries of every receive that
+//! awaits the sender (a CTS write on the failed rail may have been lost); the sender settles its
+//! slots on the report and replays, on the survivor, what the receiver still awaits.
 
 use mpib_proto::cts::MAX_RECVS;
 use mpib_proto::failover::{FailoverNotice, FailoverReport, FAILOVER_NOTICE_LEN};
@@ -120,25 +120,21 @@ impl Pair {
     /// The receiver stops using `rail`; it reports once it holds receives for the replays.
     fn fail_over_receiver(&mut self, rail: Rail) -> Result<(), String> {
         match self.receiver.fail_rail(rail) {
-            Ok(Some(report)) => {
-                self.report_to_send = Some(report);
+            Ok(true) => {
                 self.refill(self.receiver.imms_in_flight());
                 self.send_report();
             }
-            Ok(None) => {}
+            Ok(false) => {}
             Err(_) => self.no_survivor = true,
         }
         Ok(())
     }
 
-    /// The report goes out once every IMM that may still come has a receive held for it (a
-    /// replay comes on top of a survivor's part already in flight), then the CTS entries of the
-    /// receives it awaits, written again.
+    /// The report goes out once the receiver's core lets it (every IMM that may still come
+    /// has a receive held for it), then the CTS entries of the receives it awaits, written
+    /// again.
     pub(super) fn send_report(&mut self) {
-        if !self.receiver.covers(self.receiver.imms_in_flight()) {
-            return;
-        }
-        let Some(report) = self.report_to_send.take() else {
+        let Some(report) = self.receiver.take_report() else {
             return;
         };
         self.write_to_sender(ToSender::Report(report));

@@ -140,8 +140,6 @@ pub struct Pair {
     /// The failover report last written into the sender's memory, and the epochs taken.
     report_mailbox: Option<FailoverReport>,
     notice_taken: u32,
-    /// The receiver's report, until its holding covers the replays it asks for.
-    report_to_send: Option<FailoverReport>,
     /// Both rails failed: the connection ends (the properties expect nothing more).
     pub no_survivor: bool,
     /// Transfers sent again whole after a failover, and reports the sender took.
@@ -222,7 +220,6 @@ impl Pair {
             notice_mailbox: [0; FAILOVER_NOTICE_LEN],
             report_mailbox: None,
             notice_taken: 0,
-            report_to_send: None,
             no_survivor: false,
             replays: 0,
             reports: 0,
