@@ -103,11 +103,7 @@ impl std::fmt::Display for FailoverError {
 impl std::error::Error for FailoverError {}
 
 fn rail_of(byte: u8) -> Result<Rail, FailoverError> {
-    match byte {
-        0 => Ok(Rail::ScaleOut),
-        1 => Ok(Rail::ScaleUp),
-        other => Err(FailoverError::BadRail(other)),
-    }
+    Rail::from_index(usize::from(byte)).ok_or(FailoverError::BadRail(byte))
 }
 
 fn word32(bytes: &[u8], at: usize) -> u32 {

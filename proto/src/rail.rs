@@ -22,6 +22,15 @@ impl Rail {
         self as usize
     }
 
+    /// The other rail of the fused device.
+    #[inline]
+    pub const fn other(self) -> Rail {
+        match self {
+            Rail::ScaleOut => Rail::ScaleUp,
+            Rail::ScaleUp => Rail::ScaleOut,
+        }
+    }
+
     /// The rail with the given index.
     #[inline]
     pub const fn from_index(index: usize) -> Option<Rail> {

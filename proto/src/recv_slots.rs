@@ -412,10 +412,8 @@ impl RecvSlots {
         if self.down.contains(rail) {
             return Ok(false);
         }
-        let survivor = Rail::ALL.into_iter().find(|other| *other != rail);
-        let survives = survivor
-            .is_some_and(|other| !self.down.contains(other) && self.srq[other.index()].is_some());
-        if !survives {
+        let survivor = rail.other();
+        if self.down.contains(survivor) || self.srq[survivor.index()].is_none() {
             return Err(RecvSlotError::NoSurvivor);
         }
         self.down = self.down.with(rail);

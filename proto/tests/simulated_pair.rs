@@ -75,6 +75,23 @@ fn check_completed(pair: &Pair, groups: &[Group]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Every receive completed once with its sizes and bytes, and every send was reported done
+/// (`case` starts the messages).
+fn every_transfer_done(pair: &Pair, groups: &[Group], case: &str) -> Result<(), TestCaseError> {
+    check_completed(pair, groups)?;
+    prop_assert!(
+        pair.received.iter().all(Option::is_some),
+        "{}a receive never completed",
+        case
+    );
+    prop_assert!(
+        pair.sent.iter().all(|s| *s),
+        "{}a send was never reported done",
+        case
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -91,9 +108,7 @@ proptest! {
         }
         pair.drain(10_000);
         prop_assert_eq!(pair.error.as_deref(), None);
-        check_completed(&pair, &groups)?;
-        prop_assert!(pair.received.iter().all(Option::is_some), "a receive never completed");
-        prop_assert!(pair.sent.iter().all(|s| *s), "a send was never reported done");
+        every_transfer_done(&pair, &groups, "")?;
         prop_assert_eq!(pair.outstanding(), 0);
     }
 
@@ -165,9 +180,7 @@ proptest! {
         pair.drain(20_000);
         prop_assert!(!pair.no_survivor, "one rail failed, and both were given up");
         prop_assert_eq!(pair.error.as_deref(), None);
-        check_completed(&pair, &groups)?;
-        prop_assert!(pair.received.iter().all(Option::is_some), "a receive never completed");
-        prop_assert!(pair.sent.iter().all(|s| *s), "a send was never reported done");
+        every_transfer_done(&pair, &groups, "")?;
         prop_assert_eq!(pair.outstanding(), 0);
     }
 }
@@ -203,7 +216,7 @@ fn transfers_in_flight_on_a_cut_rail_are_replayed_on_the_survivor() {
         }
         // The surviving rail delivers what it carries; then the other is cut.
         for _ in 0..200 {
-            pair.step(Event::Deliver(pair::other(cut)));
+            pair.step(Event::Deliver(cut.other()));
         }
         pair.step(Event::Cut(cut));
         pair.drain(20_000);
@@ -213,15 +226,7 @@ fn transfers_in_flight_on_a_cut_rail_are_replayed_on_the_survivor() {
             "{cut}: {} replays",
             pair.replays
         );
-        check_completed(&pair, &groups).unwrap();
-        assert!(
-            pair.received.iter().all(Option::is_some),
-            "{cut}: a receive never completed"
-        );
-        assert!(
-            pair.sent.iter().all(|s| *s),
-            "{cut}: a send was never reported done"
-        );
+        every_transfer_done(&pair, &groups, &format!("{cut}: ")).unwrap();
     }
 }
 
@@ -247,15 +252,7 @@ fn a_failover_past_the_fifo_wrap_replays_only_what_is_awaited() {
         let mut pair = Pair::new(groups.clone(), 16, &[]).with_failover(Rail::ScaleOut);
         let (rounds, posts) = if MIRI { (200, 2) } else { (600, 6) };
         for _ in 0..rounds {
-            for event in [
-                Event::Receiver,
-                Event::Cts,
-                Event::Sender,
-                Event::Deliver(Rail::ScaleOut),
-                Event::Deliver(Rail::ScaleUp),
-            ] {
-                pair.step(event);
-            }
+            pair.round();
         }
         // A few more posted on both rails and not delivered: they are in flight at the cut.
         for _ in 0..posts {
@@ -276,15 +273,7 @@ fn a_failover_past_the_fifo_wrap_replays_only_what_is_awaited() {
         );
         assert_eq!(pair.error, None);
         assert_eq!(pair.reports, 1);
-        check_completed(&pair, &groups).unwrap();
-        assert!(
-            pair.received.iter().all(Option::is_some),
-            "{cut}: a receive never completed"
-        );
-        assert!(
-            pair.sent.iter().all(|s| *s),
-            "{cut}: a send was never reported done"
-        );
+        every_transfer_done(&pair, &groups, &format!("{cut}: ")).unwrap();
     }
 }
 

@@ -16,13 +16,6 @@ use super::{
     record_target, Pair, Side, ToSender, LKEYS, NOTICE_MAILBOX_BASE, NOTICE_SHADOW_BASE, RKEYS,
 };
 
-pub fn other(rail: Rail) -> Rail {
-    match rail {
-        Rail::ScaleOut => Rail::ScaleUp,
-        Rail::ScaleUp => Rail::ScaleOut,
-    }
-}
-
 impl Pair {
     /// The sender's writes on `rail` are dropped from now on.
     pub(super) fn cut_data(&mut self, rail: Rail) {
@@ -39,7 +32,7 @@ impl Pair {
     /// A write of the receiver's into the sender's memory, on the rail its CTS rides.
     pub(super) fn write_to_sender(&mut self, message: ToSender) {
         let rail = if self.receiver.down().contains(self.cts_rail) {
-            other(self.cts_rail)
+            self.cts_rail.other()
         } else {
             self.cts_rail
         };
@@ -65,7 +58,7 @@ impl Pair {
         Rail::ALL
             .into_iter()
             .find(|rail| self.sender.down().contains(*rail))
-            .map(other)
+            .map(Rail::other)
     }
 
     /// `side` finds `rail` failed.
@@ -97,7 +90,7 @@ impl Pair {
             }
         };
         self.notice_shadow = notice.encode();
-        let survivor = other(rail);
+        let survivor = rail.other();
         let write = WorkRequest {
             wr_id: 0,
             opcode: SendOpcode::Write,

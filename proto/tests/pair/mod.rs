@@ -12,7 +12,6 @@
 //! crosses it either way) and the two go on over the other, as docs/PROTOCOL.md §10 says.
 
 mod failover;
-pub use failover::other;
 
 use std::collections::VecDeque;
 
@@ -282,18 +281,23 @@ impl Pair {
     pub fn drain(&mut self, limit: usize) {
         for _ in 0..limit {
             let before = self.progress();
-            for event in [
-                Event::Receiver,
-                Event::Cts,
-                Event::Sender,
-                Event::Deliver(Rail::ScaleOut),
-                Event::Deliver(Rail::ScaleUp),
-            ] {
-                self.step(event);
-            }
+            self.round();
             if self.progress() == before && self.cts.is_empty() && !self.find_a_cut() {
                 return;
             }
+        }
+    }
+
+    /// Every kind of event once: each side's step, a CTS landing, each rail's next delivery.
+    pub fn round(&mut self) {
+        for event in [
+            Event::Receiver,
+            Event::Cts,
+            Event::Sender,
+            Event::Deliver(Rail::ScaleOut),
+            Event::Deliver(Rail::ScaleUp),
+        ] {
+            self.step(event);
         }
     }
 

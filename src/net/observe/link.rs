@@ -130,6 +130,9 @@ pub(crate) struct Link {
     key: LinkKey,
     /// The stream's descriptor (one `poll` finds which links have input: `link_ride.rs`).
     fd: RawFd,
+    /// The stream's address pair, (this end's, the peer's), read once: every handshake the
+    /// link carries runs over it (`link_ride.rs`).
+    addresses: Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)>,
     state: Mutex<LinkState>,
 }
 
@@ -169,6 +172,7 @@ impl Link {
             id,
             key,
             fd: stream.as_raw_fd(),
+            addresses: address_pair(&stream),
             state: Mutex::new(LinkState {
                 stream,
                 me: me.clone(),

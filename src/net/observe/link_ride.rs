@@ -70,9 +70,9 @@ impl Ride {
     pub(crate) fn start(path: PathKey, listen: u64, now_ns: u64) -> Option<Ride> {
         let registry = registry();
         let link = registry.links.get(&LinkKey::Outgoing(path))?;
+        let addresses = link.addresses?;
         let mut state = link.lock();
         state.pump(now_ns);
-        let addresses = address_pair(&state.stream)?;
         let handshake = fresh_name();
         if state.ended.is_some() || !state.inbox.expect(handshake) {
             return None;
@@ -243,8 +243,10 @@ impl LinkState {
         // A link going, or gone, takes nothing in: its connector hears it end and starts again
         // on a connection of its own (src/net/setup/connect.rs).
         let going = self.closing || self.ended.is_some();
-        let link = self.me.upgrade().filter(|_| !going);
-        let (Some(link), Some(addresses)) = (link, address_pair(&self.stream)) else {
+        let Some(link) = self.me.upgrade().filter(|_| !going) else {
+            return;
+        };
+        let Some(addresses) = link.addresses else {
             return;
         };
         // The inbox let the open through, so it has the room and the identifier is new.

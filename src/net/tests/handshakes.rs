@@ -23,21 +23,6 @@ impl Drop for Paused {
     }
 }
 
-fn loopback_context(vars: &[(&str, &str)]) -> Arc<Context> {
-    for name in ENV_NAMES {
-        std::env::remove_var(name);
-    }
-    std::env::set_var("MPIB_FABRIC", "loopback");
-    for (name, value) in vars {
-        std::env::set_var(name, value);
-    }
-    init(InitParams {
-        traffic_class: -1,
-        ..Default::default()
-    })
-    .unwrap()
-}
-
 /// Polls `connect` and `accept` until both are done.
 fn finish(
     ctx: &Arc<Context>,

@@ -35,22 +35,8 @@ pub(crate) fn connect_pair_with(
     recv_vars: &[(&str, &str)],
     send_vars: &[(&str, &str)],
 ) -> Result<Pair> {
-    let context = |vars: &[(&str, &str)]| {
-        for name in ENV_NAMES {
-            std::env::remove_var(name);
-        }
-        std::env::set_var("MPIB_FABRIC", "loopback");
-        for (name, value) in vars {
-            std::env::set_var(name, value);
-        }
-        init(InitParams {
-            traffic_class: -1,
-            ..Default::default()
-        })
-        .unwrap()
-    };
-    let recv_ctx = context(recv_vars);
-    let ctx = context(send_vars);
+    let recv_ctx = loopback_context(recv_vars);
+    let ctx = loopback_context(send_vars);
     let mut handle = [0u8; HANDLE_SIZE];
     let mut listen_comm = listen(&recv_ctx, 0, &mut handle).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -102,6 +88,23 @@ pub(crate) fn connect_pair_with(
         ctx,
         slowest_call,
     })
+}
+
+/// A context on the loopback fabric with `vars` set and every other variable of the tests
+/// cleared (each `init` snapshots the environment).
+pub(crate) fn loopback_context(vars: &[(&str, &str)]) -> Arc<Context> {
+    for name in ENV_NAMES {
+        std::env::remove_var(name);
+    }
+    std::env::set_var("MPIB_FABRIC", "loopback");
+    for (name, value) in vars {
+        std::env::set_var(name, value);
+    }
+    init(InitParams {
+        traffic_class: -1,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 pub(crate) const ENV_NAMES: [&str; 14] = [
