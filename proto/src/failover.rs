@@ -63,12 +63,6 @@ impl SlotSet {
         self.0.iter().all(|word| *word == 0)
     }
 
-    /// How many slots the set holds.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.0.iter().map(|word| word.count_ones() as usize).sum()
-    }
-
     /// The lowest slot in the set.
     #[inline]
     pub fn first(&self) -> Option<usize> {
@@ -239,7 +233,7 @@ mod tests {
         for slot in [255, 0, 64, 63] {
             set.insert(slot);
         }
-        assert_eq!(set.len(), 4);
+        assert_eq!(set.iter().count(), 4);
         assert_eq!(set.iter().collect::<Vec<_>>(), vec![0, 63, 64, 255]);
         assert_eq!(set.first(), Some(0));
         set.remove(0);
