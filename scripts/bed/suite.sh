@@ -87,6 +87,11 @@ flock -n 9 || die "another run holds /tmp/$prefix.lock (set BED_PREFIX to run be
 T=''
 cleanup() {
   local j
+  # Only the suite's own shell tears the bed down. A subshell it started (reap's delayed kill)
+  # that is killed before it has reset the traps it inherited runs them: that was the bed whose
+  # namespaces vanished before a late case (a pair failing at once on both sides starts the
+  # delayed kill and kills it again at once).
+  [ "$BASHPID" = "$$" ] || exit 143
   trap - EXIT INT TERM
   # Our own background jobs (the `timeout`s, reap's delayed kill), then the namespaces.
   for j in $(jobs -p); do kill "$j" 2> /dev/null; done
@@ -94,7 +99,7 @@ cleanup() {
   [ -z "$T" ] || rm -rf "$T"
 }
 trap cleanup EXIT
-trap 'echo "FAIL bed: interrupted"; failed=$((failed + 1)); finish' INT
+trap '[ "$BASHPID" = "$$" ] || exit 130; echo "FAIL bed: interrupted"; failed=$((failed + 1)); finish' INT
 trap 'exit 143' TERM
 teardown   # a stale bed from a killed run, and its temp dir (the lock says none is in use)
 find /tmp -maxdepth 1 -type d -name "$prefix.??????" -exec rm -rf {} +
