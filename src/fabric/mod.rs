@@ -368,6 +368,15 @@ pub trait QueuePair: Send {
     /// registered by the peer, until the completion of the chain's signaled WR has been polled
     /// (NCCL keeps buffers alive until `test` reports the request done).
     unsafe fn post_send(&mut self, chain: &[WorkRequest]) -> FabricResult<()>;
+    /// Moves the QP to the error state (`ibv_modify_qp` to `IBV_QPS_ERR`), as a failover does
+    /// with the failed rail's QPs (docs/PROTOCOL.md §10): WRs not yet executed are flushed,
+    /// posts fail, and once [`QueuePair::quiesced`] says so nothing more lands at it or leaves
+    /// it. Idempotent; never waits.
+    fn fail(&mut self) -> FabricResult<()>;
+    /// Whether, since [`QueuePair::fail`], nothing more can land at or leave the QP and every
+    /// completion it produced is in its CQ (the tcp fabric's rail thread has taken the request;
+    /// the loopback is there at once). Polled across calls, never waits.
+    fn quiesced(&mut self) -> FabricResult<bool>;
 }
 
 /// Sizes for creating a completion queue.

@@ -100,6 +100,10 @@ fn execute(world: &mut World, index: u32, head: &InFlight) -> Step {
     let Some(peer) = qp.peer else {
         return Step::Done(RetryExceeded);
     };
+    if world.cut[qp.rail.index()] {
+        // The rail's wire is cut (the `cut` knob): nothing gets through, either way.
+        return Step::Done(RetryExceeded);
+    }
     // A destroyed peer, a wrong GID, a peer in error or connected elsewhere never ACKs: on
     // hardware the transport retries run out.
     let Some(peer_index) = world.qp_index(peer.qpn) else {
@@ -240,8 +244,9 @@ fn finish(world: &mut World, index: u32, head: &InFlight, status: CompletionStat
     deliver(world, cq, completion);
 }
 
-/// Puts QP `index` in the error state and flushes every WR still queued behind the failed one.
-fn flush(world: &mut World, index: u32) {
+/// Puts QP `index` in the error state and flushes every WR still queued behind the failed one
+/// (or, for `QueuePair::fail`, every WR queued).
+pub(crate) fn flush(world: &mut World, index: u32) {
     world.qps[index].error = true;
     while let Some(next) = world.qps[index].inflight.pop_front() {
         world.inflight_wrs -= 1;

@@ -25,6 +25,10 @@ pub(crate) struct Faults {
     /// `portdown=RAIL:N`: posting the N-th WR on the rail raises IBV_EVENT_PORT_ERR on its
     /// device (traffic itself continues: it tests that async events are read and acted on).
     pub(crate) port_down: [Option<u64>; 2],
+    /// `cut=RAIL:N`: posting the N-th WR on the rail cuts its wire: from then every WR on any
+    /// QP of the rail, that one included, fails with `RetryExceeded` and lands nothing, as
+    /// behind a pulled cable (no event: a port knob is `portdown`).
+    pub(crate) cut: [Option<u64>; 2],
     /// `arp=RAIL:N`: the rail's peer addresses resolve after N polls of a resolution; a QP
     /// connected before that waits a second inside `connect`, as the kernel does in
     /// `ibv_modify_qp(RTR)` on a RoCE port with no valid neighbour entry.
@@ -67,6 +71,8 @@ impl Faults {
             "starve" => self.starve[slot] = Some(count),
             "portdown" if count == 0 => return Err("portdown counts WRs from 1"),
             "portdown" => self.port_down[slot] = Some(count),
+            "cut" if count == 0 => return Err("cut counts WRs from 1"),
+            "cut" => self.cut[slot] = Some(count),
             "arp" => self.unresolved[slot] = count,
             "max_qp" | "max_cq" | "max_srq" | "max_srq_wr" | "max_mr" => {
                 let kind = ["max_qp", "max_cq", "max_srq", "max_srq_wr", "max_mr"]
@@ -101,7 +107,7 @@ fn parse_rail_count(value: &str) -> Result<(Rail, u64), &'static str> {
 fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
     let detail = format!(
         "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
-         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, \
+         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `cut=RAIL:N`, `arp=RAIL:N`, \
          `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N` with RAIL \
          `sout` or `sup`"
     );

@@ -94,6 +94,8 @@ pub(crate) struct World {
     pub(crate) faults: Faults,
     /// WRs posted per rail since the knobs were stored (the `fail` knob counts these).
     pub(crate) posted: [u64; 2],
+    /// Per rail, whether its wire is cut (the `cut` knob fired): every WR on it fails.
+    pub(crate) cut: [bool; 2],
     /// Per rail, the resolution polls left before peers' addresses resolve (the `arp` knob).
     pub(crate) unresolved: [u64; 2],
     /// Progress passes run so far (the `delay` knob counts these).
@@ -133,11 +135,13 @@ impl World {
                 fail: [None, None],
                 starve: [None, None],
                 port_down: [None, None],
+                cut: [None, None],
                 unresolved: [0, 0],
                 limits: [[None; 5]; 2],
             },
             unresolved: [0, 0],
             posted: [0, 0],
+            cut: [false, false],
             pass: 0,
             rates: RateModel::new(),
             rates_spec: String::new(),
@@ -248,6 +252,8 @@ impl LoopbackFabric {
     /// * `starve=RAIL:N`: each SRQ of RAIL accepts only N receives over its lifetime; later
     ///   posts succeed but add nothing, so a later IMM finds the SRQ empty;
     /// * `portdown=RAIL:N`: posting the N-th WR on RAIL raises a port-error async event;
+    /// * `cut=RAIL:N`: posting the N-th WR on RAIL cuts the rail: that WR and every later one on
+    ///   any of RAIL's QPs, either way, fails with `RetryExceeded` and lands nothing;
     /// * `arp=RAIL:N`: peers' addresses on RAIL resolve only after N polls of a
     ///   [`PeerResolution`](crate::fabric::PeerResolution); a QP connected on RAIL before that
     ///   waits one second inside `connect`, like the kernel's address resolution inside
@@ -255,7 +261,7 @@ impl LoopbackFabric {
     ///
     /// with RAIL `sout` or `sup`. The world is process-global, so the knobs are stored there:
     /// the most recently created fabric's knobs apply to every loopback resource, and creating a
-    /// fabric restarts the `fail` counters.
+    /// fabric restarts the `fail` counters and mends a cut rail.
     ///
     /// `rails` (the `MPIB_LOOPBACK_RAILS` value) gives the rails rates, a base latency, a shared
     /// cap and a mixing cap, on a schedule (see [`rates`] and docs/PERFORMANCE.md); empty: as
@@ -271,6 +277,7 @@ impl LoopbackFabric {
         let mut world = world();
         world.faults = faults;
         world.posted = [0, 0];
+        world.cut = [false, false];
         world.unresolved = faults.unresolved;
         world.set_rates(rails.trim(), model);
         Ok(LoopbackFabric {

@@ -250,6 +250,20 @@ impl QueuePair for LoopbackQp {
         }
         Ok(())
     }
+
+    /// At once, under the world lock: nothing executes or lands outside a progress pass, which
+    /// takes the same lock, so the QP is quiesced when this returns.
+    fn fail(&mut self) -> FabricResult<()> {
+        let mut world = world();
+        if let Some(index) = world.qp_index(self.qpn) {
+            super::execute::flush(&mut world, index);
+        }
+        Ok(())
+    }
+
+    fn quiesced(&mut self) -> FabricResult<bool> {
+        Ok(true)
+    }
 }
 
 /// Appends one validated WR to QP `index`'s in-flight queue, applying the `delay` and `fail`
@@ -262,6 +276,9 @@ unsafe fn enqueue(world: &mut World, index: u32, wr: &WorkRequest) {
     world.posted[rail] = world.posted[rail].saturating_add(1);
     world.inflight_wrs += 1;
     let inject_fail = world.faults.fail[rail] == Some(world.posted[rail]);
+    if world.faults.cut[rail] == Some(world.posted[rail]) {
+        world.cut[rail] = true;
+    }
     if world.faults.port_down[rail] == Some(world.posted[rail]) {
         let device = world.qps[index].device;
         world.devices[device].push_event(crate::fabric::AsyncEvent::PortDown);

@@ -85,6 +85,58 @@ fn fail_gives_retry_exceeded_then_flushed() {
 }
 
 #[test]
+fn cut_fails_every_later_wr_of_the_rail_either_way_and_lands_nothing() {
+    let (_s, fabric) = serial("cut=sout:2");
+    let (mut tx, mut rx) = pair(&fabric, 8, 8);
+    let (src, dst) = (Buf::new(8, 7), Buf::new(8, 0));
+    let (lk, rk) = (
+        src.register(&*tx.dev, Access::LOCAL),
+        dst.register(&*tx.dev, Access::DATA),
+    );
+    post(&mut *tx.qp, &[write(1, &src, lk, &dst, rk)]).unwrap();
+    assert_eq!(statuses(&poll(&mut *tx.cq, 1)), [CompletionStatus::Success]);
+    let (back, sink) = (Buf::new(8, 9), Buf::new(8, 0));
+    let (back_lk, sink_rk) = (
+        back.register(&*rx.dev, Access::LOCAL),
+        sink.register(&*rx.dev, Access::DATA),
+    );
+    // The second WR on the rail cuts it: it fails, and so does the other direction's next.
+    let (again, other) = (Buf::new(8, 3), Buf::new(8, 0));
+    let (again_lk, other_rk) = (
+        again.register(&*tx.dev, Access::LOCAL),
+        other.register(&*tx.dev, Access::DATA),
+    );
+    post(&mut *tx.qp, &[write(2, &again, again_lk, &other, other_rk)]).unwrap();
+    assert_eq!(
+        statuses(&poll(&mut *tx.cq, 1)),
+        [CompletionStatus::RetryExceeded]
+    );
+    post(&mut *rx.qp, &[write(3, &back, back_lk, &sink, sink_rk)]).unwrap();
+    assert_eq!(
+        statuses(&poll(&mut *rx.cq, 1)),
+        [CompletionStatus::RetryExceeded]
+    );
+    assert_eq!((other.bytes(), sink.bytes()), (vec![0; 8], vec![0; 8]));
+}
+
+#[test]
+fn a_failed_qp_flushes_what_it_holds_and_is_quiesced_at_once() {
+    let (_s, fabric) = serial("delay=sout:5");
+    let (mut tx, _rx) = pair(&fabric, 8, 8);
+    let (src, dst) = (Buf::new(8, 7), Buf::new(8, 0));
+    let (lk, rk) = (
+        src.register(&*tx.dev, Access::LOCAL),
+        dst.register(&*tx.dev, Access::DATA),
+    );
+    post(&mut *tx.qp, &[write(1, &src, lk, &dst, rk)]).unwrap();
+    tx.qp.fail().unwrap();
+    assert!(tx.qp.quiesced().unwrap());
+    assert_eq!(statuses(&poll(&mut *tx.cq, 1)), [CompletionStatus::Flushed]);
+    assert_eq!(dst.bytes(), vec![0; 8], "nothing landed");
+    assert!(post(&mut *tx.qp, &[write(2, &src, lk, &dst, rk)]).is_err());
+}
+
+#[test]
 fn fail_leaves_the_other_rail_alone() {
     let (_s, fabric) = serial("fail=sup:1");
     let (mut tx, _rx) = pair(&fabric, 8, 8);

@@ -257,6 +257,8 @@ impl RailDevice for TcpDevice {
                 peer: None,
                 connected: false,
                 posted_pending: false,
+                fail_requested: false,
+                quiesced: false,
             },
         );
         self.core.shared.notify(state, Notice::Created(qpn));
@@ -506,6 +508,29 @@ impl QueuePair for TcpQp {
             shared.notify(state, Notice::Posted(self.qpn));
         }
         Ok(())
+    }
+
+    /// Asks the rail thread, which alone lands and sends for the QP, to fail it between two of
+    /// its steps; [`QueuePair::quiesced`] says when it has.
+    fn fail(&mut self) -> FabricResult<()> {
+        let shared = &self.core.shared;
+        let mut state = shared.state();
+        match state.qps.get_mut(&self.qpn) {
+            Some(qp) if !qp.fail_requested => {
+                qp.fail_requested = true;
+                shared.notify(state, Notice::Fail(self.qpn));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn quiesced(&mut self) -> FabricResult<bool> {
+        if let Some(stopped) = self.core.stopped("ibv_modify_qp(ERR)", Some(self.qpn)) {
+            return Err(stopped);
+        }
+        let state = self.core.shared.state();
+        Ok(state.qps.get(&self.qpn).map_or(true, |qp| qp.quiesced))
     }
 }
 

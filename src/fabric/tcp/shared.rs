@@ -27,6 +27,8 @@ pub(super) enum Notice {
     Posted(u32),
     /// The QP was destroyed.
     Destroyed(u32),
+    /// `QueuePair::fail`: the QP goes to the error state.
+    Fail(u32),
     /// Receives were posted on an SRQ (a QP waiting for one may go on).
     Receives,
 }
@@ -67,6 +69,11 @@ pub(super) struct QpShared {
     pub connected: bool,
     /// Whether a `Posted` notice is queued and not yet taken.
     pub posted_pending: bool,
+    /// `QueuePair::fail` was called: whether it asked the thread yet.
+    pub fail_requested: bool,
+    /// The thread has put the QP in the error state at `QueuePair::fail`'s request: nothing
+    /// more lands at it or leaves it, and its completions are in its CQ.
+    pub quiesced: bool,
 }
 
 /// A completion queue's ring.

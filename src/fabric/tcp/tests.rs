@@ -212,6 +212,72 @@ fn a_write_with_imm_waits_for_a_receive() {
     assert_eq!(poll_one(a.cq.as_mut()).status, CompletionStatus::Success);
 }
 
+/// `fail` (a failover) on a connected QP: the rail thread takes it between two steps,
+/// `quiesced` says so, posts are refused from then, and the peer's QP, whose connection was
+/// closed, fails its next write.
+#[test]
+fn a_failed_qp_quiesces_refuses_posts_and_its_peer_fails() {
+    let (mut a, mut b) = pair();
+    let mut target = vec![0u8; 16];
+    let region = (b.device)
+        .register(target.as_mut_ptr() as u64, 16, Access::DATA)
+        .unwrap();
+    let first = vec![3u8; 16];
+    let first_local = a
+        .device
+        .register(first.as_ptr() as u64, 16, Access::LOCAL)
+        .unwrap();
+    let target_addr = target.as_mut_ptr() as u64;
+    let wr = write(
+        4,
+        SendOpcode::Write,
+        &first,
+        first_local.lkey,
+        target_addr,
+        region.rkey,
+    );
+    // SAFETY: both buffers live until the completion is polled.
+    unsafe { a.qp.post_send(&[wr]) }.unwrap();
+    assert_eq!(poll_one(a.cq.as_mut()).status, CompletionStatus::Success);
+    a.qp.fail().unwrap();
+    a.qp.fail().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.qp.quiesced().unwrap() {
+        assert!(Instant::now() < deadline, "the QP never quiesced");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let source = vec![1u8; 16];
+    let local = a
+        .device
+        .register(source.as_ptr() as u64, 16, Access::LOCAL)
+        .unwrap();
+    let wr = write(5, SendOpcode::Write, &source, local.lkey, 0x1000, 1);
+    // SAFETY: the post is refused; nothing is read.
+    let refused = unsafe { a.qp.post_send(&[wr]) }.unwrap_err();
+    assert!(refused.to_string().contains("error state"), "{refused}");
+    let peer_source = vec![2u8; 16];
+    let peer_local = b
+        .device
+        .register(peer_source.as_ptr() as u64, 16, Access::LOCAL)
+        .unwrap();
+    let wr = write(
+        6,
+        SendOpcode::Write,
+        &peer_source,
+        peer_local.lkey,
+        0x1000,
+        1,
+    );
+    // SAFETY: the buffer lives until the completion is polled; the target is never touched.
+    match unsafe { b.qp.post_send(&[wr]) } {
+        Ok(()) => assert_eq!(
+            poll_one(b.cq.as_mut()).status,
+            CompletionStatus::RetryExceeded
+        ),
+        Err(e) => assert!(e.to_string().contains("error state"), "{e}"),
+    }
+}
+
 #[test]
 fn a_destroyed_peer_fails_the_next_write_with_retry_exceeded() {
     let (mut a, b) = pair();

@@ -168,6 +168,14 @@ impl Engine {
                         worker.farewell(&self.shared);
                     }
                 }
+                Notice::Fail(qpn) => {
+                    if let Some(worker) = self.workers.get_mut(&qpn) {
+                        worker.fail_on_request(&self.shared);
+                    }
+                    if let Some(qp) = self.shared.state().qps.get_mut(&qpn) {
+                        qp.quiesced = true;
+                    }
+                }
                 Notice::Receives => {}
             }
         }

@@ -176,6 +176,15 @@ impl Worker {
         self.socket.is_none() && !self.loopback && !self.failed
     }
 
+    /// `QueuePair::fail` (a failover): what is queued is flushed and the connection closed, so
+    /// that nothing more lands or leaves and the peer's QP fails as one whose packets go
+    /// unanswered would.
+    pub(super) fn fail_on_request(&mut self, shared: &Shared) {
+        let why = format!("QP {} moved to the error state by a failover", self.qpn);
+        self.fail(shared, CompletionStatus::Flushed, why);
+        self.socket = None;
+    }
+
     /// `connect` named the peer. `socket` is this side's connection when it is the active one.
     pub(super) fn connect(
         &mut self,

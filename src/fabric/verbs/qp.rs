@@ -290,6 +290,37 @@ impl QueuePair for VerbsQp {
         }
         Ok(())
     }
+
+    fn fail(&mut self) -> FabricResult<()> {
+        // SAFETY: all-zero is a valid `ibv_qp_attr`; only the state is read.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        sys::clear_errno();
+        // SAFETY: the QP is live; `attr` is valid for the state field the mask names.
+        let rc = unsafe {
+            ibv_modify_qp(
+                self.qp,
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as c_int,
+            )
+        };
+        if rc != 0 {
+            return Err(self.error(
+                "ibv_modify_qp(ERR)",
+                sys::rc_errno(rc),
+                "moving the QP to the error state for a failover",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Once the modify returned the HCA places nothing more for the QP. Not waited for: the
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` event after which no completion of a receive it took
+    /// from its shared queue can still come (docs/PROTOCOL.md §10, "Known gaps": one that
+    /// does fails the connection as an IMM on a failed rail, never lands unseen).
+    fn quiesced(&mut self) -> FabricResult<bool> {
+        Ok(true)
+    }
 }
 
 /// A chain of send WRs and their SGEs, laid out on the stack. The list is self-referential
