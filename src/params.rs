@@ -158,6 +158,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: report forceFlush and flush received GPU data with a 1-byte RDMA_READ per rail.",
     },
     Param {
+        name: "MPIB_FAILOVER",
+        default: "1",
+        doc: "1: a connection whose rail fails goes on over the other (both ends must allow it); 0: a failed rail fails the connection.",
+    },
+    Param {
         name: "MPIB_PROBES",
         default: "1",
         doc: "1: write per-rail telemetry to a shared-memory probes file; 0: no file (no-op handles).",
@@ -187,7 +192,7 @@ pub const PARAMS: &[Param] = &[
         name: "MPIB_LOOPBACK_FAULTS",
         default: "",
         doc: "Loopback fault knobs, comma separated: `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, \
-              `starve=RAIL:N`, `portdown=RAIL:N`, `arp=RAIL:N`, and the NIC limits \
+              `starve=RAIL:N`, `portdown=RAIL:N`, `cut=RAIL:N`, `arp=RAIL:N`, and the NIC limits \
               `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N` (see docs/ARCHITECTURE.md).",
     },
     Param {
@@ -274,6 +279,8 @@ pub struct Settings {
     pub relaxed_ordering: u8,
     /// MPIB_FORCE_FLUSH.
     pub force_flush: bool,
+    /// MPIB_FAILOVER.
+    pub failover: bool,
     /// MPIB_PROBES.
     pub probes: bool,
     /// MPIB_PROBES_DIR.
@@ -379,6 +386,7 @@ impl Settings {
             ib_service_level: parse_int(&get, "MPIB_IB_SL", 0, 0, 15)? as u8,
             relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
             force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
+            failover: parse_int(&get, "MPIB_FAILOVER", 1, 0, 1)? == 1,
             probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
             probes_group: parse_names(&get, "MPIB_PROBES_GROUP", crate::trust::parse_group)?,

@@ -62,6 +62,7 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         fifo_rkeys: [0x1234, 0x5678],
         conn_id: 0x0001_0002,
         process: 0x5eed_0000_0000_0001,
+        failover: true,
     };
     let reply = ConnectReply {
         refusal: None,
@@ -75,6 +76,7 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         records_rkeys: [0x9abc, 0xdef0],
         conn_id: 0x0003_0004,
         process: 0x5eed_0000_0000_0002,
+        failover: true,
     };
     let ready = Ready {
         existing_link: 7,

@@ -17,13 +17,24 @@
 //! what else arrives for it. A sender that sees the failure first asks for the report with a
 //! [`FailoverNotice`].
 
-use crate::cts::FIFO_SLOTS;
+use crate::cts::{COMPLETION_RECORD_SIZE, CTS_ENTRY_SIZE, FIFO_SLOTS, MAX_RECVS};
 use crate::rail::Rail;
 
 /// Bytes of a [`FailoverNotice`] as written.
 pub const FAILOVER_NOTICE_LEN: usize = 16;
 /// Bytes of a [`FailoverReport`] as written.
 pub const FAILOVER_REPORT_LEN: usize = 56;
+
+/// Where the receiver writes its report: the entry of the sender's CTS FIFO just past its
+/// `FIFO_SLOTS × MAX_RECVS` entries (the FIFO is one entry longer; the receiver writes it from the
+/// same entry of its CTS shadow).
+pub const REPORT_MAILBOX: usize = FIFO_SLOTS * MAX_RECVS;
+/// Where the sender writes its notice: the completion record just past the receiver's
+/// `FIFO_SLOTS` records (written from the same record of the sender's shadow).
+pub const NOTICE_MAILBOX: usize = FIFO_SLOTS;
+
+const _: () = assert!(FAILOVER_REPORT_LEN <= CTS_ENTRY_SIZE);
+const _: () = assert!(FAILOVER_NOTICE_LEN <= COMPLETION_RECORD_SIZE);
 
 const NOTICE_MAGIC: u32 = 0x4D50_464E; // "MPFN"
 const REPORT_MAGIC: u32 = 0x4D50_4652; // "MPFR"

@@ -25,7 +25,7 @@ use super::island::PathClass;
 /// "MPIBHSK1".
 pub const HANDSHAKE_MAGIC: u64 = 0x4D50_4942_4853_4B31;
 /// Bumped on any change of layout or meaning.
-pub const HANDSHAKE_VERSION: u32 = 3;
+pub const HANDSHAKE_VERSION: u32 = 4;
 /// Largest QP array of one connection (both rails).
 pub const MAX_QPS: usize = 32;
 /// Largest QP count on one rail.
@@ -97,6 +97,9 @@ pub struct ConnectRequest {
     /// The connector's process, a random number drawn once per process: with the link
     /// identifier it names a control link between the two processes.
     pub process: u64,
+    /// Whether the connector allows failover (`MPIB_FAILOVER`): its FIFO and completion record
+    /// shadow then end in the failover mailboxes (docs/PROTOCOL.md §10).
+    pub failover: bool,
 }
 
 /// Why the acceptor refused a connection.
@@ -141,6 +144,9 @@ pub struct ConnectReply {
     pub conn_id: u64,
     /// The acceptor's process (drawn once per process, as [`ConnectRequest::process`]).
     pub process: u64,
+    /// Whether the connection fails over: both ends allow it (the acceptor answers the
+    /// connector's [`ConnectRequest::failover`] with its own setting and'ed in).
+    pub failover: bool,
 }
 
 /// The connector's ready marker: its QPs are at RTS, and which control link the connection
@@ -332,7 +338,8 @@ impl ConnectRequest {
         writer.u8(self.prefix_len);
         writer.u8(self.sout_qps);
         writer.u8(self.sup_qps);
-        write_reserved(&mut writer, 3);
+        writer.u8(u8::from(self.failover));
+        write_reserved(&mut writer, 2);
         writer.bytes(&self.connector_addr);
         writer.bytes(&self.acceptor_addr);
         write_endpoints(&mut writer, &self.rails);
@@ -352,8 +359,11 @@ impl ConnectRequest {
         let [mode, class, prefix_len, sout_qps, sup_qps] = reader.array();
         let (mode, class, sout_qps, sup_qps) = read_layout(mode, class, sout_qps, sup_qps)?;
         let prefix_len = check("prefix_len", prefix_len, prefix_len <= 32)?;
-        read_reserved(&mut reader, 3)?;
+        let failover = reader.u8();
+        let failover = check("failover", failover, failover <= 1)? == 1;
+        read_reserved(&mut reader, 2)?;
         let request = ConnectRequest {
+            failover,
             mode,
             class,
             prefix_len,
@@ -384,7 +394,8 @@ impl ConnectReply {
         writer.u8(self.class.code());
         writer.u8(self.sout_qps);
         writer.u8(self.sup_qps);
-        write_reserved(&mut writer, 3);
+        writer.u8(u8::from(self.failover));
+        write_reserved(&mut writer, 2);
         write_endpoints(&mut writer, &self.rails);
         write_words(&mut writer, &self.qp_nums);
         writer.u64(self.records_addr);
@@ -405,8 +416,11 @@ impl ConnectReply {
             code => Some(Refusal::from_code(code).ok_or_else(|| bad("refusal", code))?),
         };
         let (mode, class, sout_qps, sup_qps) = read_layout(mode, class, sout_qps, sup_qps)?;
-        read_reserved(&mut reader, 3)?;
+        let failover = reader.u8();
+        let failover = check("failover", failover, failover <= 1)? == 1;
+        read_reserved(&mut reader, 2)?;
         let reply = ConnectReply {
+            failover,
             refusal,
             mode,
             class,

@@ -27,6 +27,9 @@ pub enum WrKind {
     Flush = 3,
     /// A generic shared-receive-queue receive.
     Receive = 4,
+    /// A failover message's write: the sender's notice or the receiver's report
+    /// (docs/PROTOCOL.md §10).
+    Failover = 5,
 }
 
 impl WrKind {
@@ -38,6 +41,7 @@ impl WrKind {
             2 => Some(WrKind::Cts),
             3 => Some(WrKind::Flush),
             4 => Some(WrKind::Receive),
+            5 => Some(WrKind::Failover),
             _ => None,
         }
     }
@@ -150,7 +154,7 @@ mod tests {
 
     #[test]
     fn foreign_values_rejected() {
-        for raw in [0u64, 0x0500_0000_0000_0000, 0x0102_0000_0000_0000, u64::MAX] {
+        for raw in [0u64, 0x0600_0000_0000_0000, 0x0102_0000_0000_0000, u64::MAX] {
             assert_eq!(WrId::unpack(raw), Err(WrIdError { raw }));
         }
         let text = WrIdError {
@@ -165,7 +169,8 @@ mod tests {
             Just(WrKind::Data),
             Just(WrKind::Cts),
             Just(WrKind::Flush),
-            Just(WrKind::Receive)
+            Just(WrKind::Receive),
+            Just(WrKind::Failover)
         ]
     }
 

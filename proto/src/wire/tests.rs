@@ -28,6 +28,7 @@ fn request() -> ConnectRequest {
         fifo_rkeys: [0x100, 0x200],
         conn_id: 0x1234_0001,
         process: 0xABCD_0000_0000_0001,
+        failover: true,
     }
 }
 
@@ -45,6 +46,7 @@ fn reply() -> ConnectReply {
         records_rkeys: [0x300, 0x400],
         conn_id: 0x5678_0002,
         process: 0xABCD_0000_0000_0002,
+        failover: true,
     }
 }
 
@@ -127,13 +129,14 @@ fn header_rejected_first() {
 
 #[test]
 fn fields_validated() {
-    let cases: [(usize, u8, &str); 8] = [
+    let cases: [(usize, u8, &str); 9] = [
         (12, 2, "mode"),
         (13, 2, "class"),
         (14, 33, "prefix_len"),
         (15, 17, "sout_qps"),
         (16, 17, "sup_qps"),
-        (17, 1, "reserved"),
+        (17, 2, "failover"),
+        (18, 1, "reserved"),
         (28, 2, "rail.present"),
         (29, 1, "reserved"),
     ];
@@ -249,12 +252,13 @@ proptest! {
         rails in [any_endpoint(), any_endpoint()],
         qp_nums in any_qp_nums(),
         words in any::<(u64, [u32; 2], u64, u64)>(),
+        failover in any::<bool>(),
     ) {
         let request = ConnectRequest {
             mode, class, prefix_len, sout_qps, sup_qps,
             connector_addr: addrs.0, acceptor_addr: addrs.1, rails, qp_nums,
             fifo_addr: words.0, fifo_rkeys: words.1, conn_id: words.2,
-            process: words.3,
+            process: words.3, failover,
         };
         prop_assert_eq!(ConnectRequest::decode(&request.encode()), Ok(request));
     }
@@ -266,11 +270,12 @@ proptest! {
         rails in [any_endpoint(), any_endpoint()],
         qp_nums in any_qp_nums(),
         records in any::<(u64, [u32; 2], u64, u64)>(),
+        failover in any::<bool>(),
     ) {
         let reply = ConnectReply {
             refusal: Refusal::from_code(refusal), mode, class, sout_qps, sup_qps, rails,
             qp_nums, records_addr: records.0, records_rkeys: records.1,
-            conn_id: records.2, process: records.3,
+            conn_id: records.2, process: records.3, failover,
         };
         prop_assert_eq!(ConnectReply::decode(&reply.encode()), Ok(reply));
     }

@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::fabric::{Access, Rail};
 use crate::log;
 use crate::params::{Mode, Settings};
-use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::cts::{CompletionRecord, CtsEntry};
+use crate::proto::failover::{NOTICE_MAILBOX, REPORT_MAILBOX};
 use crate::proto::island::classify;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::signal::CtsSignalPolicy;
@@ -48,17 +49,30 @@ use crate::net::setup::resources::{
 };
 use crate::net::{Context, HANDLE_SIZE};
 
-/// Receiver queue sizes: CTS writes only, on the CTS QP alone (`cts_qp`; the other QPs only
-/// receive, so their send queues hold one entry: five of the six QPs of a default connection
-/// would otherwise each keep 512 send entries of NIC memory that nothing ever posts to); the
+/// Receiver queue sizes: CTS writes only, on the CTS QP alone (`cts_qp`; with failover also the
+/// first QP of the other rail, where the CTS moves if its rail fails: docs/PROTOCOL.md §10; the
+/// other QPs only receive, so their send queues hold one entry: four of the six QPs of a default
+/// connection would otherwise each keep 512 send entries of NIC memory that nothing ever posts
+/// to); the
 /// completions of the receives it holds of the rail's shared queue (at most
 /// `MPIB_SRQ_HIGH_WATER`) plus periodic CTS completions on each rail's CQ, never shallower than
 /// at the default marks, since the CTS completions share it. Depths are a power of two less
 /// one, as the sender's (`SENDER_SIZING`: providers' rings keep a slot spare).
-fn receiver_sizing(settings: &Settings, cts_qp: usize) -> QueueSizing {
+fn receiver_sizing(
+    settings: &Settings,
+    layout: QpLayout,
+    class: crate::proto::island::PathClass,
+    failover: bool,
+) -> QueueSizing {
+    let cts_qp = layout.cts_qp(settings.mode, class);
+    let cts_rail = layout.rail_of(cts_qp).unwrap_or(Rail::ScaleOut);
+    let standby = match failover && layout.count(cts_rail.other()) > 0 {
+        true => layout.first(cts_rail.other()),
+        false => cts_qp,
+    };
     QueueSizing {
         send_queue: 511,
-        only_sender: Some(cts_qp),
+        only_senders: Some([cts_qp, standby]),
         cq_depth: 2 * settings.srq_high_water.max(SRQ_HIGH_WATER) - 1,
         receiving: true,
     }
@@ -354,7 +368,7 @@ impl Acceptance {
         reply: ConnectReply,
     ) -> Stage {
         let settings = &ctx.settings;
-        let sizing = receiver_sizing(settings, layout.cts_qp(settings.mode, reply.class));
+        let sizing = receiver_sizing(settings, layout, reply.class, reply.failover);
         match QueueBuilder::new(layout, sizing, &self.device.budgets, settings.force_flush) {
             Ok(builder) => Stage::Building(builder, Box::new(request), reply),
             Err(error) => self.refuse(reply, error),
@@ -399,6 +413,7 @@ impl Acceptance {
             records_rkeys: [0; 2],
             conn_id: self.link_names.local,
             process: link::process_id(),
+            failover: request.failover && settings.failover,
         };
         self.link_names.peer = request.conn_id;
         self.connector_process = request.process;
@@ -423,9 +438,12 @@ impl Acceptance {
         let class = reply.class;
         let devices = &self.device.devices;
         let cts_shadow =
-            RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::LOCAL)?;
-        let records =
-            RegisteredRegion::<CompletionRecord>::new(devices, FIFO_SLOTS, Access::CONTROL)?;
+            RegisteredRegion::<CtsEntry>::new(devices, REPORT_MAILBOX + 1, Access::LOCAL)?;
+        let records = RegisteredRegion::<CompletionRecord>::new(
+            devices,
+            NOTICE_MAILBOX + 1,
+            Access::CONTROL,
+        )?;
         for (index, qp) in qps.qps.iter().enumerate() {
             reply.qp_nums[index] = qp.qp_num();
         }
@@ -469,6 +487,7 @@ impl Acceptance {
             health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&data.qps, layout),
             attributes: Arc::clone(&ctx.attributes),
+            failover: reply.failover,
         };
         self.built = Some((info, data));
         self.peer_rail_addresses = request.rails.map(|rail| address_of_wire(rail.address));

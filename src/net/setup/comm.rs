@@ -51,6 +51,9 @@ pub(crate) struct ConnectionInfo {
     pub qp_nums: [Vec<u32>; 2],
     /// Its context's `setNetAttr` attributes, read at each post.
     pub attributes: Arc<NetAttributes>,
+    /// Whether a failed rail fails over to the other (both ends allow it, and the layout has
+    /// both rails: docs/PROTOCOL.md §10).
+    pub failover: bool,
 }
 
 impl ConnectionInfo {

@@ -24,7 +24,8 @@ use crate::error::{Error, Result};
 use crate::fabric::{Access, Rail};
 use crate::log;
 use crate::params::Mode;
-use crate::proto::cts::{CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::cts::{CompletionRecord, CtsEntry};
+use crate::proto::failover::{NOTICE_MAILBOX, REPORT_MAILBOX};
 use crate::proto::island::{classify, PathClass};
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::{
@@ -66,7 +67,7 @@ mod link_steps;
 /// (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 const SENDER_SIZING: QueueSizing = QueueSizing {
     send_queue: 1023,
-    only_sender: None,
+    only_senders: None,
     cq_depth: 1023,
     receiving: false,
 };
@@ -105,6 +106,8 @@ struct Prepared {
     /// The acceptor's process and its name for the connection (from the reply).
     peer_process: u64,
     peer_name: u64,
+    /// Whether the connection fails over: both ends allow it (from the reply).
+    failover: bool,
     /// The proposed control link's share, until the answer; then the share kept.
     proposal: Option<Proposal>,
     link: Option<Attachment>,
@@ -364,10 +367,9 @@ impl Connector {
         let settings = &self.ctx.settings;
         let devices = &self.device.devices;
         let local = self.local()?;
-        let fifo =
-            RegisteredRegion::<CtsEntry>::new(devices, FIFO_SLOTS * MAX_RECVS, Access::CONTROL)?;
+        let fifo = RegisteredRegion::<CtsEntry>::new(devices, REPORT_MAILBOX + 1, Access::CONTROL)?;
         let records =
-            RegisteredRegion::<CompletionRecord>::new(devices, FIFO_SLOTS, Access::LOCAL)?;
+            RegisteredRegion::<CompletionRecord>::new(devices, NOTICE_MAILBOX + 1, Access::LOCAL)?;
         let mut qp_nums = [0u32; MAX_QPS];
         for (index, qp) in qps.qps.iter().enumerate() {
             qp_nums[index] = qp.qp_num();
@@ -386,6 +388,7 @@ impl Connector {
             fifo_rkeys: fifo.rkeys(),
             conn_id: link::fresh_name(),
             process: link::process_id(),
+            failover: settings.failover,
         };
         self.prepared = Some(Prepared {
             class,
@@ -399,6 +402,7 @@ impl Connector {
             peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
             peer_process: 0,
             peer_name: 0,
+            failover: false,
             proposal: None,
             link: None,
         });
@@ -461,6 +465,7 @@ impl Connector {
         prepared.remote_records = (reply.records_addr, reply.records_rkeys);
         prepared.peer_process = reply.process;
         prepared.peer_name = reply.conn_id;
+        prepared.failover = reply.failover && prepared.request.failover;
         prepared.peer_rail_addresses = reply.rails.map(|rail| address_of_wire(rail.address));
         Ok(())
     }
@@ -519,6 +524,7 @@ impl Connector {
             health: self.device.health.clone(),
             qp_nums: qp_nums_by_rail(&prepared.qps, prepared.layout),
             attributes: Arc::clone(&self.ctx.attributes),
+            failover: prepared.failover,
         };
         info!(
             log::NET | log::INIT,

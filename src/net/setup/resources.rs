@@ -127,9 +127,9 @@ pub(crate) struct QueuePairs {
 pub(crate) struct QueueSizing {
     /// Send-queue depth per QP.
     pub send_queue: u32,
-    /// When only one QP (by layout index) ever posts sends, that one: the others get a send
-    /// queue of one entry.
-    pub only_sender: Option<usize>,
+    /// When only some QPs (by layout index) ever post sends, those (the two may be the same):
+    /// the others get a send queue of one entry.
+    pub only_senders: Option<[usize; 2]>,
     /// CQ entries per rail.
     pub cq_depth: u32,
     /// Whether the QPs take receives from the NICs' shared receive queues (the receiver).
@@ -198,8 +198,8 @@ impl QueueBuilder {
         };
         let end = self.layout.first(rail) + self.layout.count(rail);
         for index in index..end {
-            let send_queue = match self.sizing.only_sender {
-                Some(sender) if sender != index => 1,
+            let send_queue = match self.sizing.only_senders {
+                Some(senders) if !senders.contains(&index) => 1,
                 _ => self.sizing.send_queue,
             };
             let caps = QpCapabilities {
