@@ -1,7 +1,9 @@
 //! Loopback fault knobs (`MPIB_LOOPBACK_FAULTS`, read at `init`), each scenario in its own
-//! process: cross-rail reordering and a slow SUP rail must not break byte-exactness; an injected
-//! work-request failure must surface as an error code from the data path (ncclRemoteError or
-//! ncclSystemError) before the deadline, never as a hang.
+//! process: cross-rail reordering and a slow SUP rail must not break byte-exactness; a rail cut
+//! (`cut`) or an injected work-request failure (`fail`) fails over to the other rail with every
+//! transfer byte-exact (docs/PROTOCOL.md §10); where no rail survives (vanilla inter-island), or
+//! with `MPIB_FAILOVER=0`, it must surface as an error code from the data path
+//! (ncclRemoteError or ncclSystemError) before the deadline, never as a hang.
 //!
 //! Both rails carry data only when the split says so: advanced mode with the test agent at a
 //! `sup_bw` between 1 and 1023 (or vanilla intra-island for SUP only, inter-island for SOUT only).
@@ -27,6 +29,8 @@ struct Scenario {
     inter_island: bool,
     /// An error code is expected instead of clean transfers.
     expect_failure: bool,
+    /// `MPIB_FAILOVER` (on by default).
+    failover: bool,
 }
 
 fn run(s: Scenario) {
@@ -35,6 +39,7 @@ fn run(s: Scenario) {
     let env = [
         ("MPIB_FABRIC", "loopback"),
         ("MPIB_LOOPBACK_FAULTS", s.faults),
+        ("MPIB_FAILOVER", if s.failover { "1" } else { "0" }),
         ("MPIB_DRIVER_VERSION", number.as_str()),
         ("MPIB_DRIVER_SUP_BW", bw.as_str()),
         ("MPIB_DRIVER_INTER", if s.inter_island { "1" } else { "" }),
@@ -58,6 +63,7 @@ fn clean(faults: &'static str, version: Version, sup_bw: Option<u32>) {
         sup_bw,
         inter_island: false,
         expect_failure: false,
+        failover: true,
     });
 }
 
@@ -97,50 +103,63 @@ fn reorder_and_delay_sup_with_split_v11() {
 }
 
 #[test]
-fn injected_sout_failure_is_reported_advanced_v12() {
-    let (faults, version) = ("fail=sout:5", Version::V12);
-    run(Scenario {
-        faults,
-        version,
-        sup_bw: Some(0),
-        inter_island: false,
-        expect_failure: true,
-    });
+fn a_failed_sout_work_request_fails_over_to_sup_advanced_v12() {
+    clean("fail=sout:5", Version::V12, Some(0));
 }
 
 #[test]
-fn injected_sout_failure_is_reported_with_split_v9() {
-    let (faults, version) = ("fail=sout:5", Version::V9);
-    run(Scenario {
-        faults,
-        version,
-        sup_bw: Some(512),
-        inter_island: false,
-        expect_failure: true,
-    });
+fn a_cut_sout_rail_fails_over_with_split_v9() {
+    clean("cut=sout:30", Version::V9, Some(512));
 }
 
 #[test]
-fn injected_sout_failure_is_reported_inter_island_v12() {
-    let (faults, version) = ("fail=sout:5", Version::V12);
+fn a_cut_sup_rail_fails_over_with_split_v12() {
+    clean("cut=sup:50", Version::V12, Some(384));
+}
+
+#[test]
+fn a_cut_sup_rail_fails_over_with_split_and_reordering_v10() {
+    clean("reorder,delay=sup:2,cut=sup:200", Version::V10, Some(700));
+}
+
+#[test]
+fn a_cut_sup_rail_fails_over_to_sout_intra_island_v7() {
+    clean("cut=sup:9", Version::V7, None);
+}
+
+#[test]
+fn a_cut_sout_rail_is_reported_inter_island_where_nothing_survives_v12() {
     run(Scenario {
-        faults,
-        version,
+        faults: "cut=sout:5",
+        version: Version::V12,
         sup_bw: None,
         inter_island: true,
         expect_failure: true,
+        failover: true,
     });
 }
 
 #[test]
-fn injected_sup_failure_is_reported_intra_island_v11() {
-    let (faults, version) = ("fail=sup:5", Version::V11);
+fn without_failover_an_injected_sup_failure_is_reported_intra_island_v11() {
     run(Scenario {
-        faults,
-        version,
+        faults: "fail=sup:5",
+        version: Version::V11,
         sup_bw: None,
         inter_island: false,
         expect_failure: true,
+        failover: false,
+    });
+}
+
+#[test]
+fn without_failover_a_cut_sout_rail_is_reported_with_split_v8() {
+    run(Scenario {
+        faults: "cut=sout:30",
+        version: Version::V8,
+        sup_bw: Some(512),
+        inter_island: false,
+        expect_failure: true,
+        failover: false,
     });
 }
 

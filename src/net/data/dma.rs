@@ -139,6 +139,56 @@ impl<T: Copy> DmaRegion<T> {
             }
         }
     }
+
+    /// Word `word` of element `index` alone, acquire-ordered: a mailbox's seal, read before the
+    /// rest so that a reader that sees it sealed then reads the message whole.
+    pub(crate) fn read_word(&self, index: usize, word: usize) -> u64 {
+        assert!(index < self.len, "DMA index {index} out of {}", self.len);
+        assert!(
+            word < std::mem::size_of::<T>() / 8,
+            "word {word} outside the element"
+        );
+        // SAFETY: in bounds (both checked); an aligned word of the allocation (as in `read`).
+        unsafe {
+            let source = self.base.as_ptr().add(index).cast::<u64>().add(word);
+            AtomicU64::from_ptr(source).load(Ordering::Acquire)
+        }
+    }
+
+    /// The first `N` bytes of element `index` (a message a peer writes into a mailbox), read
+    /// as [`DmaRegion::read`] reads.
+    pub(crate) fn read_bytes<const N: usize>(&self, index: usize) -> [u8; N] {
+        let words = self.words_of::<N>(index);
+        let mut bytes = [0u8; N];
+        for (word, chunk) in bytes.chunks_exact_mut(8).enumerate() {
+            // SAFETY: `words_of` checked that the N bytes are whole words of the element.
+            let loaded = unsafe { AtomicU64::from_ptr(words.add(word)) }.load(Ordering::Acquire);
+            chunk.copy_from_slice(&loaded.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// Writes `bytes` over the first `N` bytes of element `index` (a message the local NIC
+    /// will send), as [`DmaRegion::write`] writes.
+    pub(crate) fn write_bytes<const N: usize>(&self, index: usize, bytes: &[u8; N]) {
+        let words = self.words_of::<N>(index);
+        for (word, chunk) in bytes.chunks_exact(8).enumerate() {
+            let value = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            // SAFETY: as in `read_bytes`.
+            unsafe { AtomicU64::from_ptr(words.add(word)) }.store(value, Ordering::Release);
+        }
+    }
+
+    /// The first word of element `index`, checking that `N` bytes are whole words inside it.
+    fn words_of<const N: usize>(&self, index: usize) -> *mut u64 {
+        assert!(index < self.len, "DMA index {index} out of {}", self.len);
+        assert!(
+            N % 8 == 0 && N <= std::mem::size_of::<T>(),
+            "{N} bytes are not whole words of the element"
+        );
+        // SAFETY: in bounds (checked); elements start 8-aligned.
+        unsafe { self.base.as_ptr().add(index).cast::<u64>() }
+    }
 }
 
 impl<T: Copy> Drop for DmaRegion<T> {
@@ -175,6 +225,32 @@ mod tests {
         assert_eq!(region.read(5), entry);
         assert_eq!(region.addr_of(5) - region.addr(), 5 * 64);
         assert_eq!(region.byte_len(), 16 * 64);
+    }
+
+    /// A mailbox message goes in and comes out as bytes over the element's first words; its
+    /// last word alone is what a reader looks at first, and the rest of the element is untouched.
+    #[test]
+    fn mailbox_bytes_round_trip_over_an_element() {
+        let region = DmaRegion::<CtsEntry>::zeroed(4).unwrap();
+        let message: [u8; 56] = std::array::from_fn(|i| i as u8 + 1);
+        region.write_bytes(3, &message);
+        assert_eq!(region.read_bytes::<56>(3), message);
+        assert_eq!(
+            region.read_word(3, 6),
+            u64::from_le_bytes(message[48..56].try_into().unwrap())
+        );
+        assert_eq!(region.read_word(3, 7), 0, "past the message");
+        assert_eq!(region.read(2), CtsEntry::default(), "the element before");
+        let record = DmaRegion::<CompletionRecord>::zeroed(2).unwrap();
+        record.write_bytes(1, &[0xAB; 16]);
+        assert_eq!(record.read_bytes::<16>(1), [0xAB; 16]);
+    }
+
+    #[test]
+    #[should_panic(expected = "not whole words")]
+    fn a_message_longer_than_the_element_is_refused() {
+        let region = DmaRegion::<CompletionRecord>::zeroed(2).unwrap();
+        region.write_bytes(0, &[0u8; 56]);
     }
 
     /// A CTS FIFO's worth is a block of a shared mapping, zeroed by the kernel, and works the

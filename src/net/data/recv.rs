@@ -8,8 +8,8 @@
 //! transfer.
 
 use mpib_probes::declared::{
-    CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,
-    RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES,
+    CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_RECV_COMPLETIONS,
+    RAIL_RX_BYTES,
 };
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
@@ -32,7 +32,7 @@ use crate::proto::wr_id::{WrId, WrKind};
 use crate::net::data::flush::Flusher;
 use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
-use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::peer::{PeerWatch, Watch};
 use crate::net::observe::profiler;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::{ConnectionInfo, RECV_MAGIC};
@@ -41,7 +41,10 @@ use crate::net::setup::resources::{
 };
 use crate::net::RecvBuffer;
 
+mod failover;
 mod holding;
+
+use failover::RecvFailover;
 
 /// Mutable data-path state; touched only by the comm's progress thread.
 pub(crate) struct RecvData {
@@ -67,6 +70,8 @@ pub(crate) struct RecvData {
     pub(crate) watch: HealthWatch,
     /// The peer's end of the control connection (set once accepted).
     pub(crate) peer: PeerWatch,
+    /// A failover under way, and the last notice taken.
+    failover: RecvFailover,
 }
 
 impl RecvData {
@@ -112,6 +117,7 @@ impl RecvData {
             watch: HealthWatch::new(health),
             peer: PeerWatch::none(),
             telemetry,
+            failover: RecvFailover::default(),
         }
     }
 }
@@ -176,7 +182,10 @@ impl RecvComm {
         // Never more receives outstanding than an SRQ holds: each may bring one IMM per rail,
         // and an IMM that finds its SRQ empty stalls the sender (RNR). Completions free slots,
         // so poll once; otherwise no request (NCCL calls again), never a wait.
-        if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
+        if matches!(
+            data.slots.can_post(),
+            Err(RecvBlocked::SrqFull | RecvBlocked::ReportDue)
+        ) {
             self.poll(data)?;
             if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
                 return Ok(None);
@@ -191,8 +200,9 @@ impl RecvComm {
             return Ok(None);
         }
         // Nothing is polled from here to the CTS: an IMM polled after the cover check would
-        // take a receive the check counted.
-        let in_flight = data.slots.outstanding() + 1;
+        // take a receive the check counted. After a failover a receive awaiting a replay may
+        // still bring one IMM more than one per outstanding receive (docs/PROTOCOL.md §10).
+        let in_flight = data.slots.imms_in_flight() + 1;
         data.refill_for(in_flight)?;
         if !data.slots.covers(in_flight) {
             // The shared queue had nothing more to grant beyond this connection's floor, which
@@ -338,17 +348,21 @@ impl RecvComm {
         self.poll(data)?;
         data.refill()?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch, now) {
-            data.fail(&error);
-            return Err(error);
+        if let Some((rail, error)) = self.info.check_health(&mut data.watch, now) {
+            self.rail_failed(data, rail, error)?;
+            self.advance_failover(data)?;
         }
         data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
             // Data that never comes: is the sender still there?
-            if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
-                data.fail(&error);
-                return Err(error);
+            match data.peer.check(now, || self.info.describe_peer()) {
+                Ok(Watch::Fine) => {}
+                Ok(watch) => self.watch_failed_path(data, watch)?,
+                Err(error) => {
+                    data.fail(&error);
+                    return Err(error);
+                }
             }
             return Ok(None);
         }
@@ -370,25 +384,29 @@ impl RecvComm {
         self.on_imm(self.data(), rail, &completion)
     }
 
+    /// The rails that failed over (tests).
+    #[cfg(test)]
+    pub(crate) fn rails_down(&self) -> RailMask {
+        self.data().slots.down()
+    }
+
     /// The QPs the connection still has (for tests).
     #[cfg(test)]
     pub(crate) fn queue_pairs(&self) -> usize {
         self.data().qps.qps.len()
     }
 
-    /// Drains both rails' CQs.
+    /// Drains both rails' CQs, then moves a failover on.
     fn poll(&self, data: &mut RecvData) -> Result<()> {
         drain_completions(data, |data, rail, completion| {
             self.complete(data, rail, completion)
-        })
+        })?;
+        self.advance_failover(data)
     }
 
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
-            let error = self.info.completion_error(rail, completion);
-            data.telemetry.rail(rail).inc(RAIL_ERROR_COMPLETIONS);
-            data.fail(&error);
-            return Err(error);
+            return self.failed_completion(data, rail, completion);
         }
         match completion.opcode {
             CompletionOpcode::RecvRdmaWithImm => self.on_imm(data, rail, completion),
@@ -398,22 +416,30 @@ impl RecvComm {
                 if let Some(credits) = data.qps.credits.get_mut(wr.qp_index as usize) {
                     credits.retire(wr.post_index);
                 }
+                if wr.kind == WrKind::Failover {
+                    data.failover.probe_done(wr);
+                }
                 Ok(())
             }
             CompletionOpcode::RdmaRead => {
                 let wr = WrId::unpack(completion.wr_id)
                     .map_err(|e| Error::internal(format!("flush completion with {e}")))?;
-                let flusher = data.flusher.as_mut().ok_or_else(|| {
-                    Error::internal("RDMA_READ completion on a comm without flush QPs")
-                })?;
-                flusher.on_completion(rail, wr.post_index);
-                let request = data.pool.get_mut(u16::from(wr.slot));
-                request.flush_pending =
-                    RailMask(request.flush_pending.bits() & !RailMask::of(rail).bits());
-                request.done = request.flush_pending.is_empty();
-                Ok(())
+                self.flush_done(data, rail, wr)
             }
         }
+    }
+
+    /// The flush read `wr` on `rail` is over: its request is done once every rail's is.
+    fn flush_done(&self, data: &mut RecvData, rail: Rail, wr: WrId) -> Result<()> {
+        let flusher = data
+            .flusher
+            .as_mut()
+            .ok_or_else(|| Error::internal("RDMA_READ completion on a comm without flush QPs"))?;
+        flusher.on_completion(rail, wr.post_index);
+        let request = data.pool.get_mut(u16::from(wr.slot));
+        request.flush_pending = RailMask(request.flush_pending.bits() & !RailMask::of(rail).bits());
+        request.done = request.flush_pending.is_empty();
+        Ok(())
     }
 
     /// One IMM: the slot state machine consumes an SRQ credit, finds the slot's request and

@@ -63,8 +63,14 @@ pub(crate) enum Heard {
     Failed { since: u64, text: String },
     /// The peer closed its comm at `since`.
     Closed { since: u64 },
-    /// The link itself ended at `since` (the peer's process, or the path to it): `why`.
-    LinkEnded { since: u64, why: String },
+    /// The link itself ended at `since` (the peer's process, or the path to it): `why`;
+    /// `path_died` when its socket timed out or found no route (the path, not the process: a
+    /// dead process's kernel closes or resets it).
+    LinkEnded {
+        since: u64,
+        why: String,
+        path_died: bool,
+    },
 }
 
 /// This process's number in handshakes: drawn once, so two processes (even with the same pid
@@ -145,6 +151,8 @@ struct LinkState {
     input: Vec<u8>,
     output: Vec<u8>,
     ended: Option<(u64, String)>,
+    /// The link ended because its path died (see [`Heard::LinkEnded`]).
+    path_died: bool,
     heard: HashMap<u64, Heard>,
     /// The handshakes on the link and the message each waits for.
     inbox: Inbox,
@@ -180,6 +188,7 @@ impl Link {
                 input: Vec::new(),
                 output: Vec::new(),
                 ended: None,
+                path_died: false,
                 heard: HashMap::new(),
                 inbox: Inbox::new(end),
                 closing: false,
@@ -229,6 +238,7 @@ impl Attachment {
                 _ => Heard::LinkEnded {
                     since: *since,
                     why: why.clone(),
+                    path_died: state.path_died,
                 },
             };
         }
@@ -306,6 +316,10 @@ impl LinkState {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
+                    self.path_died = matches!(
+                        e.raw_os_error(),
+                        Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH)
+                    );
                     self.ended = Some((now_ns, format!("failed ({e})")));
                     break;
                 }

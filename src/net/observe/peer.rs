@@ -23,14 +23,35 @@
 //!   retry budget ([`crate::fabric::QpSettings::retry_budget_ms`]) fail the connection when the
 //!   link under it is gone (nothing else would: no FIN crosses a pulled cable); the error names
 //!   the rail the connection rides when it rides one.
+//!
+//! With failover (docs/PROTOCOL.md §10) the connection may ride the rail that failed. A path
+//! that died there (its socket timed out or found no route: [`Heard::LinkEnded`]'s `path_died`)
+//! then fails that rail over ([`Watch::PathFailed`]) instead of the comm, and once the rail it
+//! rides has failed over, a dead path is no news: while requests wait, the comm asks the peer's
+//! QPs on the survivor instead ([`Watch::Probe`]: a zero-byte write that only a live peer
+//! acknowledges, failing after the QPs' retry budget otherwise). A peer whose kernel closed the
+//! connection is still gone, as before.
 
 use crate::error::{Error, Result};
+use crate::fabric::Rail;
 use crate::net::observe::link::{Attachment, Heard};
 
 /// How often a comm with pending requests reads its control connection.
 pub(crate) const CHECK_INTERVAL_NS: u64 = 100_000_000;
 /// How long pending requests may outlive what the peer said or the end of the connection.
 pub(crate) const GRACE_NS: u64 = 2_000_000_000;
+
+/// What a look at the peer asks of the comm, besides failing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Nothing: the peer is there as far as the link knows, or the wait is not over.
+    Fine,
+    /// The control connection's path over this rail died: fail the rail over.
+    PathFailed(Rail),
+    /// The control connection rode a rail that failed over: ask the peer's QPs on the survivor
+    /// whether it is there.
+    Probe,
+}
 
 /// A comm's view of its peer.
 pub(crate) struct PeerWatch {
@@ -40,6 +61,12 @@ pub(crate) struct PeerWatch {
     heard: Heard,
     /// " (over the sout rail (mlx5_0))" when the connection rides a rail's address, else "".
     path: String,
+    /// The rail the connection rides, when it rides one's address.
+    rides: Option<Rail>,
+    /// Whether the comm fails over (then a path that died on `rides` fails that rail over).
+    failover: bool,
+    /// `rides` failed over: a dead path is no news, probes on the survivor watch the peer.
+    probing: bool,
     notified: bool,
 }
 
@@ -56,13 +83,29 @@ impl PeerWatch {
     }
 
     /// Watches a comm's peer through its share of a link, naming the rail the handshake's
-    /// control address `local` is on (one of the comm's `devices`), if any.
+    /// control address `local` is on (one of the comm's `devices`), if any; `failover`: the
+    /// comm fails over.
     pub(crate) fn of_control(
         link: Attachment,
         local: std::net::Ipv4Addr,
         devices: &crate::net::setup::resources::Devices,
+        failover: bool,
     ) -> PeerWatch {
-        PeerWatch::new(link, control_path(local, devices))
+        let rides = Rail::ALL
+            .into_iter()
+            .find(|rail| devices[rail.index()].info().address == std::net::IpAddr::V4(local));
+        PeerWatch {
+            rides,
+            failover,
+            ..PeerWatch::new(link, control_path(local, devices))
+        }
+    }
+
+    /// The comm failed `rail` over: if the connection rides it, probes watch the peer from now.
+    pub(crate) fn rail_failed(&mut self, rail: Rail) {
+        if self.rides == Some(rail) {
+            self.probing = true;
+        }
     }
 
     /// The identifier of the link watched (tests).
@@ -78,6 +121,9 @@ impl PeerWatch {
             next_check_ns: u64::MAX,
             heard: Heard::Nothing,
             path: String::new(),
+            rides: None,
+            failover: false,
+            probing: false,
             notified: false,
         }
     }
@@ -105,16 +151,16 @@ impl PeerWatch {
 
     /// Called while a request is pending: reads when due; the error (its text starts with
     /// `peer`, called only then) once what the peer said, or the end of the connection, is
-    /// [`GRACE_NS`] old.
+    /// [`GRACE_NS`] old; with failover, what the comm should do about a dead path ([`Watch`]).
     #[inline]
-    pub(crate) fn check(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<()> {
+    pub(crate) fn check(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<Watch> {
         if now_ns < self.next_check_ns {
-            return Ok(());
+            return Ok(Watch::Fine);
         }
         self.check_now(now_ns, peer)
     }
 
-    fn check_now(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<()> {
+    fn check_now(&mut self, now_ns: u64, peer: impl FnOnce() -> String) -> Result<Watch> {
         self.next_check_ns = now_ns.saturating_add(CHECK_INTERVAL_NS);
         // The link keeps what it heard with its time (a failure report over a close, a notice
         // over the link's end), so its answer replaces ours; a failure is final.
@@ -123,15 +169,27 @@ impl PeerWatch {
                 self.heard = link.hear(now_ns);
             }
         }
+        if let Heard::LinkEnded {
+            path_died: true, ..
+        } = self.heard
+        {
+            if self.probing {
+                return Ok(Watch::Probe);
+            }
+            if let (true, Some(rail)) = (self.failover, self.rides) {
+                self.probing = true;
+                return Ok(Watch::PathFailed(rail));
+            }
+        }
         let since = match &self.heard {
-            Heard::Nothing => return Ok(()),
+            Heard::Nothing => return Ok(Watch::Fine),
             Heard::Failed { since, .. }
             | Heard::Closed { since }
             | Heard::LinkEnded { since, .. } => *since,
         };
         let age = now_ns.saturating_sub(since);
         if age < GRACE_NS {
-            return Ok(());
+            return Ok(Watch::Fine);
         }
         let seconds = age as f64 / 1e9;
         Err(Error::remote(match &self.heard {
@@ -152,7 +210,7 @@ impl PeerWatch {
                 peer(),
                 self.path,
             ),
-            Heard::Nothing => return Ok(()),
+            Heard::Nothing => return Ok(Watch::Fine),
         }))
     }
 }

@@ -564,7 +564,8 @@ impl Acceptance {
             .link
             .take()
             .ok_or_else(|| Error::internal("finish before the control link"))?;
-        data.peer = PeerWatch::of_control(share, *self.local.ip(), &self.device.devices);
+        data.peer =
+            PeerWatch::of_control(share, *self.local.ip(), &self.device.devices, info.failover);
         self.channel.finish();
         Ok(RecvComm::new(info, data))
     }

@@ -66,17 +66,30 @@ impl ConnectionInfo {
         format!("peer {} ({}, {mode})", self.peer, self.class.label())
     }
 
-    /// Fails on a fatal async event of a rail this comm uses (read by the housekeeping thread
-    /// every 10 ms, published per device).
-    pub(crate) fn check_health(&self, watch: &mut HealthWatch, now_ns: u64) -> Result<(), Error> {
-        match watch.check(now_ns, &self.health, &self.qp_nums) {
-            None => Ok(()),
-            Some((rail, event)) => Err(Error::system(format!(
-                "{}: the {rail} rail ({}) reported {event:?}; the connection cannot continue",
-                self.describe_peer(),
-                self.devices[rail.index()].info().name
-            ))),
-        }
+    /// A fatal async event of a rail this comm uses (read by the housekeeping thread every
+    /// 10 ms, published per device), as the error it is: the rail failed.
+    pub(crate) fn check_health(
+        &self,
+        watch: &mut HealthWatch,
+        now_ns: u64,
+    ) -> Option<(Rail, Error)> {
+        let (rail, event) = watch.check(now_ns, &self.health, &self.qp_nums)?;
+        let error = Error::system(format!(
+            "{}: the {rail} rail ({}) reported {event:?}",
+            self.describe_peer(),
+            self.devices[rail.index()].info().name
+        ));
+        Some((rail, error))
+    }
+
+    /// Whether a failed completion says the rail failed (its peer stopped answering, or the QP
+    /// was put in error), which a failover survives; any other status is a fault of this
+    /// connection (a key, a range, a receive missing) and fails it.
+    pub(crate) fn is_rail_failure(status: CompletionStatus) -> bool {
+        matches!(
+            status,
+            CompletionStatus::RetryExceeded | CompletionStatus::Flushed
+        )
     }
 
     /// The error a failed completion becomes: `ncclRemoteError` with everything an operator needs

@@ -549,7 +549,7 @@ impl Connector {
             .link
             .ok_or_else(|| Error::internal("finish before the control link"))?;
         let local = self.local()?;
-        data.peer = PeerWatch::of_control(share, *local.ip(), &self.device.devices);
+        data.peer = PeerWatch::of_control(share, *local.ip(), &self.device.devices, info.failover);
         self.channel.finish();
         Ok(SendComm::new(info, data))
     }

@@ -107,7 +107,10 @@ pub(crate) fn loopback_context(vars: &[(&str, &str)]) -> Arc<Context> {
     .unwrap()
 }
 
-pub(crate) const ENV_NAMES: [&str; 14] = [
+pub(crate) const ENV_NAMES: [&str; 17] = [
+    "MPIB_FAILOVER",
+    "MPIB_SRQ_LOW_WATER",
+    "MPIB_SRQ_HIGH_WATER",
     "MPIB_BDP_BYTES",
     "MPIB_AGENT_SOCKET",
     "MPIB_HINT_PATH",
@@ -424,10 +427,13 @@ fn probes_count_bytes_per_rail_and_record_sampled_transfers() {
 }
 
 #[test]
-fn a_port_down_event_fails_the_comm_with_a_system_error() {
+fn without_failover_a_port_down_event_fails_the_comm_with_a_system_error() {
     let _guard = env_lock();
     // Vanilla intra-island: data rides SUP; the 3rd WR on SUP raises IBV_EVENT_PORT_ERR there.
-    let pair = connect_pair(&[("MPIB_LOOPBACK_FAULTS", "portdown=sup:3")]);
+    let pair = connect_pair(&[
+        ("MPIB_LOOPBACK_FAULTS", "portdown=sup:3"),
+        ("MPIB_FAILOVER", "0"),
+    ]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let error = loop {
         assert!(
@@ -525,6 +531,7 @@ fn two_hundred_receives_in_flight_never_starve_the_srq() {
 }
 
 mod agent;
+mod failover;
 mod handshakes;
 mod memory;
 mod peer;

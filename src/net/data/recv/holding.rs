@@ -35,7 +35,8 @@ impl RecvData {
     /// (the `test` path: nothing to take).
     #[inline]
     pub(crate) fn refill(&mut self) -> Result<()> {
-        self.refill_for(self.slots.outstanding())
+        // After a failover an awaiting receive may bring one IMM more (docs/PROTOCOL.md §10).
+        self.refill_for(self.slots.imms_in_flight())
     }
 
     /// Makes every rail hold a receive of its shared queue for each of `in_flight` slots (see
@@ -45,6 +46,10 @@ impl RecvData {
     #[inline]
     pub(super) fn refill_for(&mut self, in_flight: u32) -> Result<()> {
         for rail in Rail::ALL {
+            if self.slots.down().contains(rail) {
+                // What a failed rail holds stays held: receives its QPs took are not seen.
+                continue;
+            }
             let (Some(member), Some(credits)) = (
                 member(&mut self.queues, rail),
                 self.slots.srq(rail).copied(),

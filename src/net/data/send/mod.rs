@@ -5,7 +5,7 @@
 //! Lock-free and integer-only, and allocation-free once the comm has had its most requests in
 //! flight at once (the request pool grows 32 at a time, src/net/data/request.rs).
 
-use mpib_probes::declared::{RAIL_ERROR_COMPLETIONS, RAIL_SEND_COMPLETIONS};
+use mpib_probes::declared::RAIL_SEND_COMPLETIONS;
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
@@ -16,15 +16,17 @@ use crate::proto::send_slots::{Head, SendBuffer, SendProgress, SendSlotError, Se
 use crate::proto::wr_id::{WrId, WrKind};
 
 mod busy;
+mod failover;
 mod post;
 
 use busy::BusyClock;
+use failover::SendFailover;
 
 use crate::net::agent::hints::HintReader;
 use crate::net::data::memory::MemoryHandle;
 use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
-use crate::net::observe::peer::PeerWatch;
+use crate::net::observe::peer::{PeerWatch, Watch};
 use crate::net::observe::profiler;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::{ConnectionInfo, SEND_MAGIC};
@@ -71,6 +73,8 @@ pub(crate) struct SendData {
     busy: [BusyClock; 2],
     pool: RequestPool,
     failure: Option<Error>,
+    /// What failovers left to do (a notice to write) and the last report taken.
+    failover: SendFailover,
 }
 
 impl SendData {
@@ -103,6 +107,7 @@ impl SendData {
             busy: [BusyClock::default(); 2],
             pool: RequestPool::new(),
             failure: None,
+            failover: SendFailover::default(),
         }
     }
 }
@@ -122,7 +127,8 @@ unsafe impl Sync for SendComm {}
 unsafe impl Send for SendComm {}
 
 impl SendComm {
-    pub(crate) fn new(info: ConnectionInfo, data: SendData) -> Box<SendComm> {
+    pub(crate) fn new(info: ConnectionInfo, mut data: SendData) -> Box<SendComm> {
+        data.slots.use_rails(info.layout.rails());
         Box::new(SendComm {
             magic: SEND_MAGIC,
             info,
@@ -144,6 +150,12 @@ impl SendComm {
     #[cfg(test)]
     pub(crate) fn link_id(&self) -> Option<u64> {
         self.data().peer.link_id()
+    }
+
+    /// The rails that failed over (tests).
+    #[cfg(test)]
+    pub(crate) fn rails_down(&self) -> crate::proto::rail_mask::RailMask {
+        self.data().slots.down()
     }
 
     /// The data-path state.
@@ -256,9 +268,9 @@ impl SendComm {
         self.post_ready(data)?;
         self.poll(data)?;
         let now = now_ns();
-        if let Err(error) = self.info.check_health(&mut data.watch, now) {
-            data.fail(&error);
-            return Err(error);
+        if let Some((rail, error)) = self.info.check_health(&mut data.watch, now) {
+            self.rail_failed(data, rail, error)?;
+            self.post_ready(data)?;
         }
         data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
@@ -272,32 +284,38 @@ impl SendComm {
         Ok(Some(size))
     }
 
-    /// Fails the comm once the receiver's process is gone while something waits on it.
+    /// Fails the comm once the receiver's process is gone while something waits on it (or,
+    /// after a failover of the rail the control connection rides, probes it on the survivor).
     #[inline]
     fn check_peer(&self, data: &mut SendData, now: u64) -> Result<()> {
-        if let Err(error) = data.peer.check(now, || self.info.describe_peer()) {
-            data.fail(&error);
-            return Err(error);
+        match data.peer.check(now, || self.info.describe_peer()) {
+            Ok(Watch::Fine) => Ok(()),
+            Ok(watch) => self.watch_failed_path(data, watch),
+            Err(error) => {
+                data.fail(&error);
+                Err(error)
+            }
         }
-        Ok(())
     }
 
-    /// Drains both rails' CQs.
+    /// Drains both rails' CQs, then looks for a failover report.
     fn poll(&self, data: &mut SendData) -> Result<()> {
         drain_completions(data, |data, rail, completion| {
             self.complete(data, rail, completion)
-        })
+        })?;
+        self.check_report(data)
     }
 
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
         if completion.status != CompletionStatus::Success {
-            let error = self.info.completion_error(rail, completion);
-            data.telemetry.rail(rail).inc(RAIL_ERROR_COMPLETIONS);
-            data.fail(&error);
-            return Err(error);
+            return self.failed_completion(data, rail, completion);
         }
         let wr = WrId::unpack(completion.wr_id)
             .map_err(|e| Error::internal(format!("send completion with {e}")))?;
+        if wr.kind == WrKind::Failover && completion.opcode == CompletionOpcode::RdmaWrite {
+            self.control_write_done(data, wr);
+            return Ok(());
+        }
         if wr.kind != WrKind::Data || completion.opcode != CompletionOpcode::RdmaWrite {
             return Err(Error::internal(format!(
                 "unexpected send completion {wr:?} on {rail}"
@@ -334,12 +352,18 @@ impl SendComm {
             }
         }
         if progress == SendProgress::SlotDone {
-            for buffer in state.buffers() {
-                data.pool.get_mut(buffer.request).done = true;
-            }
-            self.record_event(data, slot);
+            self.slot_done(data, slot);
         }
         Ok(())
+    }
+
+    /// Every request of `slot` is complete.
+    fn slot_done(&self, data: &mut SendData, slot: usize) {
+        let state = *data.slots.slot(slot);
+        for buffer in state.buffers() {
+            data.pool.get_mut(buffer.request).done = true;
+        }
+        self.record_event(data, slot);
     }
 
     /// Records the slot's transfer as a slow (or sampled) event when the policy wants it.

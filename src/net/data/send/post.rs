@@ -17,6 +17,7 @@ use crate::net::observe::profiler;
 impl SendComm {
     /// Posts matched slots in fifo order while send-queue credits allow.
     pub(super) fn post_ready(&self, data: &mut SendData) -> Result<()> {
+        self.post_failover(data)?;
         while let Some(slot) = data.slots.next_to_post() {
             if !self.post_slot(data, slot)? {
                 break;
@@ -47,7 +48,14 @@ impl SendComm {
         for (r, share) in shares.iter_mut().enumerate().take(buffers.len()) {
             *share = if small(r) { 0 } else { sup_bw };
         }
-        let mut plan = post_plan::plan(slot_index, state, &shares[..buffers.len()], record);
+        let down = data.slots.down();
+        let mut plan = match Rail::ALL.into_iter().find(|rail| !down.contains(*rail)) {
+            // After a failover every transfer goes all on the survivor (the hint is overridden).
+            Some(survivor) if !down.is_empty() => {
+                post_plan::plan_on(slot_index, state, survivor, record, false)
+            }
+            _ => post_plan::plan(slot_index, state, &shares[..buffers.len()], record),
+        };
         if !plan.mask.is_subset_of(info.layout.rails()) {
             return Err(Error::internal(format!(
                 "{}: split chose rails {:#x} but this connection has QPs on {:#x}",
@@ -86,7 +94,7 @@ impl SendComm {
     }
 
     /// Where this slot's completion record goes (general path).
-    fn record_target(&self, data: &SendData, slot: usize) -> RecordTarget {
+    pub(super) fn record_target(&self, data: &SendData, slot: usize) -> RecordTarget {
         let length = std::mem::size_of::<CompletionRecord>() as u32;
         RecordTarget {
             local_addr: data.records.region().addr_of(slot),
@@ -101,7 +109,7 @@ impl SendComm {
     }
 
     /// Posts one rail's chain with its signalled WR identified; a failure fails the comm.
-    fn post_chain(
+    pub(super) fn post_chain(
         &self,
         data: &mut SendData,
         rail: Rail,

@@ -1,0 +1,242 @@
+//! Failover through the engine's entry points (docs/PROTOCOL.md §10): a rail cut (the loopback's
+//! `cut` knob: every WR on the rail fails, either way) or one failed WR (`fail`) at a point of a
+//! pipeline of transfers in flight; every transfer must complete once, byte-exact, with no
+//! request failing, over the surviving rail. Without a survivor, or with `MPIB_FAILOVER=0`, the
+//! comm fails with an error that says why.
+
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Bytes of transfer `index`: sizes that take the single-IMM path and the record path alike.
+fn size_of(index: usize) -> usize {
+    [1, 4096, 65_537, 300_000, 0, 8191][index % 6] + index
+}
+
+/// `count` transfers, each in its own buffers, and how far each side has got.
+// The registrations stay the boxes `register_memory` hands out and `deregister_memory` takes.
+#[allow(clippy::vec_box)]
+struct Pipeline<'a> {
+    pair: &'a Pair,
+    sources: Vec<Vec<u8>>,
+    sinks: Vec<Vec<u8>>,
+    send_memory: Vec<Box<MemoryHandle>>,
+    recv_memory: Vec<Box<MemoryHandle>>,
+    receives: Vec<NonNull<Request>>,
+    sends: Vec<NonNull<Request>>,
+    received: usize,
+    sent: usize,
+}
+
+impl<'a> Pipeline<'a> {
+    fn new(pair: &'a Pair, count: usize) -> Pipeline<'a> {
+        let sources: Vec<Vec<u8>> = (0..count)
+            .map(|i| {
+                (0..size_of(i).max(1))
+                    .map(|b| (b * 13 + i * 7) as u8)
+                    .collect()
+            })
+            .collect();
+        let mut sinks: Vec<Vec<u8>> = (0..count).map(|i| vec![0xEE; size_of(i) + 64]).collect();
+        let send_memory = (sources.iter())
+            .map(|s| host_memory(CommRef::Send(&pair.send), s.as_ptr() as u64, s.len()))
+            .collect();
+        let recv_memory = (sinks.iter_mut())
+            .map(|s| host_memory(CommRef::Recv(&pair.recv), s.as_mut_ptr() as u64, s.len()))
+            .collect();
+        Pipeline {
+            pair,
+            sources,
+            sinks,
+            send_memory,
+            recv_memory,
+            receives: Vec::with_capacity(count),
+            sends: Vec::with_capacity(count),
+            received: 0,
+            sent: 0,
+        }
+    }
+
+    /// One `irecv` if fewer than `depth` receives are pending.
+    fn post_receive(&mut self, depth: usize) -> Result<()> {
+        let next = self.receives.len();
+        if next == self.sinks.len() || next >= self.received + depth {
+            return Ok(());
+        }
+        let sink = &mut self.sinks[next];
+        let buffer = recv_buffer(
+            sink.as_mut_ptr() as u64,
+            sink.len(),
+            3,
+            &self.recv_memory[next],
+        );
+        if let Some(request) = irecv(&self.pair.recv, &[buffer])? {
+            self.receives.push(request);
+        }
+        Ok(())
+    }
+
+    /// One `isend` if fewer than `depth` sends are pending.
+    fn post_send(&mut self, depth: usize) -> Result<()> {
+        let next = self.sends.len();
+        if next == self.sources.len() || next >= self.sent + depth {
+            return Ok(());
+        }
+        let (source, memory) = (&self.sources[next], &self.send_memory[next]);
+        let null = std::ptr::null_mut();
+        let addr = source.as_ptr() as u64;
+        if let Some(request) = isend(&self.pair.send, addr, size_of(next), 3, memory, null)? {
+            self.sends.push(request);
+        }
+        Ok(())
+    }
+
+    /// `test` on the oldest pending receive; checks its size and bytes once it is done.
+    fn test_receive(&mut self) -> Result<()> {
+        let index = self.received;
+        let Some(request) = self.receives.get(index) else {
+            return Ok(());
+        };
+        // SAFETY: a live request from irecv.
+        let outcome = unsafe { test(*request) }?;
+        if outcome.done {
+            let (size, sink) = (size_of(index), &self.sinks[index]);
+            assert_eq!(outcome.sizes[0] as usize, size, "receive {index}'s size");
+            assert!(
+                sink[..size] == self.sources[index][..size],
+                "receive {index}'s bytes"
+            );
+            assert!(
+                sink[size..].iter().all(|b| *b == 0xEE),
+                "receive {index} wrote past its size"
+            );
+            self.received += 1;
+        }
+        Ok(())
+    }
+
+    /// `test` on the oldest pending send; checks its size once it is done.
+    fn test_send(&mut self) -> Result<()> {
+        let Some(request) = self.sends.get(self.sent) else {
+            return Ok(());
+        };
+        // SAFETY: a live request from isend.
+        let outcome = unsafe { test(*request) }?;
+        if outcome.done {
+            assert_eq!(outcome.sizes[0] as usize, size_of(self.sent));
+            self.sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Drives both sides with up to `depth` requests pending each until every transfer is
+    /// done; the first error any call returns.
+    fn run(&mut self, depth: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let count = self.sources.len();
+        while self.received < count || self.sent < count {
+            let (received, sent) = (self.received, self.sent);
+            assert!(
+                Instant::now() < deadline,
+                "stalled: {received} receives, {sent} sends done"
+            );
+            self.post_receive(depth)?;
+            self.post_send(depth)?;
+            self.test_receive()?;
+            self.test_send()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pipeline<'_> {
+    fn drop(&mut self) {
+        for memory in self.send_memory.drain(..) {
+            deregister_memory(CommRef::Send(&self.pair.send), memory).unwrap();
+        }
+        for memory in self.recv_memory.drain(..) {
+            deregister_memory(CommRef::Recv(&self.pair.recv), memory).unwrap();
+        }
+    }
+}
+
+/// Runs `count` transfers with up to `depth` in flight on each side and checks every byte and
+/// size; the first error any call returns.
+fn pipeline(pair: &Pair, count: usize, depth: usize) -> Result<()> {
+    Pipeline::new(pair, count).run(depth)
+}
+
+/// A pair on the loopback fabric with `faults` and `vars` (the sender's control address
+/// `sender_address` when given), the pipeline run over it.
+fn run_with(
+    faults: &str,
+    vars: &[(&str, &str)],
+    sender_address: Option<&str>,
+) -> (Pair, Result<()>) {
+    let mut receiver = vec![("MPIB_LOOPBACK_FAULTS", faults)];
+    receiver.extend_from_slice(vars);
+    let mut sender = receiver.clone();
+    if let Some(address) = sender_address {
+        sender.push(("MPIB_OOB_ADDR", address));
+    }
+    let pair = connect_pair_with(&receiver, &sender).unwrap();
+    let outcome = pipeline(&pair, 96, 12);
+    (pair, outcome)
+}
+
+#[test]
+fn a_cut_rail_fails_over_and_every_transfer_completes_once() {
+    let _guard = env_lock();
+    // Vanilla intra-island: data and the CTS ride SUP; advanced without an agent: SOUT.
+    // Tight holdings (no batch beyond need, 16 receives at most) and a slow survivor: receives
+    // awaiting their replay are still outstanding while new ones are posted.
+    let tight = [("MPIB_SRQ_LOW_WATER", "0"), ("MPIB_SRQ_HIGH_WATER", "16")];
+    for (faults, mode, failed, extra) in [
+        ("cut=sup:1", "0", Rail::ScaleUp, &[][..]),
+        ("cut=sup:7", "0", Rail::ScaleUp, &[]),
+        ("cut=sup:40", "0", Rail::ScaleUp, &[]),
+        ("fail=sup:9", "0", Rail::ScaleUp, &[]),
+        ("portdown=sup:5", "0", Rail::ScaleUp, &[]),
+        ("cut=sup:9,delay=sout:30", "0", Rail::ScaleUp, &tight),
+        ("cut=sout:1", "1", Rail::ScaleOut, &[]),
+        ("cut=sout:25", "1", Rail::ScaleOut, &[]),
+        ("fail=sout:12", "1", Rail::ScaleOut, &[]),
+        ("cut=sout:14,delay=sup:30", "1", Rail::ScaleOut, &tight),
+    ] {
+        let mut vars = vec![("MPIB_MODE", mode)];
+        vars.extend_from_slice(extra);
+        let (pair, outcome) = run_with(faults, &vars, None);
+        if let Err(e) = outcome {
+            panic!("{faults} (mode {mode}): {e}");
+        }
+        // A port event is read every housekeeping tick: transfers go on until both ends act.
+        let down = crate::proto::rail_mask::RailMask::of(failed);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (pair.send.rails_down(), pair.recv.rails_down()) != (down, down) {
+            assert!(Instant::now() < deadline, "{faults}: both ends fail over");
+            pipeline(&pair, 6, 3).unwrap_or_else(|e| panic!("{faults} (mode {mode}): {e}"));
+        }
+        // The connection goes on over the survivor afterwards too.
+        pipeline(&pair, 12, 4).unwrap_or_else(|e| panic!("{faults} ({mode}), after: {e}"));
+        close(pair);
+    }
+}
+
+#[test]
+fn without_failover_or_a_survivor_a_cut_rail_fails_the_comm_saying_why() {
+    let _guard = env_lock();
+    let (pair, outcome) = run_with("cut=sup:7", &[("MPIB_FAILOVER", "0")], None);
+    let error = outcome.expect_err("MPIB_FAILOVER=0 keeps failing fast");
+    assert!(error.message.contains("sup rail"), "{error}");
+    close(pair);
+    // Vanilla inter-island has no SUP QP: nothing to go on over.
+    let (pair, outcome) = run_with(
+        "cut=sout:7",
+        &[("MPIB_OOB_ADDR", "127.0.0.1")],
+        Some("127.0.1.1"),
+    );
+    let error = outcome.expect_err("no survivor");
+    assert!(error.message.contains("no sup rail survives"), "{error}");
+    close(pair);
+}
