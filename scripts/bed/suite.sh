@@ -308,6 +308,39 @@ fault() {
   verdict "$name" "$d" "$how; both exited $(since "$tcut") s after the cut, $(since "$t") s in all"
 }
 
+# survive NAME DEV down|drop CASE "EXTRA": a v12 pair running ten CASEs at rig scale whose rail
+# DEV is cut (see `cut`) once the sender has passed its first case and stays cut until both have
+# ended. With failover (docs/PROTOCOL.md §10) every case must pass byte-exact over the other rail
+# and both sides must say they failed the cut rail over. Restored afterwards.
+survive() {
+  local name=$1 dev=$2 mode=$3 case=$4 extra=$5 t tcut rail=sup how
+  wanted "$name" || return 0
+  newcase "$name"
+  t=$(now)
+  fault_rates
+  # The bytes per rail follow the split only until the failover: the receiver checks every
+  # byte, the logs say which rail failed over.
+  launch "$d" "$tmp" v12 "$(repeat 10 "$case")" "$extra MPIB_IB_TIMEOUT=14 MPIB_IB_RETRY_CNT=6" \
+    --scale rig --data-timeout 30 --no-rail-check
+  first_case_done "$d"
+  cut "$dev" "$mode"
+  tcut=$(now)
+  reap
+  cut "$dev" up
+  [ "$dev" != veth_a0 ] || rail=sout
+  how="$(grep -c ': ok ' "$d/recv.log") case(s) verified byte-exact by the receiver, done $(since "$tcut") s after the cut"
+  # The plugin's warning: "... sup rail ...; going on over the sout rail alone (failover)".
+  if grep -q "$rail rail.*rail alone (failover)" "$d/send.log" \
+    && grep -q "$rail rail.*rail alone (failover)" "$d/recv.log"; then
+    how+=", both sides failed over from the $rail rail"
+  elif grep -q "rail alone (failover)" "$d/send.log" "$d/recv.log"; then
+    how+=", failed over NOT from the $rail rail on both sides"; [ "$sr" != 0 ] || sr=98
+  else
+    how+=", NOT failed over on both sides"; [ "$sr" != 0 ] || sr=98
+  fi
+  verdict "$name" "$d" "$how, $(since "$t") s in all"
+}
+
 # flap NAME DEV SECONDS: an advanced pair at sup_bw=512 (both rails carry data) with the default
 # MPIB_IB_TIMEOUT and MPIB_IB_RETRY_CNT (a 34 s TCP user timeout) whose link DEV is down for
 # SECONDS once the sender has passed its first case. Every byte must still arrive and no call
@@ -333,22 +366,34 @@ flap() {
 # calls must return the plugin's error (its sockets closed by the kernel, or the peer's control
 # connection closed) well before its 20 s data deadline: no hang.
 killed() {
-  local name=$1 role=$2 t tkill victim survivor=recv xpid alive=no victim_rc how
+  local name=$1 role=$2 dev=${3:-} t tkill victim survivor=recv xpid alive=no victim_rc how i
+  local extra="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
   wanted "$name" || return 0
   newcase "$name"
   t=$(now)
   fault_rates
   if [ "$role" = recv ]; then survivor=send send_args=(--expect-error plugin --data-timeout 20)
   else recv_args=(--expect-error plugin --data-timeout 20); fi
-  launch "$d" "$tmp" v12 "$(repeat 12 split-512)" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --scale rig
+  [ -z "$dev" ] || extra+=" MPIB_IB_TIMEOUT=14 MPIB_IB_RETRY_CNT=6"
+  launch "$d" "$tmp" v12 "$(repeat 12 split-512)" "$extra" --scale rig --no-rail-check
   recv_args=() send_args=()
   first_case_done "$d"
+  if [ -n "$dev" ]; then
+    # The control connection's rail goes first: once the survivor has failed over, only its
+    # probes on the other rail can tell that the peer died.
+    cut "$dev" down
+    for ((i = 0; i < 100; i++)); do
+      grep -q '(failover)' "$d/$survivor.log" && break
+      sleep 0.1
+    done
+  fi
   if [ "$role" = recv ]; then victim=$rp; else victim=$sp; fi
   # Kill mpib-xfer itself, not its `timeout`; it must still be running (a side that ended on its
   # own proves nothing).
   xpid=$(pgrep -P "$victim" mpib-xfer) && kill -0 "$xpid" 2> /dev/null && alive=yes
   # (Without stderr: bash's "Killed" notice of the victim's job, which is expected.)
   { [ "$alive" = no ] || kill -KILL "$xpid"; tkill=$(now); reap; } 2> /dev/null
+  [ -z "$dev" ] || cut "$dev" up
   normal_rates
   how="$survivor: $(grep -h -o 'returned nccl[A-Za-z]*Error' "$d/$survivor.log" | head -n 1)"
   if grep -q 'control connection' "$d/$survivor.log"; then how+=" (the peer's control connection closed)"; fi
@@ -397,20 +442,28 @@ for v in v12 v11 v10 v9 v8 v7; do
   pair "$v grouped receives (advanced, sup_bw=512)" "$v" "grouped@512,outstanding@512" \
     "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
 done
-fault "v12 fault: SUP link down mid-run, vanilla intra-island (veth_a1), a SOUT-only pair beside it" \
-  veth_a1 down sizes MPIB_ISLAND_PREFIX_LEN=24 1
-fault "v12 fault: SOUT link down mid-run, vanilla inter-island (veth_a0)" veth_a0 down sizes \
-  MPIB_ISLAND_PREFIX_LEN=32
-fault "v12 fault: SUP link down mid-run, advanced sup_bw=512 (veth_a1)" veth_a1 down split-512 \
-  "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
-fault "v12 fault: SOUT link down mid-run, advanced sup_bw=512 (veth_a0)" veth_a0 down split-512 \
-  "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
-fault "v12 fault: SUP cut one way mid-run (A's packets dropped), advanced sup_bw=512 (veth_a1)" \
+survive "v12 failover: SUP link down mid-run, vanilla intra-island (veth_a1)" veth_a1 down sizes \
+  MPIB_ISLAND_PREFIX_LEN=24
+survive "v12 failover: SUP link down mid-run, advanced sup_bw=512 (veth_a1)" veth_a1 down \
+  split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+survive "v12 failover: SOUT link down mid-run, advanced sup_bw=512, control connection on it (veth_a0)" \
+  veth_a0 down split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+survive "v12 failover: SUP cut one way mid-run (A's packets dropped), advanced sup_bw=512 (veth_a1)" \
   veth_a1 drop split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+fault "v12 fault: SUP link down mid-run, MPIB_FAILOVER=0, vanilla intra-island (veth_a1), a SOUT-only pair beside it" \
+  veth_a1 down sizes "MPIB_ISLAND_PREFIX_LEN=24 MPIB_FAILOVER=0" 1
+fault "v12 fault: SOUT link down mid-run, MPIB_FAILOVER=0, advanced sup_bw=512 (veth_a0)" \
+  veth_a0 down split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_FAILOVER=0"
+fault "v12 fault: SOUT link down mid-run, vanilla inter-island: no rail survives (veth_a0)" veth_a0 \
+  down sizes MPIB_ISLAND_PREFIX_LEN=32
 fault "v12 fault: SOUT cut one way mid-run (A's packets dropped), vanilla inter-island (veth_a0)" \
   veth_a0 drop sizes MPIB_ISLAND_PREFIX_LEN=32
 flap "v12 flap: SUP link down 2.5 s, default retries (veth_a1)" veth_a1 2.5
 flap "v12 flap: SOUT link down 2.5 s, default retries (veth_a0)" veth_a0 2.5
 killed "v12 killed: receiver process SIGKILLed mid-run" recv
+killed "v12 killed after failover: SOUT link down (the control connection's), then the sender SIGKILLed" \
+  send veth_a0
+killed "v12 killed after failover: SOUT link down (the control connection's), then the receiver SIGKILLed" \
+  recv veth_a0
 killed "v12 killed: sender process SIGKILLed mid-run" send
 finish

@@ -258,6 +258,37 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$how; both exited $(since "$tcut") s after the cut, $(since "$t") s in all"
   }
 
+  # survive NAME DEV CASE EXTRA: a v12 pair running ten CASEs (K=V words EXTRA) whose wire DEV
+  # (host A's end) drops every packet once the sender has passed its first case, until both have
+  # ended. With failover (docs/PROTOCOL.md §10) every case must pass byte-exact over the other
+  # rail, and both sides must say they failed the cut rail over. The bytes per rail follow the
+  # split only until then, so they are not checked against it.
+  survive() {
+    local name=$1 dev=$2 case=$3 extra=$4 s d tmp t tcut how rail=sup
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    t=$(now)
+    launch "$d" "$tmp" v12 "$(printf "$case,%.0s" $(seq 10) | sed 's/,$//')" \
+      "$extra MPIB_IB_TIMEOUT=14" --data-timeout 60 --no-rail-check
+    first_case_done "$d"
+    impair "$dev" loss 100%
+    tcut=$(now)
+    reap
+    tc qdisc del dev "$dev" root 2>/dev/null
+    [ "$dev" != veth_a0 ] || rail=sout
+    how="$(grep -c ': ok ' "$d/recv.log") case(s) verified byte-exact by the receiver, done $(since "$tcut") s after the cut"
+    # The plugin's warning: "... sup rail ...; going on over the sout rail alone (failover)".
+    if grep -q "$rail rail.*rail alone (failover)" "$d/send.log" &&
+      grep -q "$rail rail.*rail alone (failover)" "$d/recv.log"; then
+      how+=", both sides failed over from the $rail rail"
+    else
+      how+=", NOT failed over from the $rail rail on both sides"; [ "$sr" != 0 ] || sr=98
+    fi
+    verdict "$name" "$d" "$how, $(since "$t") s in all"
+  }
+
   # flap NAME DEV SECONDS: an advanced pair at sup_bw=512 (both rails carry data) with the
   # plugin's default retry count and timeout (MPIB_IB_RETRY_CNT and MPIB_IB_TIMEOUT unset: 7
   # retries of 4.3 s on hardware; rxe treats 7 as "retry forever") whose wire DEV drops every
@@ -481,14 +512,18 @@ if [ "${1-}" = --guest ]; then
     pair "$v grouped receives (advanced, sup_bw=512)" "$v" "grouped@512,outstanding@512" \
       "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --expect-class intra
   done
-  fault "v12 fault: SUP wire cut mid-run (netem loss 100% on veth_a1), a SOUT-only pair beside it" \
-    v12 veth_a1 sizes MPIB_ISLAND_PREFIX_LEN=24 1
-  fault "v12 fault: SOUT wire cut mid-run, vanilla inter-island (veth_a0)" v12 veth_a0 sizes \
-    "MPIB_ISLAND_PREFIX_LEN=32"
-  fault "v12 fault: SUP wire cut mid-run, advanced sup_bw=512 (veth_a1)" v12 veth_a1 split-512 \
+  survive "v12 failover: SUP wire cut mid-run (netem loss 100% on veth_a1), vanilla intra-island" \
+    veth_a1 sizes MPIB_ISLAND_PREFIX_LEN=24
+  survive "v12 failover: SUP wire cut mid-run, advanced sup_bw=512 (veth_a1)" veth_a1 split-512 \
     "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
-  fault "v12 fault: SOUT wire cut mid-run, advanced sup_bw=512 (veth_a0)" v12 veth_a0 split-512 \
-    "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+  survive "v12 failover: SOUT wire cut mid-run, advanced sup_bw=512, control link on it (veth_a0)" \
+    veth_a0 split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24"
+  fault "v12 fault: SUP wire cut mid-run, MPIB_FAILOVER=0 (netem loss 100% on veth_a1), a SOUT-only pair beside it" \
+    v12 veth_a1 sizes "MPIB_ISLAND_PREFIX_LEN=24 MPIB_FAILOVER=0" 1
+  fault "v12 fault: SOUT wire cut mid-run, vanilla inter-island: no rail survives (veth_a0)" v12 \
+    veth_a0 sizes "MPIB_ISLAND_PREFIX_LEN=32"
+  fault "v12 fault: SOUT wire cut mid-run, MPIB_FAILOVER=0, advanced sup_bw=512 (veth_a0)" v12 \
+    veth_a0 split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_FAILOVER=0"
   flap "v12 flap: SUP wire down 2.5 s, default retries (veth_a1)" veth_a1 2.5
   flap "v12 flap: SOUT wire down 2.5 s, default retries (veth_a0)" veth_a0 2.5
   killed "v12 killed: receiver process SIGKILLed mid-run" recv
