@@ -205,6 +205,50 @@ pub(crate) fn export(
         start,
     );
     export_operations(ctx, info, pid, connections);
+    export_degraded(ctx, info, pid, connections);
+}
+
+/// Open connections that failed a rail over, per device, direction and failed rail, with the
+/// age of the oldest failover: series only while some connection is degraded.
+fn export_degraded(
+    ctx: &ExportContext<'_>,
+    info: &FileInfo,
+    pid: &str,
+    connections: &[ConnectionSnapshot],
+) {
+    let mut degraded: BTreeMap<[String; 3], (u32, u64)> = BTreeMap::new();
+    let open = connections
+        .iter()
+        .filter(|c| c.state == ConnectionState::Active && c.rails_down != 0);
+    for c in open {
+        for (rail, name) in RAIL_NAMES.iter().enumerate() {
+            if c.rails_down & (1 << rail) == 0 {
+                continue;
+            }
+            let key = [
+                device_name(info, c.info.device),
+                traces::direction_name(c.info.direction),
+                (*name).to_owned(),
+            ];
+            let entry = degraded.entry(key).or_insert((0, u64::MAX));
+            entry.0 += 1;
+            entry.1 = entry.1.min(c.failed_over_ns);
+        }
+    }
+    let (host, start) = (info.host.as_str(), info.start_ns);
+    for (key, (count, since_ns)) in degraded {
+        let [device, direction, rail] = key.each_ref().map(String::as_str);
+        let labels = [host, pid, device, direction, rail];
+        let exporter = ctx.exporter;
+        exporter.gauge(
+            &catalog::DEGRADED_CONNECTIONS,
+            &labels,
+            f64::from(count),
+            start,
+        );
+        let age = ctx.now_ns.saturating_sub(since_ns) as f64 / 1e9;
+        exporter.gauge(&catalog::DEGRADED_SECONDS, &labels, age, start);
+    }
 }
 
 /// Open connections per device, direction and the operation NCCL said their last transfer
@@ -269,6 +313,8 @@ mod tests {
             rail_done_bytes: [0; 2],
             rail_in_flight: [0; 2],
             operation: mpib_probes::Operation::default(),
+            rails_down: 0,
+            failed_over_ns: 0,
         }
     }
 

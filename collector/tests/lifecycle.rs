@@ -122,7 +122,7 @@ fn refused_files_are_counted_and_logged_once() {
     assert_eq!(scrape.value("mpib_probes_files", &[]), 4.0);
     assert!(scrape.matching("mpib_rail_tx_bytes_total", &[]).is_empty());
     assert_eq!(
-        running.log_lines("it has ABI version 4.0, this collector reads 3.2"),
+        running.log_lines("it has ABI version 4.0, this collector reads 3.3"),
         1
     );
     assert_eq!(

@@ -122,6 +122,11 @@ fn check_fixture_values(scrape: &Scrape) {
         scrape.matching("mpib_connections_by_operation", &[]).len(),
         1
     );
+    // The receive connection failed SUP over; the send connection is not degraded.
+    let degraded = [p[0], p[1], ("direction", "recv"), ("rail", "sup")];
+    assert_eq!(scrape.value("mpib_degraded_connections", &degraded), 1.0);
+    assert_eq!(scrape.matching("mpib_degraded_connections", &[]).len(), 1);
+    assert!(scrape.value("mpib_degraded_seconds", &degraded) >= 0.0);
 }
 
 fn check_process_values(scrape: &Scrape) {

@@ -87,6 +87,11 @@ pub struct ConnectionSnapshot {
     pub rail_in_flight: [u32; MAX_RAILS],
     /// What NCCL last said about its operations (nothing in files older than 3.2).
     pub operation: Operation,
+    /// Bit per rail (`1 << rail`) that failed over: the connection runs on the others alone
+    /// (always 0 in files older than 3.3).
+    pub rails_down: u8,
+    /// When its first failover happened, ns since the Unix epoch (0: none).
+    pub failed_over_ns: u64,
 }
 
 /// What a sampler needs of an active connection, read without the seqlock's retries (a sample
@@ -175,6 +180,22 @@ impl<'a> ConnectionProbe<'a> {
     #[inline]
     pub fn set_operation(&self, word: u64) {
         self.slot.operation.store(word, Ordering::Relaxed);
+    }
+
+    /// Publish that `rail` failed over (the connection goes on over the other rail alone); the
+    /// first failover's time is kept.
+    #[inline]
+    pub fn rail_failed(&self, rail: usize) {
+        let Some(bit) = u8::try_from(rail)
+            .ok()
+            .and_then(|r| 1u8.checked_shl(u32::from(r)))
+        else {
+            return;
+        };
+        if self.slot.failed_over_ns.load(Ordering::Relaxed) == 0 {
+            self.slot.failed_over_ns.store(now_ns(), Ordering::Relaxed);
+        }
+        self.slot.rails_down.fetch_or(bit, Ordering::Relaxed);
     }
 
     /// Release the slot now (the same as dropping the handle).
@@ -288,6 +309,8 @@ fn write_fields(slot: &ConnSlot, info: &ConnectionInfo, now: u64) {
         parts.store(0, relaxed);
     }
     slot.operation.store(0, relaxed);
+    slot.rails_down.store(0, relaxed);
+    slot.failed_over_ns.store(0, relaxed);
 }
 
 /// The slot's in-flight state if it holds an active connection.
@@ -357,6 +380,8 @@ fn copy_fields(
         rail_done_bytes: core::array::from_fn(|r| slot.rail_done_bytes[r].load(relaxed)),
         rail_in_flight: core::array::from_fn(|r| slot.rail_in_flight[r].load(relaxed)),
         operation: Operation::decode(slot.operation.load(relaxed)),
+        rails_down: slot.rails_down.load(relaxed),
+        failed_over_ns: slot.failed_over_ns.load(relaxed),
     }
 }
 

@@ -218,6 +218,14 @@ declare! {
     MEMORY_REGISTRATIONS_SHARED: RailCounter = 17, Count, Merge::Sum,
         "mpib_rail_memory_registrations_shared_total",
         "regMr calls served by a memory region the rail's NIC already held for the same pages.";
+    /// Connection ends that failed over from a rail.
+    RAIL_FAILOVERS: RailCounter = 18, Count, Merge::Sum, "mpib_rail_failovers_total",
+        "Connection ends that failed over from the rail to the other one (an error completion, \
+         a port event or the peer's word; docs/PROTOCOL.md section 10).";
+    /// Bytes sent again after a failover.
+    RAIL_REPLAYED_BYTES: RailCounter = 19, Bytes, Merge::Sum, "mpib_rail_replayed_bytes_total",
+        "Bytes sent again on the rail after the other rail failed over: transfers the receiver \
+         still lacked a part of (also counted in mpib_rail_tx_bytes_total).";
     /// `claim_connection` calls that found no free slot.
     CONNECTION_CLAIM_FAILURES: ProcessCounter = 0, Count, Merge::Sum,
         "mpib_connection_claim_failures_total",

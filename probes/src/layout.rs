@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 8] = *b"MPIBPROB";
 /// Layout major version: a reader refuses a file whose major differs from its own.
 pub const ABI_MAJOR: u16 = 3;
 /// Layout minor version: added fields (in reserved space), regions or record kinds.
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 3;
 /// `(ABI_MAJOR << 16) | ABI_MINOR`, the value of the header's version word.
 pub const ABI_VERSION: u32 = ((ABI_MAJOR as u32) << 16) | ABI_MINOR as u32;
 /// Rails a connection uses, one NIC each (rail 0 = SOUT, rail 1 = SUP): the per-rail arrays of
@@ -216,7 +216,10 @@ pub(crate) struct ConnSlot {
     /// The fused device's index among the header's devices (3.0 on); its NIC slots carry
     /// `rail_*[0]` (SOUT) and `rail_*[1]` (SUP).
     pub(crate) device: AtomicU8,
-    pub(crate) _pad: [u8; 2],
+    /// Bit per rail (`1 << rail`) that failed over: the connection runs on the others alone
+    /// (docs/PROTOCOL.md §10); single writer, 0 while both serve it (3.3 on).
+    pub(crate) rails_down: AtomicU8,
+    pub(crate) _pad: [u8; 1],
     pub(crate) hint_slot: AtomicU32,
     pub(crate) opened_ns: AtomicU64,
     pub(crate) closed_ns: AtomicU64,
@@ -233,7 +236,10 @@ pub(crate) struct ConnSlot {
     /// What NCCL last said about the connection's operations (`setNetAttr`, src/operation.rs);
     /// single writer, 0 until it says something (3.2 on).
     pub(crate) operation: AtomicU64,
-    pub(crate) _reserved: [u8; 24],
+    /// When the connection's first failover happened, ns since the Unix epoch; single writer,
+    /// 0 while none has (3.3 on).
+    pub(crate) failed_over_ns: AtomicU64,
+    pub(crate) _reserved: [u8; 16],
 }
 
 /// One value declaration (Aeron's counter metadata record), 256 bytes; written before the
@@ -385,6 +391,7 @@ const _: () = {
     assert!(offset_of!(ConnSlot, direction) == 14);
     assert!(offset_of!(ConnSlot, path_class) == 15);
     assert!(offset_of!(ConnSlot, mode) == 16 && offset_of!(ConnSlot, device) == 17);
+    assert!(offset_of!(ConnSlot, rails_down) == 18);
     assert!(offset_of!(ConnSlot, hint_slot) == 20);
     assert!(offset_of!(ConnSlot, opened_ns) == 24);
     assert!(offset_of!(ConnSlot, closed_ns) == 32);
@@ -393,7 +400,8 @@ const _: () = {
     assert!(offset_of!(ConnSlot, rail_done_bytes) == 72);
     assert!(offset_of!(ConnSlot, rail_in_flight) == 88);
     assert!(offset_of!(ConnSlot, operation) == 96);
-    assert!(offset_of!(ConnSlot, _reserved) == 104);
+    assert!(offset_of!(ConnSlot, failed_over_ns) == 104);
+    assert!(offset_of!(ConnSlot, _reserved) == 112);
     assert!(size_of::<RingControl>() == 128 && align_of::<RingControl>() == 128);
     assert!(size_of::<EventSlot>() == 128 && align_of::<EventSlot>() == 8);
     assert!(EVENT_CAPACITY.is_power_of_two());

@@ -7,7 +7,7 @@
 //! offsets (never pointers), counters written by plain stores from one thread each (a writer
 //! lane per thread, summed by readers), and metadata records whose state word is written last.
 //!
-//! # Layout (ABI 3.2, 2,480,640 bytes, sparse)
+//! # Layout (ABI 3.3, 2,480,640 bytes, sparse)
 //!
 //! A 4,352-byte header (version word written last, the region table, the NIC slots and fused
 //! devices, the connection table's high-water mark), then the regions: rail blocks (16 writer

@@ -96,7 +96,7 @@ fn golden_header_bytes() {
     #[rustfmt::skip]
     let golden: [u8; 72] = [
         b'M', b'P', b'I', b'B', b'P', b'R', b'O', b'B', // magic
-        0x02, 0x00, 0x03, 0x00, // abi_version 3.2
+        0x03, 0x00, 0x03, 0x00, // abi_version 3.3
         0x00, 0x11, 0x00, 0x00, // header_len 4352
         0x00, 0xda, 0x25, 0x00, 0x00, 0x00, 0x00, 0x00, // file_len 2480640
         0x92, 0x10, 0x00, 0x00, // writer_pid 4242
@@ -382,7 +382,7 @@ fn reader_states() {
         LoadState::Incompatible { found, expected } => {
             assert_eq!(
                 (version_string(found), version_string(expected)),
-                ("4.3".into(), "3.2".into())
+                ("4.3".into(), "3.3".into())
             );
         }
         other => panic!("{other:?}"),

@@ -33,6 +33,13 @@ pub const REPORT_MAILBOX: usize = FIFO_SLOTS * MAX_RECVS;
 /// `FIFO_SLOTS` records (written from the same record of the sender's shadow).
 pub const NOTICE_MAILBOX: usize = FIFO_SLOTS;
 
+/// The `slot` byte of a failover write's `wr_id` (`crate::wr_id::WrKind::Failover`): a mailbox
+/// message (a notice or a report)...
+pub const WRITE_MESSAGE: u8 = 0;
+/// ...or a probe: a zero-byte write that only a live peer's QP acknowledges, sent while the
+/// control connection is gone, and to get send-queue credits back.
+pub const WRITE_PROBE: u8 = 1;
+
 const _: () = assert!(FAILOVER_REPORT_LEN <= CTS_ENTRY_SIZE);
 const _: () = assert!(FAILOVER_NOTICE_LEN <= COMPLETION_RECORD_SIZE);
 

@@ -6,8 +6,9 @@ pub mod otlp_receiver;
 
 use mpib_probes::declared::{
     CTS_POSTED, CTS_SIGNALED, MASK_MISMATCHES, PROTOCOL_ERRORS, RAIL_ERROR_COMPLETIONS,
-    RAIL_RECV_COMPLETIONS, RAIL_RX_BYTES, RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS,
-    SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER, SRQ_LOW_WATER_HITS, SRQ_REFILLS,
+    RAIL_FAILOVERS, RAIL_RECV_COMPLETIONS, RAIL_REPLAYED_BYTES, RAIL_RX_BYTES,
+    RAIL_SEND_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS, SRQ_DEPTH, SRQ_HIGH_WATER,
+    SRQ_LOW_WATER, SRQ_LOW_WATER_HITS, SRQ_REFILLS,
 };
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -234,6 +235,10 @@ pub fn fill_fixture(p: &ProbesFile) {
         ))
         .unwrap();
     b.add_split([100, 900]);
+    // The receive connection failed its SUP rail over (docs/PROTOCOL.md section 10).
+    b.rail_failed(1);
+    sup.inc(RAIL_FAILOVERS);
+    sout.add(RAIL_REPLAYED_BYTES, 4096);
     let index = a.index();
     std::mem::forget(a); // keep both connections open
     std::mem::forget(b);

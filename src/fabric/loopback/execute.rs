@@ -254,6 +254,28 @@ pub(crate) fn flush(world: &mut World, index: u32) {
     }
 }
 
+/// WRs posted on QP `index` while it is in the error state: flushed at once, as a NIC flushes
+/// what is posted on a QP in error (a completion for each signaled one); they take no send-queue
+/// slot.
+pub(crate) fn flush_posted(world: &mut World, index: u32, chain: &[crate::fabric::WorkRequest]) {
+    let (qpn, cq) = (world.qps[index].qpn, world.qps[index].cq);
+    for wr in chain.iter().filter(|wr| wr.signaled) {
+        let completion = Completion {
+            wr_id: wr.wr_id,
+            status: CompletionStatus::Flushed,
+            opcode: match wr.opcode {
+                SendOpcode::Read => CompletionOpcode::RdmaRead,
+                _ => CompletionOpcode::RdmaWrite,
+            },
+            byte_len: 0,
+            imm: 0,
+            qp_num: qpn,
+            vendor_err: vendor_err(CompletionStatus::Flushed),
+        };
+        deliver(world, cq, completion);
+    }
+}
+
 /// Starts an emptied ring again at its front. A ring buffer that keeps going round writes every
 /// slot of its capacity over time, so each of thousands of QPs would hold its whole send queue
 /// in memory however shallow its backlog; starting again at the front keeps only the slots its

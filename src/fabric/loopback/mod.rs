@@ -27,7 +27,8 @@
 //!   GID other than its device's, never answers: `RetryExceeded`. A peer that exists but has not
 //!   connected yet makes the WR wait (a NIC keeps retrying), keeping the QP's order.
 //! * An error completion is always generated; the QP then enters the error state, the WRs
-//!   behind it are flushed (`Flushed`, completions only for signaled ones) and posts fail.
+//!   behind it are flushed (`Flushed`, completions only for signaled ones), and so is whatever
+//!   is posted on it afterwards, as verbs does.
 //! * Send-queue slots are freed only by generated completions: a signaled completion retires
 //!   its WR and every unsignaled WR executed before it.
 //! * Inline WRs are copied at post time (their lkey is not checked, as on hardware).

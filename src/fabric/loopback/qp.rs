@@ -133,9 +133,6 @@ impl QpState {
 
     /// Checks that `chain` may be posted as a whole; the error is (errno, detail).
     fn check_post(&self, chain: &[WorkRequest]) -> Result<(), (i32, String)> {
-        if self.error {
-            return Err((libc::EINVAL, "the QP is in the error state".to_string()));
-        }
         if self.peer.is_none() {
             return Err((libc::EINVAL, "the QP is not connected".to_string()));
         }
@@ -240,6 +237,11 @@ impl QueuePair for LoopbackQp {
         let Some(index) = world.qp_index(self.qpn) else {
             return Err(self.error(verb, libc::EINVAL, "the QP no longer exists"));
         };
+        if world.qps[index].error {
+            // As verbs does: a QP in the error state takes posts and flushes them.
+            super::execute::flush_posted(&mut world, index, chain);
+            return Ok(());
+        }
         if let Err((errno, detail)) = world.qps[index].check_post(chain) {
             return Err(self.error(verb, errno, detail));
         }

@@ -12,9 +12,10 @@ use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
 use crate::fabric::pages::check_depth;
 use crate::fabric::{
-    Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
-    FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
-    RemoteQp, SharedReceiveQueue, WorkRequest,
+    Access, AsyncEvent, Completion, CompletionOpcode, CompletionQueue, CompletionStatus,
+    CqSettings, DeviceInfo, Endpoint, FabricError, FabricResult, MemoryKeys, PeerResolution,
+    QpCapabilities, QpSettings, QueuePair, RailDevice, RemoteQp, SendOpcode, SharedReceiveQueue,
+    WorkRequest,
 };
 use crate::native_thread::NativeThread;
 
@@ -471,11 +472,14 @@ impl QueuePair for TcpQp {
         let Some(qp) = state.qps.get_mut(&self.qpn) else {
             return Err(fail(libc::EINVAL, "the QP no longer exists".to_string()));
         };
-        if let Some(why) = &qp.error {
-            return Err(fail(
-                libc::EINVAL,
-                format!("the QP is in the error state: {why}"),
-            ));
+        if qp.error.is_some() {
+            // As verbs does: a QP in the error state takes posts and flushes them, completing
+            // each signaled one with WR_FLUSH_ERR (the engine then learns the rail failed).
+            let (cq, qpn) = (qp.cq, self.qpn);
+            for wr in chain.iter().filter(|wr| wr.signaled) {
+                state.deliver(cq, flushed(wr, qpn));
+            }
+            return Ok(());
         }
         if !qp.connected {
             return Err(fail(libc::EINVAL, "the QP is not connected".to_string()));
@@ -531,6 +535,22 @@ impl QueuePair for TcpQp {
         }
         let state = self.core.shared.state();
         Ok(state.qps.get(&self.qpn).map_or(true, |qp| qp.quiesced))
+    }
+}
+
+/// The completion of `wr`, posted on QP `qpn` in the error state.
+fn flushed(wr: &WorkRequest, qpn: u32) -> Completion {
+    Completion {
+        wr_id: wr.wr_id,
+        status: CompletionStatus::Flushed,
+        opcode: match wr.opcode {
+            SendOpcode::Read => CompletionOpcode::RdmaRead,
+            _ => CompletionOpcode::RdmaWrite,
+        },
+        byte_len: 0,
+        imm: 0,
+        qp_num: qpn,
+        vendor_err: 0,
     }
 }
 

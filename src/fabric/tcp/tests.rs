@@ -176,8 +176,13 @@ fn a_write_outside_any_registration_fails_the_sender_and_lands_nowhere() {
         region.rkey,
     );
     // SAFETY: as above.
-    let refused = unsafe { a.qp.post_send(&[again]) }.unwrap_err();
-    assert!(refused.to_string().contains("error state"), "{refused}");
+    unsafe { a.qp.post_send(&[again]) }.unwrap();
+    // A QP in the error state takes posts and flushes them, as verbs does.
+    let flushed = poll_one(a.cq.as_mut());
+    assert_eq!(
+        (flushed.wr_id, flushed.status),
+        (10, CompletionStatus::Flushed)
+    );
     drop(b);
 }
 
@@ -213,10 +218,10 @@ fn a_write_with_imm_waits_for_a_receive() {
 }
 
 /// `fail` (a failover) on a connected QP: the rail thread takes it between two steps,
-/// `quiesced` says so, posts are refused from then, and the peer's QP, whose connection was
+/// `quiesced` says so, posts are flushed from then, and the peer's QP, whose connection was
 /// closed, fails its next write.
 #[test]
-fn a_failed_qp_quiesces_refuses_posts_and_its_peer_fails() {
+fn a_failed_qp_quiesces_flushes_posts_and_its_peer_fails() {
     let (mut a, mut b) = pair();
     let mut target = vec![0u8; 16];
     let region = (b.device)
@@ -252,9 +257,9 @@ fn a_failed_qp_quiesces_refuses_posts_and_its_peer_fails() {
         .register(source.as_ptr() as u64, 16, Access::LOCAL)
         .unwrap();
     let wr = write(5, SendOpcode::Write, &source, local.lkey, 0x1000, 1);
-    // SAFETY: the post is refused; nothing is read.
-    let refused = unsafe { a.qp.post_send(&[wr]) }.unwrap_err();
-    assert!(refused.to_string().contains("error state"), "{refused}");
+    // SAFETY: the post is flushed; nothing is read.
+    unsafe { a.qp.post_send(&[wr]) }.unwrap();
+    assert_eq!(poll_one(a.cq.as_mut()).status, CompletionStatus::Flushed);
     let peer_source = vec![2u8; 16];
     let peer_local = b
         .device
@@ -269,13 +274,15 @@ fn a_failed_qp_quiesces_refuses_posts_and_its_peer_fails() {
         1,
     );
     // SAFETY: the buffer lives until the completion is polled; the target is never touched.
-    match unsafe { b.qp.post_send(&[wr]) } {
-        Ok(()) => assert_eq!(
-            poll_one(b.cq.as_mut()).status,
-            CompletionStatus::RetryExceeded
+    unsafe { b.qp.post_send(&[wr]) }.unwrap();
+    let status = poll_one(b.cq.as_mut()).status;
+    assert!(
+        matches!(
+            status,
+            CompletionStatus::RetryExceeded | CompletionStatus::Flushed
         ),
-        Err(e) => assert!(e.to_string().contains("error state"), "{e}"),
-    }
+        "{status:?}"
+    );
 }
 
 #[test]
@@ -290,14 +297,16 @@ fn a_destroyed_peer_fails_the_next_write_with_retry_exceeded() {
     std::thread::sleep(Duration::from_millis(50));
     let wr = write(4, SendOpcode::Write, &source, local.lkey, 0x1000, 1);
     // SAFETY: the buffer lives until the completion is polled; the target is never touched.
-    match unsafe { a.qp.post_send(&[wr]) } {
-        Ok(()) => assert_eq!(
-            poll_one(a.cq.as_mut()).status,
-            CompletionStatus::RetryExceeded
+    unsafe { a.qp.post_send(&[wr]) }.unwrap();
+    // Flushed when the thread saw the close (or reset) before the post.
+    let status = poll_one(a.cq.as_mut()).status;
+    assert!(
+        matches!(
+            status,
+            CompletionStatus::RetryExceeded | CompletionStatus::Flushed
         ),
-        // The thread may have seen the close (or reset) before the post.
-        Err(e) => assert!(e.to_string().contains("error state"), "{e}"),
-    }
+        "{status:?}"
+    );
 }
 
 #[test]
@@ -444,12 +453,16 @@ fn a_strangers_hello_before_connect_fails_that_qp_and_the_rail_goes_on() {
         .unwrap();
     let wr = write(5, SendOpcode::Write, &source, local.lkey, 0x1000, 1);
     // SAFETY: the buffer lives until the completion is polled; the target is never touched.
-    match unsafe { victim.qp.post_send(&[wr]) } {
-        Err(e) => assert!(e.to_string().contains("127.0.0.9:9 QP 77"), "{e}"),
-        Ok(()) => {
-            let completion = poll_one(victim.cq.as_mut());
-            assert_eq!(completion.status, CompletionStatus::RetryExceeded);
-        }
-    }
+    unsafe { victim.qp.post_send(&[wr]) }.unwrap();
+    // The stranger's hello failed the QP (flushed, if before the post; else its peer was
+    // found to be someone else).
+    let completion = poll_one(victim.cq.as_mut());
+    assert!(
+        matches!(
+            completion.status,
+            CompletionStatus::RetryExceeded | CompletionStatus::Flushed
+        ),
+        "{completion:?}"
+    );
     drop(a);
 }

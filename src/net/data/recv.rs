@@ -32,7 +32,7 @@ use crate::proto::wr_id::{WrId, WrKind};
 use crate::net::data::flush::Flusher;
 use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
-use crate::net::observe::peer::{PeerWatch, Watch};
+use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::profiler;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::{ConnectionInfo, RECV_MAGIC};
@@ -167,47 +167,8 @@ impl RecvComm {
         if let Some(failure) = &data.failure {
             return Err(failure.clone());
         }
-        if buffers.is_empty() || buffers.len() > MAX_RECVS {
-            return Err(Error::invalid_argument(format!(
-                "irecv: n = {} (must be 1..=8)",
-                buffers.len()
-            )));
-        }
-        for buffer in buffers {
-            let memory = buffer
-                .memory
-                .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
-            memory.check_covers("irecv", buffer.addr, buffer.capacity as u64)?;
-        }
-        // Never more receives outstanding than an SRQ holds: each may bring one IMM per rail,
-        // and an IMM that finds its SRQ empty stalls the sender (RNR). Completions free slots,
-        // so poll once; otherwise no request (NCCL calls again), never a wait.
-        if matches!(
-            data.slots.can_post(),
-            Err(RecvBlocked::SrqFull | RecvBlocked::ReportDue)
-        ) {
-            self.poll(data)?;
-            if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
-                return Ok(None);
-            }
-        }
-        if data.qps.credits[data.cts_qp].available() == 0 {
-            // CTS credits come back with the periodic signalled CTS completion: reap it here too,
-            // so a caller that only retries `irecv` still makes progress.
-            self.poll(data)?;
-        }
-        if data.slots.can_post().is_err() || data.qps.credits[data.cts_qp].available() == 0 {
-            return Ok(None);
-        }
-        // Nothing is polled from here to the CTS: an IMM polled after the cover check would
-        // take a receive the check counted. After a failover a receive awaiting a replay may
-        // still bring one IMM more than one per outstanding receive (docs/PROTOCOL.md §10).
-        let in_flight = data.slots.imms_in_flight() + 1;
-        data.refill_for(in_flight)?;
-        if !data.slots.covers(in_flight) {
-            // The shared queue had nothing more to grant beyond this connection's floor, which
-            // its outstanding receives use: one of them completing frees it. No request.
-            data.count_uncovered(in_flight);
+        check_buffers(buffers)?;
+        if !self.ready_for_cts(data)? {
             return Ok(None);
         }
         let count = buffers.len();
@@ -261,6 +222,44 @@ impl RecvComm {
             .posted(index, count as u8)
             .map_err(|e| Error::internal(format!("{}: {e}", self.info.describe_peer())))?;
         Ok(Some(data.pool.pointer(index)))
+    }
+
+    /// Whether a CTS can go out now: a slot, a send credit, and a receive of each rail's shared
+    /// queue for every IMM that may come. Polls when that frees something; never waits.
+    fn ready_for_cts(&self, data: &mut RecvData) -> Result<bool> {
+        // Never more receives outstanding than an SRQ holds: each may bring one IMM per rail,
+        // and an IMM that finds its SRQ empty stalls the sender (RNR). Completions free slots,
+        // and a failover's report goes out from a poll, so poll once; otherwise no request
+        // (NCCL calls again), never a wait.
+        if matches!(
+            data.slots.can_post(),
+            Err(RecvBlocked::SrqFull | RecvBlocked::ReportDue)
+        ) {
+            self.poll(data)?;
+            if data.slots.can_post() == Err(RecvBlocked::SrqFull) {
+                return Ok(false);
+            }
+        }
+        if data.qps.credits[data.cts_qp].available() == 0 {
+            // CTS credits come back with the periodic signalled CTS completion: reap it here too,
+            // so a caller that only retries `irecv` still makes progress.
+            self.poll(data)?;
+        }
+        if data.slots.can_post().is_err() || data.qps.credits[data.cts_qp].available() == 0 {
+            return Ok(false);
+        }
+        // Nothing is polled from here to the CTS: an IMM polled after the cover check would
+        // take a receive the check counted. After a failover a receive awaiting a replay may
+        // still bring one IMM more than one per outstanding receive (docs/PROTOCOL.md §10).
+        let in_flight = data.slots.imms_in_flight() + 1;
+        data.refill_for(in_flight)?;
+        if !data.slots.covers(in_flight) {
+            // The shared queue had nothing more to grant beyond this connection's floor, which
+            // its outstanding receives use: one of them completing frees it. No request.
+            data.count_uncovered(in_flight);
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// One RDMA_WRITE of the slot's `n` entries into the sender's FIFO on the pinned CTS QP.
@@ -357,8 +356,7 @@ impl RecvComm {
         if !request.done {
             // Data that never comes: is the sender still there?
             match data.peer.check(now, || self.info.describe_peer()) {
-                Ok(Watch::Fine) => {}
-                Ok(watch) => self.watch_failed_path(data, watch)?,
+                Ok(watch) => self.act_on_watch(data, watch)?,
                 Err(error) => {
                     data.fail(&error);
                     return Err(error);
@@ -529,6 +527,23 @@ impl RecvComm {
     }
 }
 
+/// `irecv`'s buffers: 1..=8, each inside its registration.
+fn check_buffers(buffers: &[RecvBuffer<'_>]) -> Result<()> {
+    if buffers.is_empty() || buffers.len() > MAX_RECVS {
+        return Err(Error::invalid_argument(format!(
+            "irecv: n = {} (must be 1..=8)",
+            buffers.len()
+        )));
+    }
+    for buffer in buffers {
+        let memory = buffer
+            .memory
+            .ok_or_else(|| Error::invalid_argument("irecv: mhandle is NULL"))?;
+        memory.check_covers("irecv", buffer.addr, buffer.capacity as u64)?;
+    }
+    Ok(())
+}
+
 impl RecvData {
     /// Fails the comm with `error` (sticky: every later call returns it) and tells the peer why,
     /// so that its pending requests fail with this text rather than at a timeout.
@@ -536,6 +551,13 @@ impl RecvData {
     fn fail(&mut self, error: &Error) {
         self.peer.notify_failure(error);
         self.failure = Some(error.clone());
+        if self.peer.probing() {
+            // The control connection that would carry the notice is gone: the peer watches
+            // this end with probes on our QPs, which must stop answering (docs/PROTOCOL.md §10).
+            for qp in &mut self.qps.qps {
+                let _ = qp.fail();
+            }
+        }
     }
 }
 

@@ -29,8 +29,9 @@
 //! then fails that rail over ([`Watch::PathFailed`]) instead of the comm, and once the rail it
 //! rides has failed over, a dead path is no news: while requests wait, the comm asks the peer's
 //! QPs on the survivor instead ([`Watch::Probe`]: a zero-byte write that only a live peer
-//! acknowledges, failing after the QPs' retry budget otherwise). A peer whose kernel closed the
-//! connection is still gone, as before.
+//! acknowledges, failing after the QPs' retry budget otherwise), however the connection ended.
+//! A comm that fails while its peer watches it so moves its QPs to error, so that the peer's
+//! probes fail too.
 
 use crate::error::{Error, Result};
 use crate::fabric::Rail;
@@ -101,6 +102,11 @@ impl PeerWatch {
         }
     }
 
+    /// Whether probes watch the peer (the control connection rode a rail that failed over).
+    pub(crate) fn probing(&self) -> bool {
+        self.probing
+    }
+
     /// The comm failed `rail` over: if the connection rides it, probes watch the peer from now.
     pub(crate) fn rail_failed(&mut self, rail: Rail) {
         if self.rides == Some(rail) {
@@ -169,14 +175,13 @@ impl PeerWatch {
                 self.heard = link.hear(now_ns);
             }
         }
-        if let Heard::LinkEnded {
-            path_died: true, ..
-        } = self.heard
-        {
+        if let Heard::LinkEnded { path_died, .. } = self.heard {
             if self.probing {
+                // However it ended (a path that died, or one whose peer gave up on it first and
+                // reset it once the path came back), a dead process is what the probe finds.
                 return Ok(Watch::Probe);
             }
-            if let (true, Some(rail)) = (self.failover, self.rides) {
+            if let (true, true, Some(rail)) = (path_died, self.failover, self.rides) {
                 self.probing = true;
                 return Ok(Watch::PathFailed(rail));
             }

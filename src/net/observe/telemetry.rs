@@ -5,7 +5,7 @@
 //! never branches on it. Failing to create the file is not fatal: it is logged and the plugin runs
 //! with probes disabled (telemetry must never take training down).
 
-use mpib_probes::declared::{CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST};
+use mpib_probes::declared::{CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST, RAIL_FAILOVERS};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -309,6 +309,14 @@ impl ConnectionTelemetry {
     #[inline]
     pub(crate) fn set_operation(&self, word: u64) {
         self.probe.set_operation(word);
+    }
+
+    /// This end of the connection failed `rail` over (docs/PROTOCOL.md §10): counted on the
+    /// rail's NIC and marked in the connection's slot.
+    #[cold]
+    pub(crate) fn rail_failed(&self, rail: Rail) {
+        self.rail(rail).inc(RAIL_FAILOVERS);
+        self.probe.rail_failed(rail.index());
     }
 }
 

@@ -49,12 +49,12 @@ use crate::net::setup::resources::{
 };
 use crate::net::{Context, HANDLE_SIZE};
 
-/// Receiver queue sizes: CTS writes only, on the CTS QP alone (`cts_qp`; with failover also the
-/// first QP of the other rail, where the CTS moves if its rail fails: docs/PROTOCOL.md §10; the
-/// other QPs only receive, so their send queues hold one entry: four of the six QPs of a default
-/// connection would otherwise each keep 512 send entries of NIC memory that nothing ever posts
-/// to); the
-/// completions of the receives it holds of the rail's shared queue (at most
+/// Receiver queue sizes. Send queues: CTS writes only, on the CTS QP (`cts_qp`) and, with
+/// failover, the first QP of the other rail, where the CTS moves if its rail fails
+/// (docs/PROTOCOL.md §10); the other QPs only receive, so their send queues hold one entry (four
+/// of the six QPs of a default connection would otherwise each keep 512 send entries of NIC
+/// memory that nothing ever posts to). CQs: the completions of the receives it holds of the
+/// rail's shared queue (at most
 /// `MPIB_SRQ_HIGH_WATER`) plus periodic CTS completions on each rail's CQ, never shallower than
 /// at the default marks, since the CTS completions share it. Depths are a power of two less
 /// one, as the sender's (`SENDER_SIZING`: providers' rings keep a slot spare).

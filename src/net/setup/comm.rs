@@ -51,8 +51,8 @@ pub(crate) struct ConnectionInfo {
     pub qp_nums: [Vec<u32>; 2],
     /// Its context's `setNetAttr` attributes, read at each post.
     pub attributes: Arc<NetAttributes>,
-    /// Whether a failed rail fails over to the other (both ends allow it, and the layout has
-    /// both rails: docs/PROTOCOL.md §10).
+    /// Whether a failed rail fails over to the other: both ends allow it (docs/PROTOCOL.md §10;
+    /// a layout with one rail has none to go on over, and fails as without).
     pub failover: bool,
 }
 
@@ -82,9 +82,11 @@ impl ConnectionInfo {
         Some((rail, error))
     }
 
-    /// Whether a failed completion says the rail failed (its peer stopped answering, or the QP
-    /// was put in error), which a failover survives; any other status is a fault of this
-    /// connection (a key, a range, a receive missing) and fails it.
+    /// Whether a failed completion says the rail failed: its peer stopped answering
+    /// (`RETRY_EXC_ERR`), or the QP is in error and flushed it (`WR_FLUSH_ERR`: behind such a
+    /// failure, or posted after it), as net_ib's resiliency takes them; a failover survives
+    /// both. Any other status is a fault of this connection (a key, a range, a receive
+    /// missing) and fails it.
     pub(crate) fn is_rail_failure(status: CompletionStatus) -> bool {
         matches!(
             status,

@@ -111,7 +111,32 @@ impl<'a> Pipeline<'a> {
                 sink[size..].iter().all(|b| *b == 0xEE),
                 "receive {index} wrote past its size"
             );
+            self.flush(index)?;
             self.received += 1;
+        }
+        Ok(())
+    }
+
+    /// What NCCL does after a receive into GPU memory: `iflush` it and `test` the flush until
+    /// it is done (nothing to wait for without `MPIB_FORCE_FLUSH`).
+    fn flush(&mut self, index: usize) -> Result<()> {
+        let sink = &mut self.sinks[index];
+        let buffer = recv_buffer(
+            sink.as_mut_ptr() as u64,
+            sink.len(),
+            3,
+            &self.recv_memory[index],
+        );
+        let Some(request) = iflush(&self.pair.recv, &[buffer])? else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: a live request from iflush, tested until done.
+        while !unsafe { test(request) }?.done {
+            assert!(
+                Instant::now() < deadline,
+                "the flush of receive {index} never completed"
+            );
         }
         Ok(())
     }
@@ -203,6 +228,13 @@ fn a_cut_rail_fails_over_and_every_transfer_completes_once() {
         ("cut=sout:25", "1", Rail::ScaleOut, &[]),
         ("fail=sout:12", "1", Rail::ScaleOut, &[]),
         ("cut=sout:14,delay=sup:30", "1", Rail::ScaleOut, &tight),
+        // NCCL's flush after each receive: the flush reads of the cut rail fail too.
+        (
+            "cut=sup:12",
+            "0",
+            Rail::ScaleUp,
+            &[("MPIB_FORCE_FLUSH", "1")],
+        ),
     ] {
         let mut vars = vec![("MPIB_MODE", mode)];
         vars.extend_from_slice(extra);
@@ -239,4 +271,38 @@ fn without_failover_or_a_survivor_a_cut_rail_fails_the_comm_saying_why() {
     let error = outcome.expect_err("no survivor");
     assert!(error.message.contains("no sup rail survives"), "{error}");
     close(pair);
+}
+
+/// What operators see: each end counts the failover on the failed rail's NIC and marks it in
+/// its connection slot, with the time; the replays count on the survivor.
+#[test]
+fn a_failover_is_counted_and_marked_in_the_probes() {
+    use mpib_probes::declared::{RAIL_FAILOVERS, RAIL_REPLAYED_BYTES};
+    let _guard = env_lock();
+    let dir = std::env::temp_dir().join(format!("mpib-failover-probes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let directory = dir.to_str().unwrap();
+    let vars = [("MPIB_PROBES_DIR", directory), ("MPIB_MODE", "0")];
+    let (pair, outcome) = run_with("cut=sup:20", &vars, None);
+    outcome.unwrap();
+    let (_reader, snapshot) = probes_snapshot(&dir);
+    let (sout, sup) = (&snapshot.rails[0], &snapshot.rails[1]);
+    assert_eq!(
+        (sout.counter(RAIL_FAILOVERS), sup.counter(RAIL_FAILOVERS)),
+        (0, 2)
+    );
+    assert!(
+        sout.counter(RAIL_REPLAYED_BYTES) > 0,
+        "what the cut caught was replayed"
+    );
+    assert_eq!(sup.counter(RAIL_REPLAYED_BYTES), 0);
+    let open = snapshot.connections.iter();
+    let marked: Vec<_> = open.filter(|c| c.rails_down != 0).collect();
+    assert_eq!(marked.len(), 2, "both ends of the connection");
+    for connection in marked {
+        assert_eq!(connection.rails_down, 1 << mpib_probes::RAIL_SUP);
+        assert!(connection.failed_over_ns >= connection.opened_ns);
+    }
+    close(pair);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,17 +16,13 @@ use crate::net::setup::resources::drain_completions;
 use crate::proto::cts::{CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
 use crate::proto::failover::{
     FailoverError, FailoverNotice, FailoverReport, FAILOVER_NOTICE_LEN, FAILOVER_REPORT_LEN,
-    NOTICE_MAILBOX, REPORT_MAILBOX,
+    NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
 };
 use crate::proto::recv_slots::RecvBlocked;
 use crate::proto::wr_id::{WrId, WrKind};
 
 /// The notice's last word, its seal: read first, so a reader that sees it reads the whole.
 const NOTICE_SEAL_WORD: usize = FAILOVER_NOTICE_LEN / 8 - 1;
-
-/// The `slot` of a failover write's `wr_id`: the report, or a probe.
-const MAILBOX_WRITE: u8 = 0;
-const PROBE: u8 = 1;
 
 /// What the receiver keeps of failovers between calls.
 #[derive(Default)]
@@ -42,7 +38,7 @@ pub(super) struct RecvFailover {
 impl RecvFailover {
     /// A failover write completed (the report, or a probe: the peer is there).
     pub(super) fn probe_done(&mut self, wr: WrId) {
-        if wr.slot == PROBE {
+        if wr.slot == WRITE_PROBE {
             self.probing = false;
         }
     }
@@ -56,13 +52,14 @@ impl RecvComm {
         rail: Rail,
         completion: &Completion,
     ) -> Result<()> {
-        let failing = data.slots.down().contains(rail) || data.failover.quiescing == Some(rail);
-        if failing {
-            // Flushed, or late. A flush read of the failed rail has nothing left to order.
-            let wr = WrId::unpack(completion.wr_id).ok();
-            if let Some(wr) = wr.filter(|wr| wr.kind == WrKind::Flush) {
-                self.flush_done(data, rail, wr)?;
-            }
+        // A flush read that failed has nothing left to order on its rail: its request is done
+        // there, whatever the failure means for the connection (else `iflush` never completes).
+        let wr = WrId::unpack(completion.wr_id).ok();
+        if let Some(wr) = wr.filter(|wr| wr.kind == WrKind::Flush) {
+            self.flush_done(data, rail, wr)?;
+        }
+        if data.slots.down().contains(rail) || data.failover.quiescing == Some(rail) {
+            // Flushed, or late: the failover settles what rode the rail.
             return Ok(());
         }
         let error = self.info.completion_error(rail, completion);
@@ -99,6 +96,7 @@ impl RecvComm {
             "{why}; going on over the {survivor} rail alone (failover)"
         );
         data.peer.rail_failed(rail);
+        data.telemetry.rail_failed(rail);
         let layout = self.info.layout;
         let first = layout.first(rail);
         for qp in &mut data.qps.qps[first..first + layout.count(rail)] {
@@ -153,7 +151,14 @@ impl RecvComm {
                 return Err(self.failover_error(data, notice.failed, what.to_string()));
             }
             Err(FailoverError::Unsealed) => return Ok(()),
-            Err(e) => return Err(self.failover_error(data, Rail::ScaleOut, e.to_string())),
+            Err(e) => {
+                let error = Error::remote(format!(
+                    "{}: failover notice: {e}",
+                    self.info.describe_peer()
+                ));
+                data.fail(&error);
+                return Err(error);
+            }
         };
         data.failover.notice_seal = seal;
         let why = Error::remote(format!(
@@ -185,6 +190,11 @@ impl RecvComm {
         data.refill_for(in_flight)?;
         let awaiting = in_flight - data.slots.outstanding();
         if data.qps.credits[data.cts_qp].available() <= awaiting {
+            // Send-queue credits come back with a signalled completion, and the CTS that would
+            // bring one waits for this report: a signalled probe brings them.
+            if !data.failover.probing {
+                data.failover.probing = self.post_control_write(data, None, WRITE_PROBE)?;
+            }
             return Ok(());
         }
         let Some(report) = data.slots.take_report() else {
@@ -213,16 +223,16 @@ impl RecvComm {
             length: FAILOVER_REPORT_LEN as u32,
             lkey: data.cts_shadow.keys(data.cts_rail).lkey,
         };
-        match self.post_control_write(data, Some(sge), MAILBOX_WRITE)? {
+        match self.post_control_write(data, Some(sge), WRITE_MESSAGE)? {
             true => Ok(()),
             false => Err(Error::internal("CTS send queue full after a credit check")),
         }
     }
 
-    /// What the peer watch asks after the control connection's path died (`watch`): fail its
-    /// rail over, or probe the sender's QP on the survivor (one probe in flight at a time; an
-    /// error completion of it finds no rail left and fails the comm).
-    pub(super) fn watch_failed_path(&self, data: &mut RecvData, watch: Watch) -> Result<()> {
+    /// What the peer watch asks (`watch`): nothing, or, after the control connection's path
+    /// died, fail its rail over, or probe the sender's QP on the survivor (one probe in
+    /// flight at a time; an error completion of it finds no rail left and fails the comm).
+    pub(super) fn act_on_watch(&self, data: &mut RecvData, watch: Watch) -> Result<()> {
         match watch {
             Watch::Fine => Ok(()),
             Watch::PathFailed(rail) => {
@@ -235,7 +245,7 @@ impl RecvComm {
             }
             Watch::Probe => {
                 if !data.failover.probing && data.failover.quiescing.is_none() {
-                    data.failover.probing = self.post_control_write(data, None, PROBE)?;
+                    data.failover.probing = self.post_control_write(data, None, WRITE_PROBE)?;
                 }
                 Ok(())
             }

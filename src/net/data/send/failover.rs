@@ -3,7 +3,9 @@
 //! and on the report each transfer the receiver awaits is replayed whole on the survivor. The
 //! rules are the core's (`proto::send_slots`); this moves them against the QPs.
 
-use mpib_probes::declared::{RAIL_ERROR_COMPLETIONS, RAIL_TX_BYTES, RAIL_WORK_REQUESTS};
+use mpib_probes::declared::{
+    RAIL_ERROR_COMPLETIONS, RAIL_REPLAYED_BYTES, RAIL_TX_BYTES, RAIL_WORK_REQUESTS,
+};
 
 use super::busy::BusyClock;
 use super::{SendComm, SendData};
@@ -16,17 +18,13 @@ use crate::net::setup::comm::ConnectionInfo;
 use crate::proto::cts::COMPLETION_RECORD_SIZE;
 use crate::proto::failover::{
     FailoverError, FailoverNotice, FailoverReport, FAILOVER_NOTICE_LEN, FAILOVER_REPORT_LEN,
-    NOTICE_MAILBOX, REPORT_MAILBOX,
+    NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
 };
 use crate::proto::post_plan;
 use crate::proto::wr_id::{WrId, WrKind};
 
 /// The report's last word, its seal: read first, so a reader that sees it reads the whole.
 const REPORT_SEAL_WORD: usize = FAILOVER_REPORT_LEN / 8 - 1;
-
-/// The `slot` of a failover write's `wr_id`: a mailbox message, or a probe.
-const MAILBOX_WRITE: u8 = 0;
-const PROBE: u8 = 1;
 
 /// What the sender keeps of failovers between calls.
 #[derive(Default)]
@@ -91,6 +89,7 @@ impl SendComm {
     /// Moves this connection's QPs on `rail` to the error state (nothing more leaves on them)
     /// and stops the rail's busy clock: its parts in flight will not complete.
     fn stop_rail(&self, data: &mut SendData, rail: Rail) {
+        data.telemetry.rail_failed(rail);
         data.busy[rail.index()] = BusyClock::default();
         data.telemetry.set_rail_in_flight(rail, 0);
         let layout = self.info.layout;
@@ -103,7 +102,7 @@ impl SendComm {
     }
 
     /// The survivor of a failover (the connection's rail that has not failed).
-    fn survivor(&self, data: &SendData) -> Option<Rail> {
+    pub(super) fn survivor(&self, data: &SendData) -> Option<Rail> {
         let live = self.info.layout.rails().bits() & !data.slots.down().bits();
         Rail::ALL
             .into_iter()
@@ -124,7 +123,7 @@ impl SendComm {
             length: FAILOVER_NOTICE_LEN as u32,
             lkey: data.records.keys(survivor).lkey,
         };
-        if self.post_control_write(data, survivor, Some(sge), MAILBOX_WRITE)? {
+        if self.post_control_write(data, survivor, Some(sge), WRITE_MESSAGE)? {
             data.failover.notice = None;
         }
         Ok(())
@@ -171,10 +170,10 @@ impl SendComm {
         Ok(true)
     }
 
-    /// What the peer watch asks after the control connection's path died (`watch`): fail its
-    /// rail over, or probe the receiver's QP on the survivor (one probe in flight at a time; an
-    /// error completion of it finds no rail left and fails the comm).
-    pub(super) fn watch_failed_path(&self, data: &mut SendData, watch: Watch) -> Result<()> {
+    /// What the peer watch asks (`watch`): nothing, or, after the control connection's path
+    /// died, fail its rail over, or probe the receiver's QP on the survivor (one probe in
+    /// flight at a time; an error completion of it finds no rail left and fails the comm).
+    pub(super) fn act_on_watch(&self, data: &mut SendData, watch: Watch) -> Result<()> {
         match watch {
             Watch::Fine => Ok(()),
             Watch::PathFailed(rail) => {
@@ -190,7 +189,8 @@ impl SendComm {
                     return Ok(());
                 };
                 if !data.failover.probing {
-                    data.failover.probing = self.post_control_write(data, survivor, None, PROBE)?;
+                    data.failover.probing =
+                        self.post_control_write(data, survivor, None, WRITE_PROBE)?;
                 }
                 Ok(())
             }
@@ -202,13 +202,13 @@ impl SendComm {
         if let Some(credits) = data.qps.credits.get_mut(wr.qp_index as usize) {
             credits.retire(wr.post_index);
         }
-        if wr.slot == PROBE {
+        if wr.slot == WRITE_PROBE {
             data.failover.probing = false;
         }
     }
 
     /// Takes the receiver's report once it is in the mailbox: the transfers it settles are
-    /// done, those it awaits are replayed (`post_replays`).
+    /// done, those it awaits are replayed (`post_failover`).
     pub(super) fn check_report(&self, data: &mut SendData) -> Result<()> {
         let fifo = data.fifo.region();
         let seal = fifo.read_word(REPORT_MAILBOX, REPORT_SEAL_WORD);
@@ -240,10 +240,13 @@ impl SendComm {
             data.peer.rail_failed(report.failed);
             self.stop_rail(data, report.failed);
         }
-        let done = data
-            .slots
-            .on_report(&report)
-            .map_err(|e| self.slot_error(e))?;
+        let done = data.slots.on_report(&report).map_err(|e| {
+            // The report names a failure that leaves no rail here (the two ends lost different
+            // rails): the connection is over.
+            let error = self.slot_error(e);
+            data.fail(&error);
+            error
+        })?;
         for slot in done.iter() {
             self.slot_done(data, slot);
         }
@@ -301,6 +304,7 @@ impl SendComm {
             .set_rail_in_flight(survivor, clock.in_flight());
         let probe = data.telemetry.rail(survivor);
         probe.add(RAIL_TX_BYTES, plan.rail_bytes[survivor.index()]);
+        probe.add(RAIL_REPLAYED_BYTES, plan.rail_bytes[survivor.index()]);
         probe.add(RAIL_WORK_REQUESTS, u64::from(needed));
         Ok(true)
     }

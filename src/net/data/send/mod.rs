@@ -26,7 +26,7 @@ use crate::net::agent::hints::HintReader;
 use crate::net::data::memory::MemoryHandle;
 use crate::net::data::request::{now_ns, Owner, Request, RequestPool};
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
-use crate::net::observe::peer::{PeerWatch, Watch};
+use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::profiler;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::comm::{ConnectionInfo, SEND_MAGIC};
@@ -289,8 +289,7 @@ impl SendComm {
     #[inline]
     fn check_peer(&self, data: &mut SendData, now: u64) -> Result<()> {
         match data.peer.check(now, || self.info.describe_peer()) {
-            Ok(Watch::Fine) => Ok(()),
-            Ok(watch) => self.watch_failed_path(data, watch),
+            Ok(watch) => self.act_on_watch(data, watch),
             Err(error) => {
                 data.fail(&error);
                 Err(error)
@@ -419,6 +418,13 @@ impl SendData {
     fn fail(&mut self, error: &Error) {
         self.peer.notify_failure(error);
         self.failure = Some(error.clone());
+        if self.peer.probing() {
+            // The control connection that would carry the notice is gone: the peer watches
+            // this end with probes on our QPs, which must stop answering (docs/PROTOCOL.md §10).
+            for qp in &mut self.qps.qps {
+                let _ = qp.fail();
+            }
+        }
     }
 }
 

@@ -18,6 +18,10 @@ impl SendComm {
     /// Posts matched slots in fifo order while send-queue credits allow.
     pub(super) fn post_ready(&self, data: &mut SendData) -> Result<()> {
         self.post_failover(data)?;
+        if data.slots.next_replay().is_some() {
+            // Replays go ahead of new transfers (docs/PROTOCOL.md §10): they wait for credits.
+            return Ok(());
+        }
         while let Some(slot) = data.slots.next_to_post() {
             if !self.post_slot(data, slot)? {
                 break;
@@ -48,10 +52,9 @@ impl SendComm {
         for (r, share) in shares.iter_mut().enumerate().take(buffers.len()) {
             *share = if small(r) { 0 } else { sup_bw };
         }
-        let down = data.slots.down();
-        let mut plan = match Rail::ALL.into_iter().find(|rail| !down.contains(*rail)) {
+        let mut plan = match self.survivor(data) {
             // After a failover every transfer goes all on the survivor (the hint is overridden).
-            Some(survivor) if !down.is_empty() => {
+            Some(survivor) if !data.slots.down().is_empty() => {
                 post_plan::plan_on(slot_index, state, survivor, record, false)
             }
             _ => post_plan::plan(slot_index, state, &shares[..buffers.len()], record),
