@@ -278,6 +278,7 @@ fn alert_metrics_are_in_the_catalog() {
         "MpibSrqLowWater",
         "MpibMaskMismatch",
         "MpibErrorCompletions",
+        "MpibRailFailedOver",
         "MpibRailSplitFarFromHint",
         "MpibProtocolErrors",
         "MpibWriterStale",

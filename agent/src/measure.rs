@@ -140,6 +140,9 @@ pub struct FlowMeasurement {
     /// unknown): its link rate is the NIC's speed divided by it, and so must a configured rate
     /// be (`[rates]`, state.rs).
     pub sharers: [u32; 2],
+    /// Per rail, the flow's open send connections that failed that rail over and run on the
+    /// other alone (docs/PROTOCOL.md section 10): the flow is degraded while any does.
+    pub failed_over: [usize; 2],
 }
 
 /// The reader of probes files and NIC counters, keeping the previous values.
@@ -271,6 +274,11 @@ impl Measurer {
                 }
                 if conn.state == ConnectionState::Active {
                     flow.connections += 1;
+                    for rail in [SOUT, SUP] {
+                        if conn.rails_down & (1 << rail) != 0 {
+                            flow.failed_over[rail] += 1;
+                        }
+                    }
                     if conn.info.path_class == mpib_probes::PathClass::IntraIsland {
                         flow.intra_island += 1;
                     }

@@ -74,6 +74,13 @@ pub fn render(state: &State, policies: &Policies, describe: &str) -> String {
                 ""
             }
         );
+        if !line.failed_over.is_empty() {
+            let _ = writeln!(
+                out,
+                "      degraded: {} (connections running on the other rail alone)",
+                line.failed_over
+            );
+        }
     }
     out
 }
@@ -91,6 +98,10 @@ struct Line {
     /// Send connections the last measurement read in the probes files.
     measured_connections: usize,
     recovered: bool,
+    /// "sup failed over on 2 connection(s)", empty while no connection of the flow has.
+    failed_over: String,
+    /// The same for programs: `sup`, `sout,sup` or `-`.
+    failed_over_rails: String,
 }
 
 fn lines(state: &State) -> Vec<Line> {
@@ -114,9 +125,43 @@ fn lines(state: &State) -> Vec<Line> {
             connections: flow.connections.len(),
             measured_connections: agent.measured.connections,
             recovered: flow.recovered,
+            failed_over: failed_over(&agent.measured.failed_over),
+            failed_over_rails: failed_over_rails(&agent.measured.failed_over),
         });
     }
     out
+}
+
+/// The rails a flow's connections failed over from, as the views say it ("" when none).
+fn failed_over(counts: &[usize; 2]) -> String {
+    let names = ["sout", "sup"];
+    let parts: Vec<String> = [SOUT, SUP]
+        .into_iter()
+        .filter(|rail| counts[*rail] > 0)
+        .map(|rail| {
+            format!(
+                "{} failed over on {} connection(s)",
+                names[rail], counts[rail]
+            )
+        })
+        .collect();
+    parts.join(", ")
+}
+
+/// The rails a flow's connections failed over from, for programs: `sout`, `sup`, `sout,sup`, or
+/// `-` when none.
+fn failed_over_rails(counts: &[usize; 2]) -> String {
+    let names = ["sout", "sup"];
+    let rails: Vec<&str> = [SOUT, SUP]
+        .into_iter()
+        .filter(|rail| counts[*rail] > 0)
+        .map(|rail| names[rail])
+        .collect();
+    if rails.is_empty() {
+        "-".to_string()
+    } else {
+        rails.join(",")
+    }
 }
 
 /// The columns every agent since `flows` exists sends first.
@@ -131,19 +176,23 @@ macro_rules! first_flows_columns {
 pub const FLOWS_HEADER_FIRST: &str = first_flows_columns!();
 
 /// The header line of [`flows`]: the columns, in order.
-pub const FLOWS_HEADER: &str = concat!(first_flows_columns!(), "\tmeasured_connections");
+pub const FLOWS_HEADER: &str = concat!(
+    first_flows_columns!(),
+    "\tmeasured_connections\tfailed_over_rails"
+);
 
 /// The `flows` reply, for programs (`mpib-top`): [`FLOWS_HEADER`], then one tab-separated line
 /// per flow; `-` where nothing was measured, rates in bytes per second, `recovered` 1 for a flow
 /// restored from before a restart, `measured_connections` the send connections the last
-/// measurement read.
+/// measurement read, `failed_over_rails` the rails its open send connections failed over from
+/// (`-`: none).
 pub fn flows(state: &State) -> String {
     let mut out = format!("{FLOWS_HEADER}\n");
     let number = |v: Option<f64>| v.map_or("-".to_string(), |r| format!("{r:.0}"));
     for line in lines(state) {
         let _ = writeln!(
             out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             line.slot,
             line.pair,
             line.policy,
@@ -154,7 +203,8 @@ pub fn flows(state: &State) -> String {
             number(line.throughput),
             line.connections,
             u8::from(line.recovered),
-            line.measured_connections
+            line.measured_connections,
+            line.failed_over_rails
         );
     }
     out

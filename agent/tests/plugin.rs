@@ -44,6 +44,11 @@ impl Perf {
     /// `mpib-perf` in one process, advanced mode, on loopback rails of 200 and 400 MB/s
     /// (`rails` overrides), registering with `agent`: 1 MiB messages, `repeat` rows.
     fn start(agent: &Agent, rails: &str, repeat: u32) -> Perf {
+        Perf::start_with(agent, rails, repeat, &[])
+    }
+
+    /// [`Perf::start`] with `env` set too.
+    fn start_with(agent: &Agent, rails: &str, repeat: u32, env: &[(&str, &str)]) -> Perf {
         let stderr = agent.dir.join("perf.err");
         let mut child = Command::new(workspace_binary("mpib-perf"))
             .args([
@@ -63,6 +68,7 @@ impl Perf {
             .env("MPIB_HINT_PATH", agent.hints())
             .env("MPIB_AGENT_SOCKET", agent.socket())
             .env("MPIB_PROBES_DIR", agent.dir.join("probes"))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
@@ -140,9 +146,14 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
         "{flows}"
     );
     let fields: Vec<&str> = lines.next().unwrap().split('\t').collect();
-    assert_eq!(fields.len(), 11, "{flows}");
-    // 2 connections registered (both directions), its 1 send connection measured.
-    assert_eq!((fields[8], fields[10]), ("2", "1"), "{flows}");
+    assert_eq!(fields.len(), 12, "{flows}");
+    // 2 connections registered (both directions), its 1 send connection measured, no rail
+    // failed over.
+    assert_eq!(
+        (fields[8], fields[10], fields[11]),
+        ("2", "1", "-"),
+        "{flows}"
+    );
     assert_eq!(fields[2], "adaptive", "{flows}");
     let sup_bw: u32 = fields[3].parse().unwrap();
     assert!((640..=726).contains(&sup_bw), "{flows}");
@@ -165,6 +176,28 @@ fn the_mixing_penalty_puts_the_flow_on_the_faster_rail() {
         last.iter().all(|s| *s == 1024.0),
         "all on SUP at the end: {rows:?}"
     );
+}
+
+/// A flow whose SUP rail was cut goes on over SOUT: the agent says it is degraded, in its status
+/// and in the `flows` reply (its last column).
+#[test]
+fn a_flow_that_failed_a_rail_over_shows_as_degraded() {
+    let dir = temp_dir("failover");
+    let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
+    let cut = [("MPIB_LOOPBACK_FAULTS", "cut=sup:40")];
+    let mut perf = Perf::start_with(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 400, &cut);
+    let (mut flows, mut status) = (String::new(), String::new());
+    let shown = eventually(Duration::from_secs(30), || {
+        let _ = perf.row();
+        flows = mpib_agent::control::request(&agent.control(), ControlCommand::Flows).unwrap();
+        status = agent.status();
+        let last = flows
+            .lines()
+            .nth(1)
+            .map(|l| l.split('\t').next_back().unwrap_or_default());
+        last == Some("sup") && status.contains("degraded: sup failed over on 1 connection(s)")
+    });
+    assert!(shown, "{flows}\n{status}");
 }
 
 /// Compiles tests/c/agent_client.c against include/mpib_agent.h.

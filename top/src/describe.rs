@@ -60,9 +60,19 @@ pub fn process(
             )
         })
         .collect();
-    let devices = (0..info.devices.len())
+    let mut devices: Vec<Device> = (0..info.devices.len())
         .map(|d| device(reader, snapshot, rates, d, all.iter().map(|(_, c)| c)))
         .collect();
+    for (_, c) in all.iter().filter(|(open, _)| *open) {
+        let Some(device) = devices.get_mut(usize::from(c.device_index)) else {
+            continue;
+        };
+        for rail in device.rails.iter_mut() {
+            if c.failed_over.contains(&rail.rail) {
+                rail.failed_over_connections += 1;
+            }
+        }
+    }
     let connections = all
         .into_iter()
         .filter_map(|(open, c)| open.then_some(c))
@@ -130,6 +140,10 @@ fn connection(
             .and_then(|h| h.sup_bw(c.info.hint_slot)),
         split_applied: both.and_then(split_of),
         operation: crate::frame::Operation::of(&c.operation),
+        failed_over: (0..MAX_RAILS)
+            .filter(|r| c.rails_down & (1 << r) != 0)
+            .map(|r| RAIL_NAMES[r])
+            .collect(),
     }
 }
 
@@ -229,6 +243,7 @@ fn rail(
         error_completions: now[5],
         error_completions_per_second: rate(5),
         retransmissions_per_second: retransmissions,
+        failed_over_connections: 0,
         values: values(reader, snapshot, rates, Some(nic)),
     }
 }

@@ -106,6 +106,9 @@ pub struct Rail {
     pub error_completions_per_second: Option<f64>,
     /// The NIC's own retransmission counters (sysfs), per second; `None` without them.
     pub retransmissions_per_second: Option<f64>,
+    /// Open connections of the device that failed this rail over and run on the other alone
+    /// (docs/PROTOCOL.md section 10): the device is degraded while any does.
+    pub failed_over_connections: u32,
     /// Every rail value the file declares.
     pub values: Vec<Value>,
 }
@@ -152,6 +155,8 @@ pub struct Connection {
     pub split_applied: Option<u32>,
     /// What NCCL said its last posted transfer served (`None`: nothing said).
     pub operation: Option<Operation>,
+    /// The rails it failed over from (`sout`, `sup`): it runs on the other alone.
+    pub failed_over: Vec<&'static str>,
 }
 
 /// The agent, seen through its control socket.

@@ -95,6 +95,7 @@ fn rails_section(frame: &Frame, wide: bool) -> Section {
         ("ERR", 5, true),
         ("ERR/s", 5, wide),
         ("RETX/s", 6, wide),
+        ("DOWN", 4, true),
     ];
     let mut rows = Vec::new();
     for p in &frame.processes {
@@ -123,9 +124,12 @@ fn rails_section(frame: &Frame, wide: bool) -> Section {
                     r.error_completions.to_string(),
                     per_second(r.error_completions_per_second),
                     per_second(r.retransmissions_per_second),
+                    r.failed_over_connections.to_string(),
                 ];
+                // A rail its connections failed over from: the device runs on the other alone.
                 let alarm = r.error_completions_per_second.unwrap_or(0.0) > 0.0
-                    || r.retransmissions_per_second.unwrap_or(0.0) > 0.0;
+                    || r.retransmissions_per_second.unwrap_or(0.0) > 0.0
+                    || r.failed_over_connections > 0;
                 let cells = pick(cells.into_iter().zip(columns.iter().map(|c| c.2)).collect());
                 rows.push((cells, alarm));
             }

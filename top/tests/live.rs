@@ -9,7 +9,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use common::{agent, eventually, perf, probes_file, process, temp_dir, top_json};
+use common::{agent, eventually, perf, perf_with, probes_file, process, temp_dir, top_json};
 use mpib_collector::hint::HintTable;
 use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES, SRQ_HIGH_WATER, SRQ_LOW_WATER};
 use mpib_probes::{now_ns, LoadState, ProbesReader, Snapshot};
@@ -249,6 +249,42 @@ fn an_exited_process_disappears_and_bad_files_are_skipped_with_their_reason() {
         "{text}"
     );
     assert!(text.contains("no process writes probes"), "{text}");
+}
+
+/// A job whose SUP rail was cut (vanilla: everything rode SUP) fails over to SOUT: its
+/// device's SUP rail shows the connections that failed it over, and so does each connection.
+#[test]
+fn a_rail_failed_over_shows_on_its_device_and_connections() {
+    let dir = temp_dir("failover");
+    let rails = "sout=200MB/s,sup=200MB/s,latency=5us";
+    let cut = [("MPIB_LOOPBACK_FAULTS", "cut=sup:50")];
+    let job = perf_with(&dir, rails, false, "cut", &cut);
+    probes_file(&dir, job.pid());
+    let mut last = Value::Null;
+    let shown = eventually(Duration::from_secs(20), || {
+        last = top_json(&dir, &[]);
+        let Some(p) = process(&last, job.pid()) else {
+            return false;
+        };
+        let rails = p["devices"][0]["rails"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let down = |name: &str| {
+            rails
+                .iter()
+                .find(|r| r["rail"] == name)
+                .map(|r| r["failed_over_connections"].as_u64())
+        };
+        let marked = p["connections"].as_array().is_some_and(|c| {
+            !c.is_empty()
+                && c.iter()
+                    .all(|c| c["failed_over"] == serde_json::json!(["sup"]))
+        });
+        down("sup") == Some(Some(2)) && down("sout") == Some(Some(0)) && marked
+    });
+    assert!(shown, "the failover never showed: {last:#}");
+    drop(job);
 }
 
 /// A value this version was not built with, as a later plugin would declare it.

@@ -96,6 +96,17 @@ pub fn agent(dir: &Path) -> Running {
 /// `mpib-perf` in one process on loopback rails `rails`, 1 MiB messages until killed; in
 /// advanced mode with the agent of `dir` when `advanced`.
 pub fn perf(dir: &Path, rails: &str, advanced: bool, name: &str) -> Running {
+    perf_with(dir, rails, advanced, name, &[])
+}
+
+/// [`perf`] with `env` set too.
+pub fn perf_with(
+    dir: &Path,
+    rails: &str,
+    advanced: bool,
+    name: &str,
+    env: &[(&str, &str)],
+) -> Running {
     let mut command = Command::new(workspace_binary("mpib-perf"));
     command
         .args([
@@ -115,6 +126,7 @@ pub fn perf(dir: &Path, rails: &str, advanced: bool, name: &str) -> Running {
         .env("MPIB_AGENT_SOCKET", dir.join("agent.sock"))
         .env("MPIB_PROBES_DIR", dir.join("probes"))
         .env("MPIB_MODE", if advanced { "1" } else { "0" })
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{name}.err"))).unwrap());
     Running(command.spawn().expect("start mpib-perf"))
