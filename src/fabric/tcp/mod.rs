@@ -21,6 +21,7 @@
 //! * Host memory only: no GPUDirect, no DMA-BUF (`getProperties` says `NCCL_PTR_HOST`).
 
 mod device;
+mod link_state;
 mod memory;
 mod shared;
 mod socket;

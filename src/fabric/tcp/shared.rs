@@ -219,6 +219,15 @@ impl Shared {
         self.wake.as_raw_fd()
     }
 
+    /// Queues an async event for `RailDevice::next_async_event` (at most 64 wait; a rail whose
+    /// events nobody reads drops the newest).
+    pub(super) fn raise(&self, event: AsyncEvent) {
+        let mut state = self.state();
+        if state.events.len() < 64 {
+            state.events.push_back(event);
+        }
+    }
+
     /// Clears the eventfd after a wake.
     pub(super) fn drain_wake(&self) {
         let mut value: u64 = 0;

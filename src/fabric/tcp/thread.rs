@@ -15,16 +15,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::link_state::LinkState;
 use super::shared::{Notice, Shared};
 use super::socket;
 use super::wire::{Hello, HELLO_LEN};
 use super::worker::{PeerAddress, Worker};
-use crate::fabric::QpSettings;
+use crate::fabric::{AsyncEvent, QpSettings};
 
 /// epoll token of the eventfd.
 const TOKEN_WAKE: u64 = u64::MAX;
 /// epoll token of the listener.
 const TOKEN_LISTENER: u64 = u64::MAX - 1;
+/// epoll token of the interface's link changes (src/fabric/tcp/link_state.rs).
+const TOKEN_LINK: u64 = u64::MAX - 2;
 /// How long an accepted connection may take to say which QP it wants.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest sleep with nothing to do (a safety net: every change also wakes the thread).
@@ -47,6 +50,8 @@ struct Engine {
     unclaimed: Vec<Unclaimed>,
     notices: VecDeque<Notice>,
     posted: VecDeque<crate::fabric::WorkRequest>,
+    /// The interface's link, the rail's port (`None`: it cannot be watched here).
+    link: Option<LinkState>,
 }
 
 /// Runs the rail until [`Shared::request_stop`].
@@ -78,9 +83,22 @@ impl Engine {
             unclaimed: Vec::new(),
             notices: VecDeque::new(),
             posted: VecDeque::new(),
+            link: None,
         };
         watch_fd(&engine.epoll, engine.shared.wake_fd(), TOKEN_WAKE)?;
         watch_fd(&engine.epoll, engine.listener.as_raw_fd(), TOKEN_LISTENER)?;
+        let mut engine = engine;
+        match LinkState::open(&engine.shared.device) {
+            Ok(link) => {
+                watch_fd(&engine.epoll, link.fd(), TOKEN_LINK)?;
+                engine.link = Some(link);
+            }
+            Err(e) => info!(
+                crate::log::NET,
+                "tcp {}: its link state is not watched ({e}): a failed link is found by the QPs' retries alone",
+                engine.shared.device
+            ),
+        }
         Ok(engine)
     }
 
@@ -107,6 +125,7 @@ impl Engine {
                 match event.u64 {
                     TOKEN_WAKE => self.shared.drain_wake(),
                     TOKEN_LISTENER => accept = true,
+                    TOKEN_LINK => self.link_changed(),
                     _ => {}
                 }
             }
@@ -120,6 +139,24 @@ impl Engine {
                 busy |= worker.progress(&self.shared);
             }
         }
+    }
+
+    /// The interface's link changed: a port event for the engine, as a NIC raises one.
+    fn link_changed(&mut self) {
+        let Some(event) = self.link.as_mut().and_then(LinkState::changed) else {
+            return;
+        };
+        info!(
+            crate::log::NET,
+            "tcp {}: the link is {}",
+            self.shared.device,
+            if event == AsyncEvent::PortDown {
+                "down"
+            } else {
+                "up"
+            }
+        );
+        self.shared.raise(event);
     }
 
     /// Announces the sleep and returns its timeout: 0 when work arrived meanwhile.
