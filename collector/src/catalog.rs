@@ -137,7 +137,7 @@ const OPERATION_LABELS: &[&str] = &[
     "algorithm",
     "protocol",
 ];
-const DEGRADED_LABELS: &[&str] = &["host", "pid", "nccl_device", "direction", "rail"];
+const DEGRADED_LABELS: &[&str] = &["host", "pid", "nccl_device", "rail"];
 const COLLECTOR_LABELS: &[&str] = &["host"];
 const SKIP_LABELS: &[&str] = &["host", "reason"];
 const RESULT_LABELS: &[&str] = &["host", "result"];
@@ -198,11 +198,13 @@ specs! {
          connections it said nothing about are not counted.";
     /// Open connections that failed a rail over.
     DEGRADED_CONNECTIONS = "mpib_degraded_connections", Gauge, Count, DEGRADED_LABELS,
-        "Open connections whose rail (the rail label) failed over: they run on the other rail \
-         alone (docs/PROTOCOL.md section 10). What MpibRailFailedOver fires on.";
+        "Open connections of the fused device whose rail (the rail label) failed over: they run \
+         on the other rail alone (docs/PROTOCOL.md section 10); 0 while none does. What \
+         MpibRailFailedOver fires on.";
     /// How long the oldest of them has been degraded.
     DEGRADED_SECONDS = "mpib_degraded_seconds", Gauge, Seconds, DEGRADED_LABELS,
-        "Time since the oldest of mpib_degraded_connections failed the rail over.";
+        "Time since the oldest of mpib_degraded_connections failed the rail over (0 while none \
+         has).";
     /// Slow transfers read from the event ring.
     SLOW_TRANSFERS = "mpib_slow_transfers_total", Counter, Count, PROCESS_LABELS,
         "Slow transfers (over MPIB_SLOW_US) read from the event ring and exported as spans.";

@@ -208,46 +208,49 @@ pub(crate) fn export(
     export_degraded(ctx, info, pid, connections);
 }
 
-/// Open connections that failed a rail over, per device, direction and failed rail, with the
-/// age of the oldest failover: series only while some connection is degraded.
+/// Open connections that failed a rail over, per fused device and failed rail, with the age of
+/// the oldest failover: a series for every device of the file and rail, 0 while none has (a few
+/// series per process; the alert and the dashboard need them there from the start).
 fn export_degraded(
     ctx: &ExportContext<'_>,
     info: &FileInfo,
     pid: &str,
     connections: &[ConnectionSnapshot],
 ) {
-    let mut degraded: BTreeMap<[String; 3], (u32, u64)> = BTreeMap::new();
+    // Per device and rail: the connections, and the earliest failover among them.
+    let mut degraded = vec![[(0u32, u64::MAX); MAX_RAILS]; info.devices.len()];
     let open = connections
         .iter()
         .filter(|c| c.state == ConnectionState::Active && c.rails_down != 0);
     for c in open {
-        for (rail, name) in RAIL_NAMES.iter().enumerate() {
-            if c.rails_down & (1 << rail) == 0 {
-                continue;
+        let Some(device) = degraded.get_mut(usize::from(c.info.device)) else {
+            continue;
+        };
+        for (rail, entry) in device.iter_mut().enumerate() {
+            if c.rails_down & (1 << rail) != 0 {
+                entry.0 += 1;
+                entry.1 = entry.1.min(c.failed_over_ns);
             }
-            let key = [
-                device_name(info, c.info.device),
-                traces::direction_name(c.info.direction),
-                (*name).to_owned(),
-            ];
-            let entry = degraded.entry(key).or_insert((0, u64::MAX));
-            entry.0 += 1;
-            entry.1 = entry.1.min(c.failed_over_ns);
         }
     }
     let (host, start) = (info.host.as_str(), info.start_ns);
-    for (key, (count, since_ns)) in degraded {
-        let [device, direction, rail] = key.each_ref().map(String::as_str);
-        let labels = [host, pid, device, direction, rail];
-        let exporter = ctx.exporter;
-        exporter.gauge(
-            &catalog::DEGRADED_CONNECTIONS,
-            &labels,
-            f64::from(count),
-            start,
-        );
-        let age = ctx.now_ns.saturating_sub(since_ns) as f64 / 1e9;
-        exporter.gauge(&catalog::DEGRADED_SECONDS, &labels, age, start);
+    for (index, rails) in degraded.iter().enumerate() {
+        let device = device_name(info, index as u8);
+        for (rail, (count, since_ns)) in RAIL_NAMES.iter().zip(rails) {
+            let labels = [host, pid, device.as_str(), rail];
+            let exporter = ctx.exporter;
+            exporter.gauge(
+                &catalog::DEGRADED_CONNECTIONS,
+                &labels,
+                f64::from(*count),
+                start,
+            );
+            let age = match count {
+                0 => 0.0,
+                _ => ctx.now_ns.saturating_sub(*since_ns) as f64 / 1e9,
+            };
+            exporter.gauge(&catalog::DEGRADED_SECONDS, &labels, age, start);
+        }
     }
 }
 

@@ -122,10 +122,12 @@ fn check_fixture_values(scrape: &Scrape) {
         scrape.matching("mpib_connections_by_operation", &[]).len(),
         1
     );
-    // The receive connection failed SUP over; the send connection is not degraded.
-    let degraded = [p[0], p[1], ("direction", "recv"), ("rail", "sup")];
+    // The receive connection failed SUP over; nothing failed SOUT over (a series at 0).
+    let degraded = [p[0], p[1], ("rail", "sup")];
     assert_eq!(scrape.value("mpib_degraded_connections", &degraded), 1.0);
-    assert_eq!(scrape.matching("mpib_degraded_connections", &[]).len(), 1);
+    let sout = [p[0], p[1], ("rail", "sout")];
+    assert_eq!(scrape.value("mpib_degraded_connections", &sout), 0.0);
+    assert_eq!(scrape.value("mpib_degraded_seconds", &sout), 0.0);
     assert!(scrape.value("mpib_degraded_seconds", &degraded) >= 0.0);
 }
 

@@ -88,6 +88,32 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
     echo "line up: read a ratio above 1 as no gap."
     echo
   fi
+  if grep -q '^bed-failover' "$medians"; then
+    # lost HOW: "N P50 MAX" of the time lost to the cuts made that way.
+    lost() {
+      awk -F'\t' -v l="time lost ms, $1" '$1 == "bed-failover" && $2 == l { print $5 }' "$work/records.tsv" | sort -g |
+        awk '{ v[++n] = $1 } END { if (n) printf "%d %.0f %.0f", n, (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2, v[n] }'
+    }
+    read -r down_cuts down_p50 down_max <<< "$(lost "link down")"
+    read -r drop_cuts drop_p50 drop_max <<< "$(lost "packets dropped")"
+    split=$(value bed-failover "split before the cut" -)
+    after=$(value bed-failover "SOUT alone after it" -)
+    alone=$(value bed-failover "SOUT alone from the start" -)
+    r=$(ratio "$after" "$alone")
+    echo "A rail that fails mid-run (docs/PROTOCOL.md §10): the same rails at the split 683, SUP cut"
+    echo "about 2 s into a run of 8 MiB rows and mended after it: its link set down ($down_cuts cuts;"
+    echo "the tcp fabric's port event: src/fabric/tcp/link_state.rs), or every packet host A"
+    echo "sends on it dropped ($drop_cuts cuts; no event: the QPs' retries find it, \`MPIB_IB_TIMEOUT=14\` and 6"
+    echo "retries, a budget of 4.096 µs × 2^14 × 7 = 0.47 s). Time lost: how much longer the row"
+    echo "across the cut took than a row after it (detection, the failover, the replays). Targets:"
+    echo "SOUT alone after the failover ≥ 0.95 × SOUT alone from the start (\`--sup-bw 0\`); a port"
+    echo "event acted on within 100 ms."
+    echo
+    echo "| split before the cut GB/s | time lost p50 / max ms, link down | … packets dropped | SOUT alone after it GB/s | SOUT alone from the start GB/s | after / from the start | verdict |"
+    echo "|---:|---:|---:|---:|---:|---:|---|"
+    echo "| $split | $down_p50 / $down_max | $drop_p50 / $drop_max | $after | $alone | $r | $(verdict "$r" 0.95) |"
+    echo
+  fi
 } > "$work/bed.md"
 awk -F'\t' '$1 == "bed-split" { sub("sup_bw ", "", $2); print $2, $4 }' "$medians" | sort -n > "$work/split.dat"
 if command -v gnuplot > /dev/null && [ -s "$work/split.dat" ]; then

@@ -12,6 +12,11 @@
 #   converge  (first repetition) one pair through a fresh mpib-agent, SUP slowed from 2 to 0.5
 #             Gbit/s 12 s in: the share the agent asks (its status, 4 times a second), the share
 #             the bytes took and the throughput over time, plotted (WORK/bed-converge.png)
+#   failover  the same rails at the split 683, SUP cut about 2 s into a run, 4 times a repetition
+#             each way (MPIB_IB_TIMEOUT=14 with 6 retries: a 0.47 s retry budget): its link set
+#             down (a port event) or every packet host A sends on it dropped (tbf; no event, the
+#             QPs' retries find it): the time the cut cost the stream (the row across it over a
+#             row after it), and SOUT alone afterwards against SOUT alone from the start
 # Writes WORK/records.tsv (section, label, size, rep, GB/s, p50 us, -), WORK/bed.md (a Markdown
 # section for docs/PERFORMANCE.md) and WORK/bed-split.png (gnuplot). Needs root (namespaces), iperf3
 # and gnuplot (Debian packages; scripts/perf installs them).
@@ -116,6 +121,62 @@ processes() {
   [ "$ok" = yes ] || sum=fail
   printf 'bed-agent\t%s %d processes\t4194304\t%s\t%s\t-\t-\n' "$how" "$n" "$rep" "$sum" >> "$work/records.tsv"
 }
+# failover_cut REP I HOW: one run at the split 683 whose SUP rail is cut about 2 s after it
+# starts (HOW: down, its link set down; drop, every packet host A sends on it dropped) and mended
+# after it; records the time lost to the cut and the rates before and after.
+failover_cut() {
+  local rep=$1 i=$2 how=$3 csv=$work/failover-$3-$1-$2.csv cutter label
+  port=$((port + 1))
+  if [ "$how" = down ]; then
+    label="link down"
+    ( sleep 2; ip -n "$NA" link set veth_a1 down ) &
+  else
+    label="packets dropped"
+    ( sleep 2; tc -n "$NA" qdisc replace dev veth_a1 root tbf rate 8bit burst 16 limit 1 ) &
+  fi
+  cutter=$!
+  series "$csv" "$port" "$failover_env" --min-size 4194304 --max-size 4194304 --iters 2 \
+    --warmup 0 --repeat "$failover_rows" --sup-bw 683 || echo "bed perf: failover run $rep.$i failed" >&2
+  wait "$cutter"
+  ip -n "$NA" link set veth_a1 up
+  shape 1 2gbit
+  # Rows of 8 MiB: the longest one spans the cut; the rows two past it run on SOUT alone.
+  awk -F, -v r="$rep.$i" -v how="$label" 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next }
+    { n++; at[n] = $(c["at_ms"]) + 0; rate[n] = $(c["gbps"]) + 0 }
+    function median(list, k,    v, m, a, b, t) {
+      m = split(list, v, " ")
+      for (a = 2; a <= m; a++) { t = v[a]; for (b = a - 1; b >= 1 && v[b] + 0 > t + 0; b--) v[b + 1] = v[b]; v[b + 1] = t }
+      return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+    }
+    END {
+      for (j = 2; j <= n; j++) { d[j] = at[j] - at[j - 1]; if (d[j] > d[k] || !k) k = j }
+      for (j = 2; j < k; j++) before = before " " rate[j]
+      for (j = k + 2; j <= n; j++) { after = after " " rate[j]; spans = spans " " d[j] }
+      if (k < 4 || n - k < 4) { print "bed perf: the cut missed the run (row " k " of " n ")" > "/dev/stderr"; exit }
+      printf "bed-failover\tsplit before the cut\t-\t%s\t%.4f\t-\t-\n", r, median(before)
+      printf "bed-failover\tSOUT alone after it\t-\t%s\t%.4f\t-\t-\n", r, median(after)
+      printf "bed-failover\ttime lost ms, %s\t-\t%s\t%.1f\t-\t-\n", how, r, d[k] - median(spans)
+    }' "$csv" >> "$work/records.tsv"
+}
+# failover REP: $cuts cuts, then SOUT alone from the start (sup_bw 0) for the survivor's rate.
+failover() {
+  local rep=$1 i
+  for ((i = 1; i <= cuts; i++)); do
+    failover_cut "$rep" "$i" down
+    failover_cut "$rep" "$i" drop
+  done
+  port=$((port + 1))
+  series "$work/survivor-$rep.csv" "$port" "$failover_env" --min-size 4194304 --max-size 4194304 \
+    --iters 2 --warmup 0 --repeat $((failover_rows / 2)) --sup-bw 0 || echo "bed perf: the SOUT-alone run failed" >&2
+  awk -F, -v r="$rep" 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next } NR > 2 { print $(c["gbps"]) }' \
+    "$work/survivor-$rep.csv" | sort -g | awk -v r="$rep" '{ v[++n] = $1 }
+      END { if (n) printf "bed-failover\tSOUT alone from the start\t-\t%s\t%.4f\t-\t-\n", r, (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' \
+    >> "$work/records.tsv"
+}
+failover_env="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14 MPIB_IB_RETRY_CNT=6"
+cuts=4 failover_rows=160
+[ -z "$quick" ] || { cuts=1 failover_rows=120; }
+
 # Rows of 32 MiB, shared out so that every case lasts about 17 s (the rails move 0.36 GB/s in all);
 # the rates count from 8 s on, once the agent has settled (it decides every 500 ms).
 agent_rows=180 settle_ms=8000 converge_rows=450
@@ -160,9 +221,14 @@ record() {
 
 # Iterations: mpib-perf's own choice (about 256 MiB per size), so every row lasts a second or more.
 perf_args=(--min-size "${sizes[0]}" --max-size "${sizes[-1]}" --step-factor 4 --warmup 4)
-# PERF_ONLY=agent: the agent's cases alone (a development shortcut, as in scripts/lib/perf/rig.sh).
+# PERF_ONLY=agent or failover: those cases alone (a development shortcut, as in
+# scripts/lib/perf/rig.sh).
 only=${PERF_ONLY:-}
 for ((rep = 1; rep <= reps; rep++)); do
+  if [ "$only" = failover ]; then
+    shape 0 1gbit && shape 1 2gbit && failover "$rep"
+    continue
+  fi
   for section in rail ceiling; do
     [ "$only" != agent ] || continue
     if [ $section = rail ]; then shape 0 2gbit; else shape 0 ''; fi
@@ -184,6 +250,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
   stop_agent
   [ "$rep" != 1 ] || converge
+  [ "$only" = agent ] || failover "$rep"
   echo "bed perf: repetition $rep of $reps done"
 done
 "$here/bed-render.sh" "$work" "$reps"
