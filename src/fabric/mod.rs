@@ -374,8 +374,9 @@ pub trait QueuePair: Send {
     /// it. Idempotent; never waits.
     fn fail(&mut self) -> FabricResult<()>;
     /// Whether, since [`QueuePair::fail`], nothing more can land at or leave the QP and every
-    /// completion it produced is in its CQ (the tcp fabric's rail thread has taken the request;
-    /// the loopback is there at once). Polled across calls, never waits.
+    /// completion it produced is in its CQ (verbs: the HCA raised the last-WQE-reached event of
+    /// a QP on a shared receive queue; the tcp fabric's rail thread has taken the request; the
+    /// loopback is there at once). Polled across calls, never waits.
     fn quiesced(&mut self) -> FabricResult<bool>;
 }
 

@@ -1,7 +1,7 @@
 //! Opened devices: the context and protection domain (RAII), the port facts reported as
 //! [`DeviceInfo`], and the [`RailDevice`] implementation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdma_sys::{
@@ -86,6 +86,9 @@ pub(crate) struct DeviceInner {
     pub label: String,
     /// Live registrations by lkey (control path only, so a mutex is fine).
     mrs: Mutex<HashMap<u32, MrEntry>>,
+    /// QPs whose `IBV_EVENT_QP_LAST_WQE_REACHED` was read and not yet taken by their
+    /// `QueuePair::quiesced` (a failover waits for it: src/fabric/verbs/qp.rs).
+    last_wqe: Mutex<HashSet<u32>>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread (every verb is thread-safe); the raw
@@ -108,6 +111,12 @@ impl DeviceInner {
     /// The registration table (a poisoned lock is recovered: entries are plain values).
     pub(crate) fn mrs(&self) -> MutexGuard<'_, HashMap<u32, MrEntry>> {
         self.mrs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The QPs whose last-WQE-reached event was read (a poisoned lock is recovered: plain
+    /// numbers).
+    pub(crate) fn last_wqe(&self) -> MutexGuard<'_, HashSet<u32>> {
+        self.last_wqe.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// An error about this device.
@@ -212,6 +221,7 @@ impl VerbsDevice {
             port: options.port,
             label,
             mrs: Mutex::new(HashMap::new()),
+            last_wqe: Mutex::new(HashSet::new()),
         });
         let dmabuf = super::memory::probe_dmabuf(&inner);
         info!(

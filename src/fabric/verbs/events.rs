@@ -20,6 +20,9 @@ pub(crate) struct RawAsyncEvent {
     event_type: u32,
 }
 
+/// `IBV_EVENT_QP_LAST_WQE_REACHED`.
+const LAST_WQE_REACHED: u32 = 16;
+
 /// Events read and acknowledged per call at most, so a flood cannot keep the caller here.
 const MAX_SKIPPED: usize = 64;
 
@@ -48,8 +51,7 @@ pub(crate) fn next_async_event(device: &DeviceInner) -> Option<AsyncEvent> {
         let kind = event.event_type;
         // SAFETY: every bit pattern is a valid raw pointer; for QP events the element is the
         // QP, alive until the event is acked.
-        let qp = (1..=3)
-            .contains(&kind)
+        let qp = ((1..=3).contains(&kind) || kind == LAST_WQE_REACHED)
             .then_some(unsafe { event.element.qp });
         let qp_num = match qp {
             // SAFETY: as above: a live QP until the ack below.
@@ -65,6 +67,12 @@ pub(crate) fn next_async_event(device: &DeviceInner) -> Option<AsyncEvent> {
         unsafe {
             ibv_ack_async_event((&mut event as *mut RawAsyncEvent).cast::<ibv_async_event>())
         };
+        if kind == LAST_WQE_REACHED {
+            // A QP of a shared receive queue in the error state takes no more of its receives:
+            // what a failover's `quiesced` waits for (src/fabric/verbs/qp.rs).
+            device.last_wqe().insert(qp_num);
+            continue;
+        }
         match attrs::classify_event(kind, event_port, device.port, qp_num) {
             EventAction::Report(reported) => {
                 let name = attrs::event_name(kind);

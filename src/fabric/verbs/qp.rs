@@ -3,6 +3,7 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rdma_sys::{
     ibv_access_flags, ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp, ibv_qp_attr,
@@ -32,13 +33,21 @@ pub struct VerbsQp {
     device: Arc<DeviceInner>,
     _cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
+    /// Since when the QP is in error at `QueuePair::fail`'s request, and whether it has
+    /// quiesced since.
+    failed: Option<(Instant, bool)>,
 }
 
 // SAFETY: the QP pointer is only passed to thread-safe verbs; posting needs `&mut self`.
 unsafe impl Send for VerbsQp {}
 
+/// How long a failover waits for a QP's last-WQE-reached event at most (the housekeeping thread
+/// reads events every 10 ms; a NIC raises it as soon as the QP stops taking receives).
+const LAST_WQE_WAIT: Duration = Duration::from_millis(500);
+
 impl Drop for VerbsQp {
     fn drop(&mut self) {
+        self.device.last_wqe().remove(&self.qp_num);
         // SAFETY: `qp` came from ibv_create_qp and is destroyed once; the CQ/SRQ/device it uses
         // are released only after this (fields drop after `drop`).
         let rc = unsafe { ibv_destroy_qp(self.qp) };
@@ -112,6 +121,7 @@ impl VerbsQp {
             device: Arc::clone(device),
             _cq: Arc::clone(&cq.inner),
             _srq: srq.map(|s| Arc::clone(&s.inner)),
+            failed: None,
         })
     }
 
@@ -311,14 +321,36 @@ impl QueuePair for VerbsQp {
                 "moving the QP to the error state for a failover",
             ));
         }
+        self.failed.get_or_insert((Instant::now(), false));
         Ok(())
     }
 
-    /// Once the modify returned the HCA places nothing more for the QP. Not waited for: the
-    /// `IBV_EVENT_QP_LAST_WQE_REACHED` event after which no completion of a receive it took
-    /// from its shared queue can still come (docs/PROTOCOL.md §10, "Known gaps": one that
-    /// does fails the connection as an IMM on a failed rail, never lands unseen).
+    /// A QP without a shared receive queue places nothing more once the modify returned, and
+    /// flushes its sends. One that takes receives from a shared queue may still be finishing one
+    /// it took: the HCA says when it has with `IBV_EVENT_QP_LAST_WQE_REACHED` (read by the
+    /// housekeeping thread: src/fabric/verbs/events.rs), after which every completion of such a
+    /// receive is in the CQ. A device that never says so is waited for `LAST_WQE_WAIT` at most,
+    /// once (a late completion then fails the connection as an IMM on a failed rail; it never
+    /// lands unseen: docs/PROTOCOL.md §10).
     fn quiesced(&mut self) -> FabricResult<bool> {
+        let Some((since, done)) = self.failed else {
+            return Ok(false);
+        };
+        if done || self._srq.is_none() || self.device.last_wqe().remove(&self.qp_num) {
+            self.failed = Some((since, true));
+            return Ok(true);
+        }
+        if since.elapsed() < LAST_WQE_WAIT {
+            return Ok(false);
+        }
+        warn!(
+            crate::log::NET,
+            "{} QP {}: no last-WQE-reached event {} ms after it was moved to the error state; going on",
+            self.device.label,
+            self.qp_num,
+            LAST_WQE_WAIT.as_millis()
+        );
+        self.failed = Some((since, true));
         Ok(true)
     }
 }
