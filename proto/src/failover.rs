@@ -19,6 +19,8 @@
 
 use crate::cts::{COMPLETION_RECORD_SIZE, CTS_ENTRY_SIZE, FIFO_SLOTS, MAX_RECVS};
 use crate::rail::Rail;
+use crate::work::{SendOpcode, Sge, WorkRequest};
+use crate::wr_id::{WrId, WrKind};
 
 /// Bytes of a [`FailoverNotice`] as written.
 pub const FAILOVER_NOTICE_LEN: usize = 16;
@@ -39,6 +41,46 @@ pub const WRITE_MESSAGE: u8 = 0;
 /// ...or a probe: a zero-byte write that only a live peer's QP acknowledges, sent while the
 /// control connection is gone, and to get send-queue credits back.
 pub const WRITE_PROBE: u8 = 1;
+
+/// Where a failover write goes: the peer's mailbox at `remote_addr` under `rkey`, posted as
+/// `post_index` on the QP at `qp_index` of `rail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MailboxWrite {
+    /// The rail it goes on (the survivor).
+    pub rail: Rail,
+    /// The QP's place in the connection's QP array.
+    pub qp_index: u8,
+    /// The QP's running WR count after it (send-queue credits).
+    pub post_index: u32,
+    /// The mailbox's address in the peer's memory.
+    pub remote_addr: u64,
+    /// The peer's key for it on `rail`.
+    pub rkey: u32,
+}
+
+impl MailboxWrite {
+    /// The signalled RDMA write of `sge`'s bytes (a message: [`WRITE_MESSAGE`]) or of none (a
+    /// probe: [`WRITE_PROBE`], `what`).
+    #[inline]
+    pub fn request(&self, sge: Option<Sge>, what: u8) -> WorkRequest {
+        WorkRequest {
+            wr_id: WrId {
+                kind: WrKind::Failover,
+                rail: self.rail,
+                qp_index: self.qp_index,
+                slot: what,
+                post_index: self.post_index,
+            }
+            .pack(),
+            opcode: SendOpcode::Write,
+            sge,
+            remote_addr: self.remote_addr,
+            rkey: self.rkey,
+            signaled: true,
+            inline: false,
+        }
+    }
+}
 
 const _: () = assert!(FAILOVER_REPORT_LEN <= CTS_ENTRY_SIZE);
 const _: () = assert!(FAILOVER_NOTICE_LEN <= COMPLETION_RECORD_SIZE);

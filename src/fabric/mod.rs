@@ -153,6 +153,23 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The completion of `wr` flushed from QP `qp_num` in the error state (`WR_FLUSH_ERR`),
+    /// with the vendor error code `vendor_err`.
+    pub fn flushed(wr: &WorkRequest, qp_num: u32, vendor_err: u32) -> Completion {
+        Completion {
+            wr_id: wr.wr_id,
+            status: CompletionStatus::Flushed,
+            opcode: match wr.opcode {
+                SendOpcode::Read => CompletionOpcode::RdmaRead,
+                _ => CompletionOpcode::RdmaWrite,
+            },
+            byte_len: 0,
+            imm: 0,
+            qp_num,
+            vendor_err,
+        }
+    }
+
     /// A zeroed completion, for initialising caller-owned poll arrays.
     pub const EMPTY: Completion = Completion {
         wr_id: 0,

@@ -260,19 +260,8 @@ pub(crate) fn flush(world: &mut World, index: u32) {
 pub(crate) fn flush_posted(world: &mut World, index: u32, chain: &[crate::fabric::WorkRequest]) {
     let (qpn, cq) = (world.qps[index].qpn, world.qps[index].cq);
     for wr in chain.iter().filter(|wr| wr.signaled) {
-        let completion = Completion {
-            wr_id: wr.wr_id,
-            status: CompletionStatus::Flushed,
-            opcode: match wr.opcode {
-                SendOpcode::Read => CompletionOpcode::RdmaRead,
-                _ => CompletionOpcode::RdmaWrite,
-            },
-            byte_len: 0,
-            imm: 0,
-            qp_num: qpn,
-            vendor_err: vendor_err(CompletionStatus::Flushed),
-        };
-        deliver(world, cq, completion);
+        let vendor = vendor_err(CompletionStatus::Flushed);
+        deliver(world, cq, Completion::flushed(wr, qpn, vendor));
     }
 }
 

@@ -12,10 +12,9 @@ use super::shared::{CqRing, Notice, Peer, QpShared, Shared, SrqRing};
 use super::socket;
 use crate::fabric::pages::check_depth;
 use crate::fabric::{
-    Access, AsyncEvent, Completion, CompletionOpcode, CompletionQueue, CompletionStatus,
-    CqSettings, DeviceInfo, Endpoint, FabricError, FabricResult, MemoryKeys, PeerResolution,
-    QpCapabilities, QpSettings, QueuePair, RailDevice, RemoteQp, SendOpcode, SharedReceiveQueue,
-    WorkRequest,
+    Access, AsyncEvent, Completion, CompletionQueue, CqSettings, DeviceInfo, Endpoint, FabricError,
+    FabricResult, MemoryKeys, PeerResolution, QpCapabilities, QpSettings, QueuePair, RailDevice,
+    RemoteQp, SharedReceiveQueue, WorkRequest,
 };
 use crate::native_thread::NativeThread;
 
@@ -477,7 +476,7 @@ impl QueuePair for TcpQp {
             // each signaled one with WR_FLUSH_ERR (the engine then learns the rail failed).
             let (cq, qpn) = (qp.cq, self.qpn);
             for wr in chain.iter().filter(|wr| wr.signaled) {
-                state.deliver(cq, flushed(wr, qpn));
+                state.deliver(cq, Completion::flushed(wr, qpn, 0));
             }
             return Ok(());
         }
@@ -535,22 +534,6 @@ impl QueuePair for TcpQp {
         }
         let state = self.core.shared.state();
         Ok(state.qps.get(&self.qpn).map_or(true, |qp| qp.quiesced))
-    }
-}
-
-/// The completion of `wr`, posted on QP `qpn` in the error state.
-fn flushed(wr: &WorkRequest, qpn: u32) -> Completion {
-    Completion {
-        wr_id: wr.wr_id,
-        status: CompletionStatus::Flushed,
-        opcode: match wr.opcode {
-            SendOpcode::Read => CompletionOpcode::RdmaRead,
-            _ => CompletionOpcode::RdmaWrite,
-        },
-        byte_len: 0,
-        imm: 0,
-        qp_num: qpn,
-        vendor_err: 0,
     }
 }
 

@@ -8,15 +8,15 @@ use mpib_probes::declared::RAIL_ERROR_COMPLETIONS;
 
 use super::{RecvComm, RecvData};
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, Rail, SendOpcode, Sge, WorkRequest};
+use crate::fabric::{Completion, Rail, Sge};
 use crate::log;
 use crate::net::observe::peer::Watch;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::net::setup::resources::drain_completions;
 use crate::proto::cts::{CtsEntry, CTS_ENTRY_SIZE, MAX_RECVS};
 use crate::proto::failover::{
-    FailoverError, FailoverNotice, FailoverReport, FAILOVER_NOTICE_LEN, FAILOVER_REPORT_LEN,
-    NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
+    FailoverError, FailoverNotice, FailoverReport, MailboxWrite, FAILOVER_NOTICE_LEN,
+    FAILOVER_REPORT_LEN, NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
 };
 use crate::proto::recv_slots::RecvBlocked;
 use crate::proto::wr_id::{WrId, WrKind};
@@ -259,22 +259,14 @@ impl RecvComm {
         let Some(post_index) = data.qps.credits[data.cts_qp].reserve(1) else {
             return Ok(false);
         };
-        let wr = WorkRequest {
-            wr_id: WrId {
-                kind: WrKind::Failover,
-                rail,
-                qp_index: data.cts_qp as u8,
-                slot: what,
-                post_index,
-            }
-            .pack(),
-            opcode: SendOpcode::Write,
-            sge,
+        let wr = MailboxWrite {
+            rail,
+            qp_index: data.cts_qp as u8,
+            post_index,
             remote_addr: data.remote_fifo + (REPORT_MAILBOX * CTS_ENTRY_SIZE) as u64,
             rkey: data.remote_fifo_rkeys[rail.index()],
-            signaled: true,
-            inline: false,
-        };
+        }
+        .request(sge, what);
         // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, whose mailbox
         // is written again only for a later failover; the remote range is the sender's mailbox,
         // inside the FIFO it registered (handshake).

@@ -10,18 +10,18 @@ use mpib_probes::declared::{
 use super::busy::BusyClock;
 use super::{SendComm, SendData};
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, Rail, SendOpcode, Sge, WorkRequest};
+use crate::fabric::{Completion, Rail, Sge};
 use crate::log;
 use crate::net::data::request::now_ns;
 use crate::net::observe::peer::Watch;
 use crate::net::setup::comm::ConnectionInfo;
 use crate::proto::cts::COMPLETION_RECORD_SIZE;
 use crate::proto::failover::{
-    FailoverError, FailoverNotice, FailoverReport, FAILOVER_NOTICE_LEN, FAILOVER_REPORT_LEN,
-    NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
+    FailoverError, FailoverNotice, FailoverReport, MailboxWrite, FAILOVER_NOTICE_LEN,
+    FAILOVER_REPORT_LEN, NOTICE_MAILBOX, REPORT_MAILBOX, WRITE_MESSAGE, WRITE_PROBE,
 };
 use crate::proto::post_plan;
-use crate::proto::wr_id::{WrId, WrKind};
+use crate::proto::wr_id::WrId;
 
 /// The report's last word, its seal: read first, so a reader that sees it reads the whole.
 const REPORT_SEAL_WORD: usize = FAILOVER_REPORT_LEN / 8 - 1;
@@ -142,22 +142,14 @@ impl SendComm {
         let Some(post_index) = data.qps.credits[qp].reserve(1) else {
             return Ok(false);
         };
-        let wr = WorkRequest {
-            wr_id: WrId {
-                kind: WrKind::Failover,
-                rail: survivor,
-                qp_index: qp as u8,
-                slot: what,
-                post_index,
-            }
-            .pack(),
-            opcode: SendOpcode::Write,
-            sge,
+        let wr = MailboxWrite {
+            rail: survivor,
+            qp_index: qp as u8,
+            post_index,
             remote_addr: data.remote_records + (NOTICE_MAILBOX * COMPLETION_RECORD_SIZE) as u64,
             rkey: data.remote_records_rkeys[survivor.index()],
-            signaled: true,
-            inline: false,
-        };
+        }
+        .request(sge, what);
         // SAFETY: the SGE lies in `records`, owned and registered by this comm, and its mailbox
         // is written again only for a later failover; the remote range is the receiver's
         // mailbox, inside the records it registered (handshake).
