@@ -6,10 +6,10 @@
 //! expects (the send clamped to the capacity) and the bytes that were sent, and every send is
 //! reported done; with a rail cut nothing completes that did not receive all of its bytes, a send
 //! reported done was received, and neither side reports a protocol error. With failover on
-//! (docs/PROTOCOL.md §10), a rail that fails at any point — cut both ways, one way only, or found
-//! failed by either side while still up — costs nothing: every receive still completes exactly
-//! once with its sizes and bytes, and every send is reported done. Runs under Miri too (fewer
-//! cases; scripts/test).
+//! (docs/PROTOCOL.md §10), a rail that fails at any point — cut both ways, one way only, losing
+//! the acknowledgements of writes that landed, or found failed by either side while still up —
+//! costs nothing: every receive still completes exactly once with its sizes and bytes, and every
+//! send is reported done. Runs under Miri too (fewer cases; scripts/test).
 
 mod pair;
 
@@ -143,15 +143,26 @@ fn rail() -> impl Strategy<Value = Rail> {
     prop_oneof![Just(Rail::ScaleOut), Just(Rail::ScaleUp)]
 }
 
-/// How a rail fails: cut both ways, one way, or found failed by a side while it still works.
+/// How a rail fails: cut both ways, one way, its acknowledgements lost (what is on the wire
+/// and posted after still lands, and never completes at the sender; with a later cut of either
+/// direction, its writes landed and unacknowledged at that cut), or found failed by a side while
+/// it still works.
 fn failure(rail: Rail) -> impl Strategy<Value = Event> {
     prop_oneof![
         Just(Event::Cut(rail)),
         Just(Event::CutData(rail)),
         Just(Event::CutCts(rail)),
+        Just(Event::CutAcks(rail)),
         Just(Event::Detect(Side::Sender, rail)),
         Just(Event::Detect(Side::Receiver, rail)),
     ]
+}
+
+/// How the failing rail fails in the end, if the script left it working: its writes dropped
+/// with what is on the wire, or only their acknowledgements (what is on the wire, and what is
+/// posted until the sender finds the rail failed, lands unacknowledged).
+fn last_failure(rail: Rail) -> impl Strategy<Value = Event> {
+    prop_oneof![Just(Event::CutData(rail)), Just(Event::CutAcks(rail))]
 }
 
 proptest! {
@@ -163,8 +174,9 @@ proptest! {
         srq_high in 2u32..12,
         order in proptest::collection::vec(0usize..8, MAX_GROUPS),
         script in proptest::collection::vec(event(), 0..MAX_EVENTS),
-        (failing, failures) in rail().prop_flat_map(|rail| {
-            (Just(rail), proptest::collection::vec((0usize..MAX_EVENTS, failure(rail)), 1..3))
+        (failures, last) in rail().prop_flat_map(|rail| {
+            let failures = proptest::collection::vec((0usize..MAX_EVENTS, failure(rail)), 1..3);
+            (failures, last_failure(rail))
         }),
         cts_rail in rail(),
     ) {
@@ -176,7 +188,7 @@ proptest! {
             pair.step(event);
         }
         // Whatever happened, the rail fails in the end (the script may have ended first).
-        pair.step(Event::CutData(failing));
+        pair.step(last);
         pair.drain(20_000);
         prop_assert!(!pair.no_survivor, "one rail failed, and both were given up");
         prop_assert_eq!(pair.error.as_deref(), None);
@@ -228,6 +240,75 @@ fn transfers_in_flight_on_a_cut_rail_are_replayed_on_the_survivor() {
         );
         every_transfer_done(&pair, &groups, &format!("{cut}: ")).unwrap();
     }
+}
+
+/// Transfers split on both rails whose parts on the failed rail landed at the receiver, their
+/// acknowledgements lost: the sender cannot tell them from parts that were lost, and the
+/// receiver's report decides (docs/PROTOCOL.md §10). The receiver took those parts' IMMs before
+/// it reported, so it awaits none of their slots and the sender settles them without a replay;
+/// only the transfers whose part on the failed rail never landed are replayed. Every send is
+/// done and every receive completes once.
+#[test]
+fn parts_that_landed_with_their_acknowledgements_lost_are_not_replayed() {
+    let cases = [
+        (Rail::ScaleUp, Rail::ScaleOut),
+        (Rail::ScaleOut, Rail::ScaleOut),
+        (Rail::ScaleOut, Rail::ScaleUp),
+    ];
+    let transfers = if MIRI { 2 } else { 8 };
+    for (cut, cts_rail) in &cases[..if MIRI { 1 } else { cases.len() }] {
+        // All of them landed on the failed rail, or the first half.
+        for landed in [transfers, transfers / 2] {
+            let pair = lose_acknowledgements(*cut, *cts_rail, transfers, landed);
+            let case = format!("{cut}, {landed} of {transfers} landed: ");
+            assert_eq!(pair.error, None, "{case}");
+            assert_eq!(pair.lost_acks, landed, "{case}acknowledgements lost");
+            assert_eq!(pair.reports, 1, "{case}reports");
+            assert_eq!(pair.replays, transfers - landed, "{case}replays");
+            every_transfer_done(&pair, &groups_split_on_both_rails(transfers), &case).unwrap();
+        }
+    }
+}
+
+/// `count` single-buffer transfers, each with bytes on both rails.
+fn groups_split_on_both_rails(count: usize) -> Vec<Group> {
+    (0..count)
+        .map(|i| Group {
+            buffers: vec![Buffer {
+                capacity: 8192,
+                send: 2048 + 128 * i as u64,
+            }],
+            share: 512,
+        })
+        .collect()
+}
+
+/// `transfers` posted on both rails; the first `landed` of them land on `cut` with their
+/// acknowledgements lost; then `cut` is cut both ways and the pair runs to the end.
+fn lose_acknowledgements(cut: Rail, cts_rail: Rail, transfers: usize, landed: usize) -> Pair {
+    let groups = groups_split_on_both_rails(transfers);
+    let mut pair = Pair::new(groups, 16, &[]).with_failover(cts_rail);
+    for _ in 0..40 {
+        for event in [Event::Receiver, Event::Cts, Event::Sender] {
+            pair.step(event);
+        }
+    }
+    assert!(
+        pair.on_the_wire(cut) >= transfers && pair.on_the_wire(cut.other()) >= transfers,
+        "every transfer is on both rails"
+    );
+    pair.step(Event::CutAcks(cut));
+    // Each transfer's part ends with its one signalled write: `landed` lost acknowledgements
+    // are the first `landed` parts, whole (bounded: a stall shows as fewer lost).
+    for _ in 0..1000 {
+        if pair.lost_acks == landed {
+            break;
+        }
+        pair.step(Event::Deliver(cut));
+    }
+    pair.step(Event::Cut(cut));
+    pair.drain(20_000);
+    pair
 }
 
 /// A rail cut after the FIFO has wrapped, with slots in use for their second or third time:

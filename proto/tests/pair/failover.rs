@@ -17,18 +17,6 @@ use super::{
 };
 
 impl Pair {
-    /// The sender's writes on `rail` are dropped from now on.
-    pub(super) fn cut_data(&mut self, rail: Rail) {
-        self.data_cut[rail.index()] = true;
-        self.rails[rail.index()].clear();
-    }
-
-    /// The receiver's writes on `rail` are dropped from now on.
-    pub(super) fn cut_cts(&mut self, rail: Rail) {
-        self.cts_cut[rail.index()] = true;
-        self.cts.retain(|(on, _)| *on != rail);
-    }
-
     /// A write of the receiver's into the sender's memory, on the rail its CTS rides.
     pub(super) fn write_to_sender(&mut self, message: ToSender) {
         let rail = if self.receiver.down().contains(self.cts_rail) {
@@ -196,7 +184,8 @@ impl Pair {
     }
 
     /// With failover on, when the pair stalls: a cut no side has detected is found by the side
-    /// whose writes it drops (their error completions would say so). Whether one was.
+    /// whose writes it drops, or whose acknowledgements (their error completions would say so).
+    /// Whether one was.
     pub(super) fn find_a_cut(&mut self) -> bool {
         if !self.failover || self.no_survivor || self.error.is_some() {
             return false;
@@ -206,9 +195,11 @@ impl Pair {
             if known {
                 continue;
             }
-            let side = if self.data_cut[rail.index()] {
+            // A write whose acknowledgement is lost fails at the sender (retries exhausted).
+            let i = rail.index();
+            let side = if self.data_cut[i] || self.ack_cut[i] {
                 Side::Sender
-            } else if self.cts_cut[rail.index()] {
+            } else if self.cts_cut[i] {
                 Side::Receiver
             } else {
                 continue;

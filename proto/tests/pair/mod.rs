@@ -7,11 +7,14 @@
 //! bytes before its IMM completes; an IMM needs a posted SRQ receive on its rail and waits
 //! (RNR) until there is one; the receiver's CTS write lands in the sender's FIFO one entry at a
 //! time. A cut rail drops what it carries and completes nothing, on either side; a cut may take
-//! one direction only (the data, or the receiver's writes to the sender). With failover on
-//! (`failover.rs`), a side that detects a failed rail puts its end in error (nothing more
-//! crosses it either way) and the two go on over the other, as docs/PROTOCOL.md §10 says.
+//! one direction only (the data, or the receiver's writes to the sender), or only the
+//! acknowledgements of the sender's writes (they land, and the sender never hears: `wire.rs`).
+//! With failover on (`failover.rs`), a side that detects a failed rail puts its end in error
+//! (nothing more crosses it either way) and the two go on over the other, as
+//! docs/PROTOCOL.md §10 says.
 
 mod failover;
+mod wire;
 
 use std::collections::VecDeque;
 
@@ -28,7 +31,7 @@ use mpib_proto::recv_slots::{ImmOutcome, RecvBuffer, RecvSlots};
 use mpib_proto::send_slots::{Head, SendBuffer, SendProgress, SendSlots};
 use mpib_proto::srq::SrqCredits;
 use mpib_proto::srq_shared::{SharedSrqLedger, SHARED_SRQ_FLOOR};
-use mpib_proto::work::{SendOpcode, WorkRequest};
+use mpib_proto::work::WorkRequest;
 
 /// Sender data buffers start here; receiver buffers at [`RECV_BASE`].
 const SEND_BASE: u64 = 0x1000_0000;
@@ -73,6 +76,9 @@ pub enum Event {
     CutData(Rail),
     /// From now on this rail drops the receiver's writes (CTS entries, reports).
     CutCts(Rail),
+    /// From now on this rail drops the acknowledgements of the sender's writes: they still
+    /// land at the receiver (bytes and IMM), and their completions never reach the sender.
+    CutAcks(Rail),
     /// A side finds the rail failed (an error completion, a port event; or wrongly): its end
     /// goes to error and it fails over (with failover on).
     Detect(Side, Rail),
@@ -123,9 +129,11 @@ pub struct Pair {
     ledgers: [SharedSrqLedger; 2],
     settled: [u32; 2],
     rails: [VecDeque<WorkRequest>; 2],
-    /// Per rail, whether the sender's writes (data) and the receiver's (CTS) are dropped.
+    /// Per rail, whether the sender's writes (data), the receiver's (CTS), and the sender's
+    /// completions (the acknowledgements of its writes) are dropped.
     data_cut: [bool; 2],
     cts_cut: [bool; 2],
+    ack_cut: [bool; 2],
     /// The receiver's writes to the sender in order, each with the rail it rides.
     cts: VecDeque<(Rail, ToSender)>,
     /// The rail the receiver's CTS writes ride (SUP for vanilla intra-island, else SOUT).
@@ -144,6 +152,8 @@ pub struct Pair {
     /// Transfers sent again whole after a failover, and reports the sender took.
     pub replays: usize,
     pub reports: usize,
+    /// Signalled writes that landed at the receiver and never completed at the sender.
+    pub lost_acks: usize,
     send_cq: VecDeque<(Rail, usize)>,
     recv_cq: VecDeque<(Rail, u32)>,
     now: u64,
@@ -211,6 +221,7 @@ impl Pair {
             rails: [VecDeque::new(), VecDeque::new()],
             data_cut: [false; 2],
             cts_cut: [false; 2],
+            ack_cut: [false; 2],
             cts: VecDeque::new(),
             cts_rail: Rail::ScaleOut,
             cts_shadow: vec![CtsEntry::EMPTY; FIFO_SLOTS * MAX_RECVS],
@@ -222,6 +233,7 @@ impl Pair {
             no_survivor: false,
             replays: 0,
             reports: 0,
+            lost_acks: 0,
             send_cq: VecDeque::new(),
             recv_cq: VecDeque::new(),
             now: 1,
@@ -268,6 +280,10 @@ impl Pair {
                 self.cut_cts(rail);
                 Ok(())
             }
+            Event::CutAcks(rail) => {
+                self.cut_acks(rail);
+                Ok(())
+            }
             Event::Detect(side, rail) => self.detect(side, rail),
         };
         if let Err(error) = result {
@@ -311,6 +327,11 @@ impl Pair {
             self.send_cq.len() + self.recv_cq.len(),
             self.done_count,
         )
+    }
+
+    /// Work requests on `rail`'s wire, not yet executed.
+    pub fn on_the_wire(&self, rail: Rail) -> usize {
+        self.rails[rail.index()].len()
     }
 
     /// Receiver slots still outstanding.
@@ -507,78 +528,6 @@ impl Pair {
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
-    }
-
-    /// Stores the plan's record and puts its chains on the wire.
-    fn post_plan(&mut self, slot: usize, mut plan: post_plan::PostPlan) {
-        if let Some(record) = plan.record {
-            let at = slot * COMPLETION_RECORD_SIZE;
-            self.shadow[at..at + COMPLETION_RECORD_SIZE].copy_from_slice(&record.to_le_bytes());
-        }
-        for rail in plan.mask.rails() {
-            let chain = plan.chain_mut(rail);
-            let last = chain.len() - 1;
-            chain[last].wr_id = slot as u64;
-            if !self.data_cut[rail.index()] {
-                self.rails[rail.index()].extend(chain.iter().copied());
-            }
-        }
-    }
-
-    /// Executes the head of `rail`'s queue: its bytes land, then its IMM (if it has a receive)
-    /// and its send completion.
-    fn deliver(&mut self, rail: Rail) {
-        let i = rail.index();
-        let Some(wr) = self.rails[i].front().copied() else {
-            return;
-        };
-        let imm = match wr.opcode {
-            SendOpcode::WriteWithImm { imm } => Some(imm),
-            SendOpcode::Write | SendOpcode::Read => None,
-        };
-        if imm.is_some() && self.srq_posted[i] == 0 {
-            return; // RNR: retried when a receive is posted
-        }
-        self.rails[i].pop_front();
-        assert!(wr.rkey == RKEYS[i], "{rail} write with another rail's rkey");
-        if let Some(sge) = wr.sge {
-            assert!(
-                sge.lkey == LKEYS[i],
-                "{rail} write with another rail's lkey"
-            );
-            let bytes = self.local(sge.addr, sge.length as usize).to_vec();
-            self.remote(wr.remote_addr, bytes.len())
-                .copy_from_slice(&bytes);
-        }
-        if let Some(imm) = imm {
-            self.srq_posted[i] -= 1;
-            self.recv_cq.push_back((rail, imm));
-        }
-        if wr.signaled {
-            self.send_cq.push_back((rail, wr.wr_id as usize));
-        }
-    }
-
-    fn local(&self, addr: u64, length: usize) -> &[u8] {
-        let (memory, base): (&[u8], u64) = if addr >= NOTICE_SHADOW_BASE {
-            (&self.notice_shadow, NOTICE_SHADOW_BASE)
-        } else if addr >= SHADOW_BASE {
-            (&self.shadow, SHADOW_BASE)
-        } else {
-            (&self.send_memory, SEND_BASE)
-        };
-        &memory[(addr - base) as usize..][..length]
-    }
-
-    fn remote(&mut self, addr: u64, length: usize) -> &mut [u8] {
-        let (memory, base): (&mut [u8], u64) = if addr >= NOTICE_MAILBOX_BASE {
-            (&mut self.notice_mailbox, NOTICE_MAILBOX_BASE)
-        } else if addr >= RECORDS_BASE {
-            (&mut self.records, RECORDS_BASE)
-        } else {
-            (&mut self.recv_memory, RECV_BASE)
-        };
-        &mut memory[(addr - base) as usize..][..length]
     }
 }
 
