@@ -182,7 +182,16 @@ fn sorting_filtering_and_resizing_change_the_screen() {
     assert_eq!(connections.len(), 1, "{screen}");
     assert!(connections[0].contains(&peer), "{screen}");
     assert_eq!(rail_order(&screen, &pids), [fast.pid()], "{screen}");
-    tmux.keys(&["f", "Escape"]);
+    // Each key's effect is waited for before the next key or resize: once, in CI, the filter
+    // was still being edited when `h` came (typed into it), and the help never showed.
+    tmux.keys(&["f"]);
+    tmux.until("the filter prompt", |s| {
+        s.contains("(Enter applies, Esc clears)")
+    });
+    tmux.keys(&["Escape"]);
+    tmux.until("no filter", |s| {
+        !s.contains("filter \"") && rail_order(s, &pids).len() == 2
+    });
 
     // Narrow: the rails table drops its detail columns; wide again: they are back.
     tmux.run(&["resize-window", "-t", "top", "-x", "90"]);
