@@ -560,6 +560,25 @@ ensure_rust
 passed=0 failed=0
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 finish() {
+  # A failed case again at the end, with its logs' last lines: a run's tail (all that CI shows
+  # of a long log) must say which case failed and how.
+  if [ -f "${RIG_WORK:-/nonexistent}/results" ] && grep -q '^FAIL' "$RIG_WORK/results"; then
+    echo "==> rig: the failed cases again"
+    grep '^FAIL' "$RIG_WORK/results" | while read -r _ line; do
+      echo "FAIL $line" | cut -c1-800
+      # The case's directory is its name's slug: the longest one the line's slug starts with.
+      line_slug=$(echo "$line" | tr -c 'a-zA-Z0-9=_.-' '_') case_dir=
+      for dir in "$RIG_WORK"/*/; do
+        dir=${dir%/}
+        [[ $line_slug == "${dir##*/}"* ]] && [ ${#dir} -gt ${#case_dir} ] && case_dir=$dir
+      done
+      for log in ${case_dir:+"$case_dir"/*.log}; do
+        [ -f "$log" ] || continue
+        echo "  --- ${log#"$root"/} (last 8 lines)"
+        tail -n 8 "$log" | cut -c1-400 | sed 's/^/  | /'
+      done
+    done
+  fi
   echo "rig: $passed passed, $failed failed in $(since "$t0") s (logs: target/rig/last/)"
   [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
   exit $?
