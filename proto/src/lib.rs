@@ -14,6 +14,7 @@ pub mod completion;
 pub mod credits;
 pub mod cts;
 pub mod cursor;
+pub mod failback;
 pub mod failover;
 pub mod hint;
 pub mod imm;

@@ -46,6 +46,12 @@ impl RailMask {
         RailMask(self.0 | RailMask::of(rail).0)
     }
 
+    /// This set less `rail`.
+    #[inline]
+    pub const fn without(self, rail: Rail) -> RailMask {
+        RailMask(self.0 & !RailMask::of(rail).0)
+    }
+
     /// The set of rails in either mask.
     #[inline]
     pub const fn union(self, other: RailMask) -> RailMask {

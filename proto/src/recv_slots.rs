@@ -90,6 +90,8 @@ pub enum RecvSlotError {
     UnawaitedReplay(usize),
     /// Both rails failed: there is nothing to go on over.
     NoSurvivor,
+    /// A rail taken back while it is up, or its failover is not over.
+    NotRestorable(Rail),
     /// The engine broke a rule of the sequence (a bug, named by the rule).
     Invariant(&'static str),
 }
@@ -111,6 +113,9 @@ impl fmt::Display for RecvSlotError {
                 write!(f, "replayed IMM for slot {slot}, which awaits no replay")
             }
             RecvSlotError::NoSurvivor => write!(f, "both rails failed"),
+            RecvSlotError::NotRestorable(rail) => {
+                write!(f, "the {rail} rail taken back before its failover was over")
+            }
             RecvSlotError::Invariant(rule) => write!(f, "receive slot invariant broken: {rule}"),
         }
     }
@@ -436,6 +441,24 @@ impl RecvSlots {
             }
         }
         Ok(true)
+    }
+
+    /// Whether `rail` may come back (docs/PROTOCOL.md §11): it is down, its failover was
+    /// reported, and no receive awaits a replay (the sender offers only once every transfer
+    /// of the failover is done on its side, so a receive still awaiting one means its IMMs are
+    /// not all taken yet: the offer is refused and made again later).
+    pub fn can_restore(&self, rail: Rail) -> bool {
+        self.down.contains(rail) && !self.report_due && self.awaiting == 0
+    }
+
+    /// `rail` is back: its IMMs count again (the engine gave it new queue pairs, and the old
+    /// ones delivered nothing since the failover). Only when [`RecvSlots::can_restore`].
+    pub fn restore_rail(&mut self, rail: Rail) -> Result<(), RecvSlotError> {
+        if !self.can_restore(rail) {
+            return Err(RecvSlotError::NotRestorable(rail));
+        }
+        self.down = self.down.without(rail);
+        Ok(())
     }
 
     /// The report of the last failover, once it is due and the connection holds a receive for

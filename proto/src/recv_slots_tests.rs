@@ -259,3 +259,49 @@ fn after_a_failover_a_new_receive_learns_only_the_survivor() {
         ImmOutcome::Complete(Completed { request: 7, .. })
     ));
 }
+
+#[test]
+fn a_rail_is_taken_back_only_once_nothing_of_its_failover_is_left() {
+    let mut slots = slots(8);
+    fill(&mut slots, 2);
+    slots.posted(0, 1).unwrap();
+    assert!(!slots.can_restore(Rail::ScaleUp), "a rail that is up");
+    assert_eq!(
+        slots.restore_rail(Rail::ScaleUp),
+        Err(RecvSlotError::NotRestorable(Rail::ScaleUp))
+    );
+    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(true));
+    assert!(!slots.can_restore(Rail::ScaleUp), "the report is due");
+    let in_flight = slots.imms_in_flight();
+    fill(&mut slots, in_flight);
+    let report = slots.take_report().unwrap();
+    assert_eq!(report.awaiting.iter().collect::<Vec<_>>(), vec![0]);
+    assert!(
+        !slots.can_restore(Rail::ScaleUp),
+        "a receive awaits its replay"
+    );
+    let done = slots
+        .on_imm(Rail::ScaleOut, Imm::replay(0, 1), RailMask::BOTH)
+        .unwrap();
+    assert!(matches!(
+        done,
+        ImmOutcome::Complete(Completed { slot: 0, .. })
+    ));
+    assert!(slots.can_restore(Rail::ScaleUp));
+    slots.restore_rail(Rail::ScaleUp).unwrap();
+    assert!(slots.down().is_empty());
+    // A split receive completes on both rails again.
+    slots.posted(1, 1).unwrap();
+    let both = imm(1, RailMask::BOTH, SIZE_Q_SENTINEL);
+    assert_eq!(
+        slots.on_imm(Rail::ScaleUp, both, RailMask::BOTH),
+        Ok(ImmOutcome::Pending)
+    );
+    let done = slots.on_imm(Rail::ScaleOut, both, RailMask::BOTH).unwrap();
+    assert!(matches!(
+        done,
+        ImmOutcome::Complete(Completed { slot: 1, .. })
+    ));
+    // And it may fail over again.
+    assert_eq!(slots.fail_rail(Rail::ScaleUp), Ok(true));
+}

@@ -232,6 +232,8 @@ pub struct SendSlots {
     down: RailMask,
     epoch: u32,
     reported: u32,
+    /// Failed rails whose report has not come yet.
+    unreported: RailMask,
     /// Slots whose replay is to be posted.
     replays: SlotSet,
 }
@@ -254,6 +256,7 @@ impl SendSlots {
             down: RailMask::NONE,
             epoch: 0,
             reported: 0,
+            unreported: RailMask::NONE,
             replays: SlotSet::EMPTY,
         }
     }
@@ -477,6 +480,7 @@ impl SendSlots {
             return Err(SendSlotError::NoSurvivor);
         }
         self.down = self.down.with(rail);
+        self.unreported = self.unreported.with(rail);
         self.epoch += 1;
         Ok(Some(FailoverNotice {
             epoch: self.epoch,
@@ -498,6 +502,7 @@ impl SendSlots {
         if !self.down.contains(failed) {
             self.rail_failed(failed)?;
         }
+        self.unreported = self.unreported.without(failed);
         for (slot, state) in self.slots.iter_mut().enumerate() {
             if state.phase != Phase::InFlight || !state.used.contains(failed) {
                 continue;
@@ -516,6 +521,30 @@ impl SendSlots {
             }
         }
         Ok(done)
+    }
+
+    /// Whether every failover is over on this side: each failed rail's report taken, and
+    /// every transfer that used a failed rail done (its replay included). Only then may a rail
+    /// come back (docs/PROTOCOL.md §11): no part of an earlier use can still be on its way.
+    pub fn settled(&self) -> bool {
+        self.unreported.is_empty()
+            && self.replays.is_empty()
+            && self.slots.iter().all(|state| {
+                state.phase != Phase::InFlight
+                    || (state.replay == Replay::None && state.used.bits() & self.down.bits() == 0)
+            })
+    }
+
+    /// `rail` is back (the receiver took it back and the sender's probes went through on it):
+    /// later transfers may use it again. Only once settled ([`SendSlots::settled`]).
+    pub fn rail_restored(&mut self, rail: Rail) -> Result<(), SendSlotError> {
+        if !self.down.contains(rail) || !self.settled() {
+            return Err(SendSlotError::Invariant(
+                "a rail comes back only after its failover settled",
+            ));
+        }
+        self.down = self.down.without(rail);
+        Ok(())
     }
 
     /// A slot whose replay is to be posted (whole, on the surviving rail, with the replay's

@@ -284,3 +284,60 @@ fn a_connection_with_one_rail_has_no_survivor() {
         Err(SendSlotError::NoSurvivor)
     );
 }
+
+#[test]
+fn a_rail_comes_back_only_once_its_failover_settled() {
+    let mut slots = SendSlots::new();
+    assert!(slots.settled(), "nothing failed");
+    let awaited = post_one(&mut slots, 0, RailMask::BOTH);
+    assert_eq!(
+        slots.rail_restored(Rail::ScaleUp),
+        Err(SendSlotError::Invariant(
+            "a rail comes back only after its failover settled"
+        )),
+        "a rail that is up does not come back"
+    );
+    slots.rail_failed(Rail::ScaleUp).unwrap();
+    assert!(!slots.settled(), "the report has not come");
+    let mut awaiting = SlotSet::EMPTY;
+    awaiting.insert(awaited);
+    let report = FailoverReport {
+        epoch: 1,
+        failed: Rail::ScaleUp,
+        awaiting,
+        head: 1,
+    };
+    slots.on_report(&report).unwrap();
+    assert!(!slots.settled(), "a replay is to be posted");
+    slots.replayed(awaited).unwrap();
+    slots.complete(awaited, Rail::ScaleOut, 5).unwrap();
+    assert!(!slots.settled(), "the replay is in flight");
+    assert!(slots.rail_restored(Rail::ScaleUp).is_err());
+    assert_eq!(
+        slots.complete(awaited, Rail::ScaleOut, 6),
+        Ok(SendProgress::SlotDone)
+    );
+    // A transfer posted on the survivor alone meanwhile does not hold the rail's return.
+    let survivor_only = post_one(&mut slots, 1, RailMask::SCALE_OUT);
+    assert!(slots.settled());
+    slots.rail_restored(Rail::ScaleUp).unwrap();
+    assert!(slots.down().is_empty());
+    // Split again; a completion on the rail counts again.
+    let split = post_one(&mut slots, 2, RailMask::BOTH);
+    assert_eq!(
+        slots.complete(split, Rail::ScaleUp, 7),
+        Ok(SendProgress::RailDone)
+    );
+    assert_eq!(
+        slots.complete(split, Rail::ScaleOut, 8),
+        Ok(SendProgress::SlotDone)
+    );
+    assert_eq!(
+        slots.complete(survivor_only, Rail::ScaleOut, 9),
+        Ok(SendProgress::SlotDone)
+    );
+    // It may fail again: a second failover, with its own notice.
+    let notice = slots.rail_failed(Rail::ScaleUp).unwrap().unwrap();
+    assert_eq!((notice.epoch, notice.failed), (2, Rail::ScaleUp));
+    assert!(!slots.settled());
+}
