@@ -163,6 +163,26 @@ pub const PARAMS: &[Param] = &[
         doc: "1: a connection whose rail fails goes on over the other (both ends must allow it); 0: a failed rail fails the connection.",
     },
     Param {
+        name: "MPIB_FAILBACK",
+        default: "1",
+        doc: "1: a rail that failed over is tried again until it is back, and connections return to the split (docs/PROTOCOL.md §11); 0: it stays down for the connection's life.",
+    },
+    Param {
+        name: "MPIB_FAILBACK_HOLD_MS",
+        default: "500",
+        doc: "Hold-down: a failed rail is tried no sooner than this after it failed or its port came back; doubled (up to MPIB_FAILBACK_BACKOFF_MAX_MS) when it fails again within ten hold-downs of its return.",
+    },
+    Param {
+        name: "MPIB_FAILBACK_BACKOFF_MAX_MS",
+        default: "30000",
+        doc: "Longest wait between two tries to bring a rail back (each failed try doubles the wait up to it; tries go on for the connection's life).",
+    },
+    Param {
+        name: "MPIB_FAILBACK_ATTEMPT_MS",
+        default: "2000",
+        doc: "A try to bring a rail back that is not done by then (peer's answer and a write acknowledged on each new queue pair) is given up.",
+    },
+    Param {
         name: "MPIB_PROBES",
         default: "1",
         doc: "1: write per-rail telemetry to a shared-memory probes file; 0: no file (no-op handles).",
@@ -281,6 +301,8 @@ pub struct Settings {
     pub force_flush: bool,
     /// MPIB_FAILOVER.
     pub failover: bool,
+    /// MPIB_FAILBACK and its MPIB_FAILBACK_* timings (None: off).
+    pub failback: Option<crate::proto::failback::FailbackSettings>,
     /// MPIB_PROBES.
     pub probes: bool,
     /// MPIB_PROBES_DIR.
@@ -387,6 +409,7 @@ impl Settings {
             relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
             force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
             failover: parse_int(&get, "MPIB_FAILOVER", 1, 0, 1)? == 1,
+            failback: parse_failback(&get)?,
             probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
             probes_group: parse_names(&get, "MPIB_PROBES_GROUP", crate::trust::parse_group)?,
@@ -459,6 +482,32 @@ fn parse_int(
             &format!("an integer in {min}..={max}"),
         )),
     }
+}
+
+/// `MPIB_FAILBACK` and its timings (milliseconds in the variables, nanoseconds out); `None`
+/// when off. The hold-down may not exceed the longest wait, which bounds its doubling.
+fn parse_failback(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<crate::proto::failback::FailbackSettings>, ParamError> {
+    if parse_int(get, "MPIB_FAILBACK", 1, 0, 1)? == 0 {
+        return Ok(None);
+    }
+    let hold_ms = parse_int(get, "MPIB_FAILBACK_HOLD_MS", 500, 1, 3_600_000)?;
+    let max_ms = parse_int(get, "MPIB_FAILBACK_BACKOFF_MAX_MS", 30_000, 1, 86_400_000)?;
+    let attempt_ms = parse_int(get, "MPIB_FAILBACK_ATTEMPT_MS", 2_000, 1, 600_000)?;
+    if hold_ms > max_ms {
+        return Err(invalid(
+            "MPIB_FAILBACK_HOLD_MS",
+            &hold_ms.to_string(),
+            &format!("at most MPIB_FAILBACK_BACKOFF_MAX_MS ({max_ms})"),
+        ));
+    }
+    let ns = |ms: u32| u64::from(ms) * 1_000_000;
+    Ok(Some(crate::proto::failback::FailbackSettings {
+        hold_ns: ns(hold_ms),
+        backoff_max_ns: ns(max_ms),
+        attempt_ns: ns(attempt_ms),
+    }))
 }
 
 /// A variable of user or group names, resolved by `parse` (whose error says what was expected).

@@ -41,6 +41,11 @@ fn defaults_match_the_table() {
             "MPIB_BDP_BYTES" => s.bdp_bytes.to_string(),
             "MPIB_SRQ_LOW_WATER" => s.srq_low_water.to_string(),
             "MPIB_SRQ_HIGH_WATER" => s.srq_high_water.to_string(),
+            "MPIB_FAILOVER" => u8::from(s.failover).to_string(),
+            "MPIB_FAILBACK" => u8::from(s.failback.is_some()).to_string(),
+            "MPIB_FAILBACK_HOLD_MS" => failback_ms(&s, |f| f.hold_ns),
+            "MPIB_FAILBACK_BACKOFF_MAX_MS" => failback_ms(&s, |f| f.backoff_max_ns),
+            "MPIB_FAILBACK_ATTEMPT_MS" => failback_ms(&s, |f| f.attempt_ns),
             _ => continue,
         };
         assert_eq!(text, param.default, "{}", param.name);
@@ -123,4 +128,45 @@ fn srq_water_marks_are_checked_against_each_other() {
     assert!(e.to_string().contains("MPIB_SRQ_HIGH_WATER (4)"), "{e}");
     let e = marks(&[("MPIB_SRQ_HIGH_WATER", "0")]).unwrap_err();
     assert_eq!(e.name, "MPIB_SRQ_HIGH_WATER");
+}
+
+fn failback_ms(
+    s: &Settings,
+    field: impl Fn(&crate::proto::failback::FailbackSettings) -> u64,
+) -> String {
+    s.failback
+        .as_ref()
+        .map_or(0, |f| field(f) / 1_000_000)
+        .to_string()
+}
+
+#[test]
+fn failback_is_on_unless_off_and_its_hold_down_fits_its_longest_wait() {
+    assert!(settings(&[("MPIB_FAILBACK", "0")])
+        .unwrap()
+        .failback
+        .is_none());
+    let s = settings(&[
+        ("MPIB_FAILBACK_HOLD_MS", "50"),
+        ("MPIB_FAILBACK_ATTEMPT_MS", "70"),
+    ])
+    .unwrap();
+    let failback = s.failback.unwrap();
+    assert_eq!(
+        (failback.hold_ns, failback.attempt_ns),
+        (50_000_000, 70_000_000)
+    );
+    let e = settings(&[
+        ("MPIB_FAILBACK_HOLD_MS", "9000"),
+        ("MPIB_FAILBACK_BACKOFF_MAX_MS", "8000"),
+    ])
+    .unwrap_err();
+    assert_eq!(e.name, "MPIB_FAILBACK_HOLD_MS");
+    assert!(
+        e.to_string()
+            .contains("MPIB_FAILBACK_BACKOFF_MAX_MS (8000)"),
+        "{e}"
+    );
+    let e = settings(&[("MPIB_FAILBACK", "2")]).unwrap_err();
+    assert_eq!(e.name, "MPIB_FAILBACK");
 }

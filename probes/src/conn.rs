@@ -198,6 +198,19 @@ impl<'a> ConnectionProbe<'a> {
         self.slot.rails_down.fetch_or(bit, Ordering::Relaxed);
     }
 
+    /// Publish that `rail` is back: the connection splits over it again (the first failover's
+    /// time stays: the slot's history, not its state).
+    #[inline]
+    pub fn rail_restored(&self, rail: usize) {
+        let Some(bit) = u8::try_from(rail)
+            .ok()
+            .and_then(|r| 1u8.checked_shl(u32::from(r)))
+        else {
+            return;
+        };
+        self.slot.rails_down.fetch_and(!bit, Ordering::Relaxed);
+    }
+
     /// Release the slot now (the same as dropping the handle).
     pub fn close(self) {}
 }

@@ -226,6 +226,10 @@ declare! {
     RAIL_REPLAYED_BYTES: RailCounter = 19, Bytes, Merge::Sum, "mpib_rail_replayed_bytes_total",
         "Bytes sent again on the rail after the other rail failed over: transfers the receiver \
          still lacked a part of (also counted in mpib_rail_tx_bytes_total).";
+    /// Connection ends whose failed rail came back.
+    RAIL_FAILBACKS: RailCounter = 20, Count, Merge::Sum, "mpib_rail_failbacks_total",
+        "Connection ends whose rail came back after a failover: new queue pairs on it, each \
+         probed, and transfers split over both rails again (docs/PROTOCOL.md section 11).";
     /// `claim_connection` calls that found no free slot.
     CONNECTION_CLAIM_FAILURES: ProcessCounter = 0, Count, Merge::Sum,
         "mpib_connection_claim_failures_total",

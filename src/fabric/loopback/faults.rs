@@ -29,6 +29,9 @@ pub(crate) struct Faults {
     /// QP of the rail, that one included, fails with `RetryExceeded` and lands nothing, as
     /// behind a pulled cable (no event: a port knob is `portdown`).
     pub(crate) cut: [Option<u64>; 2],
+    /// `heal=RAIL:N`: N WRs (posted on any rail) after the rail's `cut` or `portdown` fired,
+    /// its wire is mended and its device raises IBV_EVENT_PORT_ACTIVE: a rail that comes back.
+    pub(crate) heal: [Option<u64>; 2],
     /// `arp=RAIL:N`: the rail's peer addresses resolve after N polls of a resolution; a QP
     /// connected before that waits a second inside `connect`, as the kernel does in
     /// `ibv_modify_qp(RTR)` on a RoCE port with no valid neighbour entry.
@@ -73,6 +76,8 @@ impl Faults {
             "portdown" => self.port_down[slot] = Some(count),
             "cut" if count == 0 => return Err("cut counts WRs from 1"),
             "cut" => self.cut[slot] = Some(count),
+            "heal" if count == 0 => return Err("heal counts WRs from 1"),
+            "heal" => self.heal[slot] = Some(count),
             "arp" => self.unresolved[slot] = count,
             "max_qp" | "max_cq" | "max_srq" | "max_srq_wr" | "max_mr" => {
                 let kind = ["max_qp", "max_cq", "max_srq", "max_srq_wr", "max_mr"]
@@ -107,7 +112,7 @@ fn parse_rail_count(value: &str) -> Result<(Rail, u64), &'static str> {
 fn parse_error(text: &str, token: &str, why: &str) -> FabricError {
     let detail = format!(
         "{FAULTS_VAR}=`{text}`: bad knob `{token}` ({why}); expected a comma-separated list \
-         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `cut=RAIL:N`, `arp=RAIL:N`, \
+         of `reorder`, `delay=RAIL:N`, `fail=RAIL:N`, `starve=RAIL:N`, `portdown=RAIL:N`, `cut=RAIL:N`, `heal=RAIL:N`, `arp=RAIL:N`, \
          `max_qp=RAIL:N`, `max_cq=RAIL:N`, `max_srq=RAIL:N`, `max_srq_wr=RAIL:N`, `max_mr=RAIL:N` with RAIL \
          `sout` or `sup`"
     );

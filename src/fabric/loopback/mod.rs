@@ -97,6 +97,9 @@ pub(crate) struct World {
     pub(crate) posted: [u64; 2],
     /// Per rail, whether its wire is cut (the `cut` knob fired): every WR on it fails.
     pub(crate) cut: [bool; 2],
+    /// Per rail, WRs left before it heals (the `heal` knob, armed when `cut` or `portdown`
+    /// fired), and the device whose port then comes back.
+    pub(crate) heal_left: [Option<(u64, usize)>; 2],
     /// Per rail, the resolution polls left before peers' addresses resolve (the `arp` knob).
     pub(crate) unresolved: [u64; 2],
     /// Progress passes run so far (the `delay` knob counts these).
@@ -137,12 +140,14 @@ impl World {
                 starve: [None, None],
                 port_down: [None, None],
                 cut: [None, None],
+                heal: [None, None],
                 unresolved: [0, 0],
                 limits: [[None; 5]; 2],
             },
             unresolved: [0, 0],
             posted: [0, 0],
             cut: [false, false],
+            heal_left: [None, None],
             pass: 0,
             rates: RateModel::new(),
             rates_spec: String::new(),
@@ -255,6 +260,8 @@ impl LoopbackFabric {
     /// * `portdown=RAIL:N`: posting the N-th WR on RAIL raises a port-error async event;
     /// * `cut=RAIL:N`: posting the N-th WR on RAIL cuts the rail: that WR and every later one on
     ///   any of RAIL's QPs, either way, fails with `RetryExceeded` and lands nothing;
+    /// * `heal=RAIL:N`: N WRs (on any rail) after RAIL's `cut` or `portdown` fired, the rail is
+    ///   mended and its device raises a port-active event (a rail that comes back);
     /// * `arp=RAIL:N`: peers' addresses on RAIL resolve only after N polls of a
     ///   [`PeerResolution`](crate::fabric::PeerResolution); a QP connected on RAIL before that
     ///   waits one second inside `connect`, like the kernel's address resolution inside
@@ -279,6 +286,7 @@ impl LoopbackFabric {
         world.faults = faults;
         world.posted = [0, 0];
         world.cut = [false, false];
+        world.heal_left = [None, None];
         world.unresolved = faults.unresolved;
         world.set_rates(rails.trim(), model);
         Ok(LoopbackFabric {

@@ -268,6 +268,22 @@ impl QueuePair for LoopbackQp {
     }
 }
 
+/// Counts one WR towards each armed `heal` knob: at zero the rail's wire is mended and its
+/// device says its port is back.
+fn heal_step(world: &mut World) {
+    for rail in 0..2 {
+        match world.heal_left[rail] {
+            Some((left, device)) if left <= 1 => {
+                world.heal_left[rail] = None;
+                world.cut[rail] = false;
+                world.devices[device].push_event(crate::fabric::AsyncEvent::PortActive);
+            }
+            Some((left, device)) => world.heal_left[rail] = Some((left - 1, device)),
+            None => {}
+        }
+    }
+}
+
 /// Appends one validated WR to QP `index`'s in-flight queue, applying the `delay` and `fail`
 /// knobs and copying an inline payload into the WR's slot.
 ///
@@ -278,12 +294,15 @@ unsafe fn enqueue(world: &mut World, index: u32, wr: &WorkRequest) {
     world.posted[rail] = world.posted[rail].saturating_add(1);
     world.inflight_wrs += 1;
     let inject_fail = world.faults.fail[rail] == Some(world.posted[rail]);
+    heal_step(world);
+    let device = world.qps[index].device;
     if world.faults.cut[rail] == Some(world.posted[rail]) {
         world.cut[rail] = true;
+        world.heal_left[rail] = world.faults.heal[rail].map(|n| (n, device));
     }
     if world.faults.port_down[rail] == Some(world.posted[rail]) {
-        let device = world.qps[index].device;
         world.devices[device].push_event(crate::fabric::AsyncEvent::PortDown);
+        world.heal_left[rail] = world.faults.heal[rail].map(|n| (n, device));
     }
     // A WR posted during pass P may run in pass P + 1; `delay` pushes that back N passes.
     let ready_pass = world

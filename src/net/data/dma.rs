@@ -142,11 +142,13 @@ impl<T: Copy> DmaRegion<T> {
 
     /// Word `word` of element `index` alone, acquire-ordered: a mailbox's seal, read before the
     /// rest so that a reader that sees it sealed then reads the message whole.
+    /// A mailbox may span elements (a failback message takes two): `word` counts from the
+    /// element's start and must lie inside the region.
     pub(crate) fn read_word(&self, index: usize, word: usize) -> u64 {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
         assert!(
-            word < std::mem::size_of::<T>() / 8,
-            "word {word} outside the element"
+            index * std::mem::size_of::<T>() + 8 * (word + 1) <= self.byte_len(),
+            "word {word} of element {index} outside the region"
         );
         // SAFETY: in bounds (both checked); an aligned word of the allocation (as in `read`).
         unsafe {
@@ -155,21 +157,21 @@ impl<T: Copy> DmaRegion<T> {
         }
     }
 
-    /// The first `N` bytes of element `index` (a message a peer writes into a mailbox), read
-    /// as [`DmaRegion::read`] reads.
+    /// `N` bytes from element `index` on (a message a peer writes into a mailbox, which may
+    /// span elements), read as [`DmaRegion::read`] reads.
     pub(crate) fn read_bytes<const N: usize>(&self, index: usize) -> [u8; N] {
         let words = self.words_of::<N>(index);
         let mut bytes = [0u8; N];
         for (word, chunk) in bytes.chunks_exact_mut(8).enumerate() {
-            // SAFETY: `words_of` checked that the N bytes are whole words of the element.
+            // SAFETY: `words_of` checked that the N bytes are whole words inside the region.
             let loaded = unsafe { AtomicU64::from_ptr(words.add(word)) }.load(Ordering::Acquire);
             chunk.copy_from_slice(&loaded.to_le_bytes());
         }
         bytes
     }
 
-    /// Writes `bytes` over the first `N` bytes of element `index` (a message the local NIC
-    /// will send), as [`DmaRegion::write`] writes.
+    /// Writes `bytes` from element `index` on (a message the local NIC will send), as
+    /// [`DmaRegion::write`] writes.
     pub(crate) fn write_bytes<const N: usize>(&self, index: usize, bytes: &[u8; N]) {
         let words = self.words_of::<N>(index);
         for (word, chunk) in bytes.chunks_exact(8).enumerate() {
@@ -179,12 +181,13 @@ impl<T: Copy> DmaRegion<T> {
         }
     }
 
-    /// The first word of element `index`, checking that `N` bytes are whole words inside it.
+    /// The first word of element `index`, checking that `N` bytes from it are whole words
+    /// inside the region.
     fn words_of<const N: usize>(&self, index: usize) -> *mut u64 {
         assert!(index < self.len, "DMA index {index} out of {}", self.len);
         assert!(
-            N % 8 == 0 && N <= std::mem::size_of::<T>(),
-            "{N} bytes are not whole words of the element"
+            N % 8 == 0 && index * std::mem::size_of::<T>() + N <= self.byte_len(),
+            "{N} bytes from element {index} are not whole words inside the region"
         );
         // SAFETY: in bounds (checked); elements start 8-aligned.
         unsafe { self.base.as_ptr().add(index).cast::<u64>() }
@@ -246,11 +249,29 @@ mod tests {
         assert_eq!(record.read_bytes::<16>(1), [0xAB; 16]);
     }
 
+    /// A message may span elements (failback's take two), never the region's end.
     #[test]
-    #[should_panic(expected = "not whole words")]
-    fn a_message_longer_than_the_element_is_refused() {
-        let region = DmaRegion::<CompletionRecord>::zeroed(2).unwrap();
-        region.write_bytes(0, &[0u8; 56]);
+    fn a_message_spans_elements_but_not_the_regions_end() {
+        let region = DmaRegion::<CompletionRecord>::zeroed(3).unwrap();
+        let message: [u8; 80] = std::array::from_fn(|i| i as u8 + 1);
+        region.write_bytes(1, &message);
+        assert_eq!(region.read_bytes::<80>(1), message);
+        assert_eq!(
+            region.read_word(1, 9),
+            u64::from_le_bytes(message[72..80].try_into().unwrap())
+        );
+        assert_eq!(
+            region.read(0),
+            CompletionRecord::default(),
+            "the element before"
+        );
+        let past = std::panic::catch_unwind(|| region.write_bytes(2, &[0u8; 56]));
+        assert!(
+            past.is_err(),
+            "56 bytes from the last 48-byte record pass the end"
+        );
+        let past = std::panic::catch_unwind(|| region.read_word(2, 6));
+        assert!(past.is_err(), "a word past the end");
     }
 
     /// A CTS FIFO's worth is a block of a shared mapping, zeroed by the kernel, and works the

@@ -60,6 +60,34 @@ impl Flusher {
         })
     }
 
+    /// A new self-connected QP on `rail` in place of the old one (which failed with the rail's
+    /// port, if it did): a failed rail came back (docs/PROTOCOL.md §11). Flush reads of the
+    /// old one still in flight complete as flushed.
+    pub(crate) fn renew(
+        &mut self,
+        device: &std::sync::Arc<dyn crate::fabric::RailDevice>,
+        rail: Rail,
+        queues: &RailQueues,
+        settings: &crate::fabric::QpSettings,
+    ) -> Result<()> {
+        if self.queue_pairs[rail.index()].is_none() {
+            return Ok(());
+        }
+        let caps = crate::fabric::QpCapabilities {
+            max_send_wr: FLUSH_QUEUE,
+            max_inline: 0,
+        };
+        let mut qp = device.create_qp(queues.cq.as_ref(), None, caps)?;
+        let own = crate::fabric::RemoteQp {
+            qp_num: qp.qp_num(),
+            endpoint: device.info().endpoint,
+        };
+        qp.connect(&own, settings)
+            .map_err(|e| Error::from(e).context(format!("flush QP on {rail}")))?;
+        self.queue_pairs[rail.index()] = Some((qp, SendQueueCredits::new(FLUSH_QUEUE)));
+        Ok(())
+    }
+
     /// Reads one byte at `addr` on every rail; returns the rails to wait for (empty: credits
     /// short, nothing posted).
     pub(crate) fn post(

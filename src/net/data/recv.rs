@@ -41,9 +41,11 @@ use crate::net::setup::resources::{
 };
 use crate::net::RecvBuffer;
 
+mod failback;
 mod failover;
 mod holding;
 
+use failback::RecvFailback;
 use failover::RecvFailover;
 
 /// Mutable data-path state; touched only by the comm's progress thread.
@@ -72,6 +74,8 @@ pub(crate) struct RecvData {
     pub(crate) peer: PeerWatch,
     /// A failover under way, and the last notice taken.
     failover: RecvFailover,
+    /// Offers to bring a failed rail back (docs/PROTOCOL.md §11).
+    failback: RecvFailback,
 }
 
 impl RecvData {
@@ -118,6 +122,7 @@ impl RecvData {
             peer: PeerWatch::none(),
             telemetry,
             failover: RecvFailover::default(),
+            failback: RecvFailback::default(),
         }
     }
 }
@@ -385,7 +390,8 @@ impl RecvComm {
     /// The rails that failed over (tests).
     #[cfg(test)]
     pub(crate) fn rails_down(&self) -> RailMask {
-        self.data().slots.down()
+        let data = self.data();
+        data.slots.down().union(data.failback.unconfirmed)
     }
 
     /// The QPs the connection still has (for tests).
@@ -399,10 +405,16 @@ impl RecvComm {
         drain_completions(data, |data, rail, completion| {
             self.complete(data, rail, completion)
         })?;
-        self.advance_failover(data)
+        self.advance_failover(data)?;
+        self.advance_failback(data)
     }
 
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
+        if !data.failback.stale.is_empty() && data.failback.stale.contains(&completion.qp_num) {
+            // A QP a failback replaced: quiesced and drained at its failover, nothing it says
+            // matters now.
+            return Ok(());
+        }
         if completion.status != CompletionStatus::Success {
             return self.failed_completion(data, rail, completion);
         }
@@ -443,6 +455,9 @@ impl RecvComm {
     /// One IMM: the slot state machine consumes an SRQ credit, finds the slot's request and
     /// learns or checks the mask.
     fn on_imm(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
+        if data.failback.unconfirmed.contains(rail) {
+            self.rail_confirmed(data, rail);
+        }
         let probe = data.telemetry.rail(rail);
         probe.inc(RAIL_RECV_COMPLETIONS);
         let imm = Imm::from_wire(completion.imm);

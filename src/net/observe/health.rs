@@ -5,7 +5,7 @@
 //! so that every comm on that rail sees a fatal event. The data path loads one atomic generation
 //! per rail; the event log behind a mutex is read only when that generation moves.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::fabric::{AsyncEvent, Rail, RailDevice};
@@ -20,6 +20,10 @@ pub(crate) struct DeviceHealth {
     generation: AtomicU64,
     /// The most recent fatal events with their generation number.
     log: Mutex<Vec<(u64, AsyncEvent)>>,
+    /// Port changes seen so far (down or back), and whether the last one left it down: when a
+    /// failed rail is tried again (docs/PROTOCOL.md §11).
+    port_changes: AtomicU64,
+    port_down: AtomicBool,
 }
 
 impl DeviceHealth {
@@ -33,6 +37,13 @@ impl DeviceHealth {
     /// counts as fatal for the comms on the rail: their QPs are failing or about to.
     pub(crate) fn poll(&self, device: &dyn RailDevice, rail: Rail) {
         while let Some(event) = device.next_async_event() {
+            if matches!(event, AsyncEvent::PortDown | AsyncEvent::PortActive) {
+                self.port_down
+                    .store(event == AsyncEvent::PortDown, Ordering::Relaxed);
+                // SYNC: pairs with the Acquire load in `port`: a reader that sees the change
+                // reads the state it left.
+                self.port_changes.fetch_add(1, Ordering::Release);
+            }
             let fatal = event.is_fatal() || event == AsyncEvent::PortDown;
             let name = &device.info().name;
             if !fatal {
@@ -62,6 +73,13 @@ impl DeviceHealth {
     #[inline]
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Port changes so far, and whether the port is up after the last one.
+    #[inline]
+    pub(crate) fn port(&self) -> (u64, bool) {
+        let changes = self.port_changes.load(Ordering::Acquire);
+        (changes, !self.port_down.load(Ordering::Relaxed))
     }
 
     /// The first event after generation `seen` that concerns a comm owning `qp_nums` (device-wide

@@ -5,7 +5,9 @@
 //! never branches on it. Failing to create the file is not fatal: it is logged and the plugin runs
 //! with probes disabled (telemetry must never take training down).
 
-use mpib_probes::declared::{CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST, RAIL_FAILOVERS};
+use mpib_probes::declared::{
+    CONNECTIONS_WITHOUT_AGENT, HINT_FILE_LOST, RAIL_FAILBACKS, RAIL_FAILOVERS,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -317,6 +319,14 @@ impl ConnectionTelemetry {
     pub(crate) fn rail_failed(&self, rail: Rail) {
         self.rail(rail).inc(RAIL_FAILOVERS);
         self.probe.rail_failed(rail.index());
+    }
+
+    /// `rail` came back for this end of the connection (docs/PROTOCOL.md §11): counted on the
+    /// rail's NIC and cleared in the connection's slot.
+    #[cold]
+    pub(crate) fn rail_restored(&self, rail: Rail) {
+        self.rail(rail).inc(RAIL_FAILBACKS);
+        self.probe.rail_restored(rail.index());
     }
 }
 

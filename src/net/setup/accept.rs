@@ -18,7 +18,7 @@ use crate::fabric::{Access, Rail};
 use crate::log;
 use crate::params::{Mode, Settings};
 use crate::proto::cts::{CompletionRecord, CtsEntry};
-use crate::proto::failover::{NOTICE_MAILBOX, REPORT_MAILBOX};
+use crate::proto::failback::{FIFO_LEN, RECORDS_LEN};
 use crate::proto::island::classify;
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::signal::CtsSignalPolicy;
@@ -38,7 +38,7 @@ use crate::net::observe::link::{self, Attachment, ListenOpens, Names};
 use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::channel::Channel;
-use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::comm::{ConnectionInfo, Renewal};
 use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::listener::{fresh_listen_id, Incoming, SharedListener};
 use crate::net::setup::oob::{local_address, ListenHandle, Transfer};
@@ -437,13 +437,9 @@ impl Acceptance {
         let settings = &ctx.settings;
         let class = reply.class;
         let devices = &self.device.devices;
-        let cts_shadow =
-            RegisteredRegion::<CtsEntry>::new(devices, REPORT_MAILBOX + 1, Access::LOCAL)?;
-        let records = RegisteredRegion::<CompletionRecord>::new(
-            devices,
-            NOTICE_MAILBOX + 1,
-            Access::CONTROL,
-        )?;
+        let cts_shadow = RegisteredRegion::<CtsEntry>::new(devices, FIFO_LEN, Access::LOCAL)?;
+        let records =
+            RegisteredRegion::<CompletionRecord>::new(devices, RECORDS_LEN, Access::CONTROL)?;
         for (index, qp) in qps.qps.iter().enumerate() {
             reply.qp_nums[index] = qp.qp_num();
         }
@@ -488,6 +484,12 @@ impl Acceptance {
             qp_nums: qp_nums_by_rail(&data.qps, layout),
             attributes: Arc::clone(&ctx.attributes),
             failover: reply.failover,
+            renewal: Renewal {
+                peer_rails: request.rails,
+                qp_settings: qp_settings(settings, ctx.traffic_class),
+                sizing: receiver_sizing(settings, layout, class, reply.failover),
+                failback: settings.failback.filter(|_| reply.failover),
+            },
         };
         self.built = Some((info, data));
         self.peer_rail_addresses = request.rails.map(|rail| address_of_wire(rail.address));

@@ -10,11 +10,14 @@ use crate::params::Mode;
 use crate::proto::island::PathClass;
 use crate::proto::qp_layout::QpLayout;
 
+use crate::fabric::QpSettings;
 use crate::net::agent::registration::AgentRegistration;
 use crate::net::data::registrations::RegistrationCache;
 use crate::net::observe::attributes::NetAttributes;
 use crate::net::observe::health::{DeviceHealth, HealthWatch};
-use crate::net::setup::resources::Devices;
+use crate::net::setup::resources::{Devices, QueueSizing};
+use crate::proto::failback::FailbackSettings;
+use crate::proto::wire::RailEndpoint;
 
 /// First word of a `SendComm`.
 pub(crate) const SEND_MAGIC: u32 = 0x4D50_5353; // "MPSS"
@@ -54,6 +57,23 @@ pub(crate) struct ConnectionInfo {
     /// Whether a failed rail fails over to the other: both ends allow it (docs/PROTOCOL.md §10;
     /// a layout with one rail has none to go on over, and fails as without).
     pub failover: bool,
+    /// What a failed rail's return needs (docs/PROTOCOL.md §11).
+    pub renewal: Renewal,
+}
+
+/// What a rail's return needs to make and connect its queue pairs again, as the handshake did
+/// (docs/PROTOCOL.md §11).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Renewal {
+    /// The peer's rails, as its handshake named them.
+    pub peer_rails: [RailEndpoint; 2],
+    /// The QPs' transport settings.
+    pub qp_settings: QpSettings,
+    /// This side's queue sizes.
+    pub sizing: QueueSizing,
+    /// When this side tries to bring a rail back (`MPIB_FAILBACK*`); `None`: it does not, and
+    /// refuses the peer's offers.
+    pub failback: Option<FailbackSettings>,
 }
 
 impl ConnectionInfo {

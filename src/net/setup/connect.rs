@@ -25,12 +25,12 @@ use crate::fabric::{Access, Rail};
 use crate::log;
 use crate::params::Mode;
 use crate::proto::cts::{CompletionRecord, CtsEntry};
-use crate::proto::failover::{NOTICE_MAILBOX, REPORT_MAILBOX};
+use crate::proto::failback::{FIFO_LEN, RECORDS_LEN};
 use crate::proto::island::{classify, PathClass};
 use crate::proto::qp_layout::QpLayout;
 use crate::proto::wire::{
-    ConnectReply, ConnectRequest, LinkAnswer, Ready, CONNECT_REPLY_LEN, CONNECT_REQUEST_LEN,
-    LINK_ANSWER_LEN, MAX_QPS, READY_LEN,
+    ConnectReply, ConnectRequest, LinkAnswer, RailEndpoint, Ready, CONNECT_REPLY_LEN,
+    CONNECT_REQUEST_LEN, LINK_ANSWER_LEN, MAX_QPS, READY_LEN,
 };
 
 use crate::net::agent::hints::HintReader;
@@ -44,7 +44,7 @@ use crate::net::observe::peer::PeerWatch;
 use crate::net::observe::telemetry::ConnectionTelemetry;
 use crate::net::setup::admission::Admission;
 use crate::net::setup::channel::Channel;
-use crate::net::setup::comm::ConnectionInfo;
+use crate::net::setup::comm::{ConnectionInfo, Renewal};
 use crate::net::setup::devices::FusedDevice;
 use crate::net::setup::listener::{claim, CLAIM_LEN};
 use crate::net::setup::oob::{
@@ -103,6 +103,8 @@ struct Prepared {
     remote_records: (u64, [u32; 2]),
     /// The acceptor's rail addresses, SOUT and SUP (the agent registration names both pairs).
     peer_rail_addresses: [IpAddr; 2],
+    /// The acceptor's rails as its reply named them (a failed rail's return connects to them).
+    peer_rails: [RailEndpoint; 2],
     /// The acceptor's process and its name for the connection (from the reply).
     peer_process: u64,
     peer_name: u64,
@@ -367,9 +369,9 @@ impl Connector {
         let settings = &self.ctx.settings;
         let devices = &self.device.devices;
         let local = self.local()?;
-        let fifo = RegisteredRegion::<CtsEntry>::new(devices, REPORT_MAILBOX + 1, Access::CONTROL)?;
+        let fifo = RegisteredRegion::<CtsEntry>::new(devices, FIFO_LEN, Access::CONTROL)?;
         let records =
-            RegisteredRegion::<CompletionRecord>::new(devices, NOTICE_MAILBOX + 1, Access::LOCAL)?;
+            RegisteredRegion::<CompletionRecord>::new(devices, RECORDS_LEN, Access::LOCAL)?;
         let mut qp_nums = [0u32; MAX_QPS];
         for (index, qp) in qps.qps.iter().enumerate() {
             qp_nums[index] = qp.qp_num();
@@ -400,6 +402,7 @@ impl Connector {
             request,
             remote_records: (0, [0; 2]),
             peer_rail_addresses: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
+            peer_rails: [RailEndpoint::default(); 2],
             peer_process: 0,
             peer_name: 0,
             failover: false,
@@ -467,6 +470,7 @@ impl Connector {
         prepared.peer_name = reply.conn_id;
         prepared.failover = reply.failover && prepared.request.failover;
         prepared.peer_rail_addresses = reply.rails.map(|rail| address_of_wire(rail.address));
+        prepared.peer_rails = reply.rails;
         Ok(())
     }
 
@@ -525,6 +529,12 @@ impl Connector {
             qp_nums: qp_nums_by_rail(&prepared.qps, prepared.layout),
             attributes: Arc::clone(&self.ctx.attributes),
             failover: prepared.failover,
+            renewal: Renewal {
+                peer_rails: prepared.peer_rails,
+                qp_settings: qp_settings(settings, self.traffic_class),
+                sizing: SENDER_SIZING,
+                failback: settings.failback.filter(|_| prepared.failover),
+            },
         };
         info!(
             log::NET | log::INIT,

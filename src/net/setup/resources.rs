@@ -196,24 +196,10 @@ impl QueueBuilder {
             self.queues[rail.index()] = Some(RailQueues { srq, cq });
             return Ok(false);
         };
-        let end = self.layout.first(rail) + self.layout.count(rail);
-        for index in index..end {
-            let send_queue = match self.sizing.only_senders {
-                Some(senders) if !senders.contains(&index) => 1,
-                _ => self.sizing.send_queue,
-            };
-            let caps = QpCapabilities {
-                max_send_wr: send_queue,
-                max_inline: 0,
-            };
-            let cq = rail_queues.cq.as_ref();
-            let qp = match &rail_queues.srq {
-                Some(member) => member.with_queue(|srq| device.create_qp(cq, Some(srq), caps))?,
-                None => device.create_qp(cq, None, caps)?,
-            };
-            self.qps.push(qp);
-            self.credits.push(SendQueueCredits::new(send_queue));
-        }
+        let (qps, credits) =
+            create_rail_queue_pairs(device.as_ref(), rail_queues, self.layout, self.sizing, rail)?;
+        self.qps.extend(qps);
+        self.credits.extend(credits);
         Ok(self.qps.len() == self.layout.total())
     }
 
@@ -232,6 +218,114 @@ impl QueueBuilder {
             _reservation: self.reservation,
         };
         Ok((self.layout, self.queues, qps))
+    }
+}
+
+/// One rail's new QPs and their send-queue credits, in layout order.
+pub(crate) type RailQueuePairs = (Vec<Box<dyn QueuePair>>, Vec<SendQueueCredits>);
+
+/// Creates `rail`'s QPs of `layout` on `queues` (its CQ, and its shared receive queue on the
+/// receiver), sized by `sizing`, with their send-queue credits: at connect, and again when a
+/// failed rail comes back (docs/PROTOCOL.md §11).
+pub(crate) fn create_rail_queue_pairs(
+    device: &dyn RailDevice,
+    queues: &RailQueues,
+    layout: QpLayout,
+    sizing: QueueSizing,
+    rail: Rail,
+) -> Result<RailQueuePairs> {
+    let first = layout.first(rail);
+    let mut qps = Vec::with_capacity(layout.count(rail));
+    let mut credits = Vec::with_capacity(layout.count(rail));
+    for index in first..first + layout.count(rail) {
+        let send_queue = match sizing.only_senders {
+            Some(senders) if !senders.contains(&index) => 1,
+            _ => sizing.send_queue,
+        };
+        let caps = QpCapabilities {
+            max_send_wr: send_queue,
+            max_inline: 0,
+        };
+        let cq = queues.cq.as_ref();
+        let qp = match &queues.srq {
+            Some(member) => member.with_queue(|srq| device.create_qp(cq, Some(srq), caps))?,
+            None => device.create_qp(cq, None, caps)?,
+        };
+        qps.push(qp);
+        credits.push(SendQueueCredits::new(send_queue));
+    }
+    Ok((qps, credits))
+}
+
+impl QueuePairs {
+    /// Puts `qps` (with `credits`) in the place of `rail`'s QPs, whose numbers it returns: the
+    /// old ones are destroyed here (in error and quiesced since the rail's failover), and
+    /// completions of theirs still in the CQ are recognised by those numbers.
+    pub(crate) fn replace_rail(
+        &mut self,
+        layout: QpLayout,
+        rail: Rail,
+        qps: Vec<Box<dyn QueuePair>>,
+        credits: Vec<SendQueueCredits>,
+    ) -> Result<Vec<u32>> {
+        let first = layout.first(rail);
+        let count = layout.count(rail);
+        if qps.len() != count || credits.len() != count {
+            return Err(Error::internal(format!(
+                "{} new {rail} QPs for {count} places",
+                qps.len()
+            )));
+        }
+        let old: Vec<u32> = self.qps[first..first + count]
+            .iter()
+            .map(|qp| qp.qp_num())
+            .collect();
+        drop(self.qps.splice(first..first + count, qps));
+        drop(self.credits.splice(first..first + count, credits));
+        Ok(old)
+    }
+
+    /// Connects `rail`'s QPs to the peer's `remote_qp_nums` (in layout order) at `remote`.
+    pub(crate) fn connect_rail(
+        &mut self,
+        layout: QpLayout,
+        rail: Rail,
+        remote: &RailEndpoint,
+        remote_qp_nums: &[u32],
+        settings: &QpSettings,
+    ) -> Result<()> {
+        let first = layout.first(rail);
+        if remote_qp_nums.len() != layout.count(rail) {
+            return Err(Error::remote(format!(
+                "the peer named {} {rail} QPs for {}",
+                remote_qp_nums.len(),
+                layout.count(rail)
+            )));
+        }
+        for (offset, qp_num) in remote_qp_nums.iter().enumerate() {
+            let remote_qp = RemoteQp {
+                qp_num: *qp_num,
+                endpoint: Endpoint(remote.endpoint),
+            };
+            self.qps[first + offset]
+                .connect(&remote_qp, settings)
+                .map_err(|e| {
+                    Error::from(e).context(format!("bringing {rail} QP {} back", first + offset))
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// Replaced QPs whose numbers are kept: their completions may still sit in the CQ.
+const STALE_KEPT: usize = 64;
+
+/// Keeps the numbers of QPs a failback replaced (`QueuePairs::replace_rail`), the newest
+/// [`STALE_KEPT`]: a completion of theirs still in the CQ is recognised and ignored.
+pub(crate) fn remember_stale(stale: &mut Vec<u32>, replaced: Vec<u32>) {
+    stale.extend(replaced);
+    if stale.len() > STALE_KEPT {
+        stale.drain(..stale.len() - STALE_KEPT);
     }
 }
 

@@ -306,3 +306,87 @@ fn a_failover_is_counted_and_marked_in_the_probes() {
     close(pair);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A rail that comes back (the loopback's `heal` knob mends the wire and raises a port-active
+/// event) is tried again after the hold-down, and both ends split over it again
+/// (docs/PROTOCOL.md §11): counted once per end, unmarked in the slots, bytes on it again.
+#[test]
+fn a_rail_that_comes_back_is_split_over_again() {
+    use mpib_probes::declared::{RAIL_FAILBACKS, RAIL_FAILOVERS, RAIL_TX_BYTES};
+    let _guard = env_lock();
+    for (case, (faults, mode, rail)) in [
+        ("cut=sup:20,heal=sup:300", "0", Rail::ScaleUp),
+        ("portdown=sup:9,heal=sup:150", "0", Rail::ScaleUp),
+        ("cut=sout:25,heal=sout:300", "1", Rail::ScaleOut),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = std::env::temp_dir().join(format!("mpib-failback-{}-{case}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let directory = dir.to_str().unwrap();
+        let vars = [
+            ("MPIB_PROBES_DIR", directory),
+            ("MPIB_MODE", mode),
+            ("MPIB_FAILBACK_HOLD_MS", "20"),
+        ];
+        let (pair, outcome) = run_with(faults, &vars, None);
+        outcome.unwrap_or_else(|e| panic!("{faults}: {e}"));
+        // Both ends fail over (a port event is read every housekeeping tick), then both take
+        // the rail back, transfers going on meanwhile.
+        let (reader, _) = probes_snapshot(&dir);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let snapshot = reader.snapshot();
+            let counts = (
+                snapshot.rails[rail.index()].counter(RAIL_FAILOVERS),
+                snapshot.rails[rail.index()].counter(RAIL_FAILBACKS),
+            );
+            let up = pair.send.rails_down().is_empty() && pair.recv.rails_down().is_empty();
+            if counts == (2, 2) && up {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{faults}: back on both ends: {counts:?}"
+            );
+            pipeline(&pair, 6, 3).unwrap_or_else(|e| panic!("{faults}: {e}"));
+        }
+        let before = reader.snapshot();
+        pipeline(&pair, 24, 6).unwrap_or_else(|e| panic!("{faults}, after: {e}"));
+        let after = reader.snapshot();
+        let (was, now) = (&before.rails[rail.index()], &after.rails[rail.index()]);
+        assert_eq!(now.counter(RAIL_FAILBACKS), 2, "{faults}: once per end");
+        assert!(
+            now.counter(RAIL_TX_BYTES) > was.counter(RAIL_TX_BYTES),
+            "{faults}: the {rail} rail carries bytes again"
+        );
+        let marked = after
+            .connections
+            .iter()
+            .filter(|c| c.rails_down != 0)
+            .count();
+        assert_eq!(marked, 0, "{faults}: no end marked degraded");
+        close(pair);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// With `MPIB_FAILBACK=0` a rail that comes back stays unused for the connection's life.
+#[test]
+fn without_failback_a_rail_that_comes_back_stays_down() {
+    let _guard = env_lock();
+    let vars = [("MPIB_FAILBACK", "0"), ("MPIB_FAILBACK_HOLD_MS", "1")];
+    let (pair, outcome) = run_with("cut=sup:20,heal=sup:100", &vars, None);
+    outcome.unwrap();
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        pipeline(&pair, 6, 3).unwrap();
+    }
+    let down = crate::proto::rail_mask::RailMask::SCALE_UP;
+    assert_eq!(
+        (pair.send.rails_down(), pair.recv.rails_down()),
+        (down, down)
+    );
+    close(pair);
+}

@@ -30,7 +30,7 @@ pub(super) struct RecvFailover {
     /// A probe of the peer is in flight.
     probing: bool,
     /// A rail whose QPs were put in error and may not have quiesced yet.
-    quiescing: Option<Rail>,
+    pub(super) quiescing: Option<Rail>,
     /// The seal of the last notice taken (0: none), so an unchanged mailbox costs one load.
     notice_seal: u64,
 }
@@ -97,6 +97,8 @@ impl RecvComm {
         );
         data.peer.rail_failed(rail);
         data.telemetry.rail_failed(rail);
+        data.failback.watching = true;
+        data.failback.unconfirmed = data.failback.unconfirmed.without(rail);
         let layout = self.info.layout;
         let first = layout.first(rail);
         for qp in &mut data.qps.qps[first..first + layout.count(rail)] {

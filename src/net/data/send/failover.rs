@@ -32,7 +32,7 @@ pub(super) struct SendFailover {
     /// A probe of the peer is in flight.
     probing: bool,
     /// A notice not yet written (the survivor's QP had no send credit).
-    notice: Option<FailoverNotice>,
+    pub(super) notice: Option<FailoverNotice>,
     /// The seal of the last report taken (0: none), so an unchanged mailbox costs one load.
     report_seal: u64,
 }
@@ -45,6 +45,9 @@ impl SendComm {
         rail: Rail,
         completion: &Completion,
     ) -> Result<()> {
+        if self.failed_restore_probe(data, completion)? {
+            return Ok(());
+        }
         if data.slots.down().contains(rail) {
             // Flushed, or late: the report settles what rode the rail.
             return Ok(());
@@ -123,18 +126,20 @@ impl SendComm {
             length: FAILOVER_NOTICE_LEN as u32,
             lkey: data.records.keys(survivor).lkey,
         };
-        if self.post_control_write(data, survivor, Some(sge), WRITE_MESSAGE)? {
+        if self.post_control_write(data, survivor, NOTICE_MAILBOX, Some(sge), WRITE_MESSAGE)? {
             data.failover.notice = None;
         }
         Ok(())
     }
 
-    /// One signalled RDMA write on `survivor`'s first QP into the receiver's notice mailbox:
-    /// `sge`'s bytes, or none (a probe). `Ok(false)` without a send credit.
-    fn post_control_write(
+    /// One signalled RDMA write on `survivor`'s first QP into the receiver's records at
+    /// `mailbox` (a record index: the notice's, or failback's offer): `sge`'s bytes, or none (a
+    /// probe). `Ok(false)` without a send credit.
+    pub(super) fn post_control_write(
         &self,
         data: &mut SendData,
         survivor: Rail,
+        mailbox: usize,
         sge: Option<Sge>,
         what: u8,
     ) -> Result<bool> {
@@ -146,7 +151,7 @@ impl SendComm {
             rail: survivor,
             qp_index: qp as u8,
             post_index,
-            remote_addr: data.remote_records + (NOTICE_MAILBOX * COMPLETION_RECORD_SIZE) as u64,
+            remote_addr: data.remote_records + (mailbox * COMPLETION_RECORD_SIZE) as u64,
             rkey: data.remote_records_rkeys[survivor.index()],
         }
         .request(sge, what);
@@ -182,7 +187,7 @@ impl SendComm {
                 };
                 if !data.failover.probing {
                     data.failover.probing =
-                        self.post_control_write(data, survivor, None, WRITE_PROBE)?;
+                        self.post_control_write(data, survivor, NOTICE_MAILBOX, None, WRITE_PROBE)?;
                 }
                 Ok(())
             }

@@ -12,14 +12,17 @@ use std::ptr::NonNull;
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, Rail};
 use crate::proto::cts::{slot_of, CompletionRecord, CtsEntry, FIFO_SLOTS, MAX_RECVS};
+use crate::proto::failback::WRITE_RESTORE_PROBE;
 use crate::proto::send_slots::{Head, SendBuffer, SendProgress, SendSlotError, SendSlots};
 use crate::proto::wr_id::{WrId, WrKind};
 
 mod busy;
+mod failback;
 mod failover;
 mod post;
 
 use busy::BusyClock;
+use failback::SendFailback;
 use failover::SendFailover;
 
 use crate::net::agent::hints::HintReader;
@@ -75,6 +78,8 @@ pub(crate) struct SendData {
     failure: Option<Error>,
     /// What failovers left to do (a notice to write) and the last report taken.
     failover: SendFailover,
+    /// A failed rail's return (docs/PROTOCOL.md §11).
+    failback: SendFailback,
 }
 
 impl SendData {
@@ -108,6 +113,7 @@ impl SendData {
             pool: RequestPool::new(),
             failure: None,
             failover: SendFailover::default(),
+            failback: SendFailback::new(None),
         }
     }
 }
@@ -129,6 +135,11 @@ unsafe impl Send for SendComm {}
 impl SendComm {
     pub(crate) fn new(info: ConnectionInfo, mut data: SendData) -> Box<SendComm> {
         data.slots.use_rails(info.layout.rails());
+        let timer = info
+            .renewal
+            .failback
+            .map(crate::proto::failback::FailbackTimer::new);
+        data.failback = SendFailback::new(timer);
         Box::new(SendComm {
             magic: SEND_MAGIC,
             info,
@@ -272,6 +283,9 @@ impl SendComm {
             self.rail_failed(data, rail, error)?;
             self.post_ready(data)?;
         }
+        if !data.slots.down().is_empty() {
+            self.advance_failback(data, now)?;
+        }
         data.telemetry.telemetry().heartbeat(now);
         let request = data.pool.get(index);
         if !request.done {
@@ -306,12 +320,19 @@ impl SendComm {
     }
 
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
+        if data.failback.is_stale(completion) {
+            // A QP a failback replaced: what rode it was settled by its failover.
+            return Ok(());
+        }
         if completion.status != CompletionStatus::Success {
             return self.failed_completion(data, rail, completion);
         }
         let wr = WrId::unpack(completion.wr_id)
             .map_err(|e| Error::internal(format!("send completion with {e}")))?;
         if wr.kind == WrKind::Failover && completion.opcode == CompletionOpcode::RdmaWrite {
+            if wr.slot == WRITE_RESTORE_PROBE {
+                return self.restore_probe_done(data, wr, true, now_ns());
+            }
             self.control_write_done(data, wr);
             return Ok(());
         }
