@@ -79,9 +79,8 @@ pub fn emit(
     let message = format!("MPIB: {args}");
     let raw = LOGGER.load(Ordering::Acquire);
     if raw.is_null() {
-        if level == Level::Warn {
-            eprintln!("{message}");
-        }
+        // No logger (a harness's NULL): stderr, up to what NCCL_DEBUG asks (WARN by default).
+        eprintln!("{message}");
         return;
     }
     // SAFETY: `raw` was stored from a `LoggerFn` by `set_logger`; fn pointers round-trip
