@@ -471,6 +471,13 @@ pub trait PeerResolution: Send {
     /// What is being resolved (device, addresses, interface, last failure), for logs and the
     /// timeout error.
     fn describe(&self) -> String;
+    /// Whether the last `poll` that said ready found the address resolved (or could not check
+    /// it), rather than gave up waiting for it: a rail brought back after a failover connects
+    /// only then, since a connect towards an unresolved address waits inside the call
+    /// (docs/PROTOCOL.md §11).
+    fn confirmed(&self) -> bool {
+        true
+    }
 }
 
 /// A backend that opens devices by name.

@@ -114,6 +114,7 @@ pub(crate) fn start(
         last_nudge: None,
         nudges: 0,
         last_failure: None,
+        confirmed: false,
     }))
 }
 
@@ -179,6 +180,9 @@ struct ArpResolution {
     nudges: u32,
     /// The last error a nudge met (`ENETUNREACH`, a firewall's `EPERM`), for the timeout error.
     last_failure: Option<String>,
+    /// The last ready poll found a valid entry (or could not check): not the local peer's wait
+    /// given up.
+    confirmed: bool,
 }
 
 impl PeerResolution for ArpResolution {
@@ -199,7 +203,10 @@ impl PeerResolution for ArpResolution {
             }
         };
         match arp_flags(&query, self.next_hop, &self.netdev) {
-            Ok(Some(flags)) if flags & ATF_COM != 0 => return Ok(true),
+            Ok(Some(flags)) if flags & ATF_COM != 0 => {
+                self.confirmed = true;
+                return Ok(true);
+            }
             Ok(_) => {}
             Err(errno) => {
                 // The check itself failed (the interface went away, a kernel that refuses it):
@@ -212,10 +219,12 @@ impl PeerResolution for ArpResolution {
                     self.netdev,
                     std::io::Error::from_raw_os_error(errno)
                 );
+                self.confirmed = true;
                 return Ok(true);
             }
         }
         if self.local_peer && self.started.elapsed() >= LOCAL_PEER_WAIT {
+            self.confirmed = false;
             return Ok(true);
         }
         if self
@@ -234,6 +243,10 @@ impl PeerResolution for ArpResolution {
             }
         }
         Ok(false)
+    }
+
+    fn confirmed(&self) -> bool {
+        self.confirmed
     }
 
     fn describe(&self) -> String {

@@ -410,7 +410,8 @@ impl RecvComm {
     }
 
     fn complete(&self, data: &mut RecvData, rail: Rail, completion: &Completion) -> Result<()> {
-        if !data.failback.stale.is_empty() && data.failback.stale.contains(&completion.qp_num) {
+        let stale = &data.failback.stale;
+        if !stale.is_empty() && stale.contains(&(rail, completion.qp_num)) {
             // A QP a failback replaced: quiesced and drained at its failover, nothing it says
             // matters now.
             return Ok(());

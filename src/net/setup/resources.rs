@@ -320,10 +320,11 @@ impl QueuePairs {
 /// Replaced QPs whose numbers are kept: their completions may still sit in the CQ.
 const STALE_KEPT: usize = 64;
 
-/// Keeps the numbers of QPs a failback replaced (`QueuePairs::replace_rail`), the newest
-/// [`STALE_KEPT`]: a completion of theirs still in the CQ is recognised and ignored.
-pub(crate) fn remember_stale(stale: &mut Vec<u32>, replaced: Vec<u32>) {
-    stale.extend(replaced);
+/// Keeps the rail and numbers of QPs a failback replaced on it (`QueuePairs::replace_rail`),
+/// the newest [`STALE_KEPT`]: a completion of theirs still in the CQ is recognised and ignored.
+/// QP numbers are per NIC, so the rail is part of the key.
+pub(crate) fn remember_stale(stale: &mut Vec<(Rail, u32)>, rail: Rail, replaced: Vec<u32>) {
+    stale.extend(replaced.into_iter().map(|qp_num| (rail, qp_num)));
     if stale.len() > STALE_KEPT {
         stale.drain(..stale.len() - STALE_KEPT);
     }
@@ -422,4 +423,28 @@ pub(crate) fn drain_completions<D: RailCompletions>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// QP numbers are per NIC: a replaced SUP QP's number says nothing of a SOUT QP with the
+    /// same one (on rxe both NICs number from 17: a failback once ignored the survivor's
+    /// completions for that).
+    #[test]
+    fn replaced_queue_pairs_are_known_by_rail_and_number_the_newest_kept() {
+        let mut stale = Vec::new();
+        remember_stale(&mut stale, Rail::ScaleUp, vec![17, 18]);
+        assert!(stale.contains(&(Rail::ScaleUp, 17)));
+        assert!(!stale.contains(&(Rail::ScaleOut, 17)));
+        remember_stale(
+            &mut stale,
+            Rail::ScaleUp,
+            (100..100 + STALE_KEPT as u32).collect(),
+        );
+        assert_eq!(stale.len(), STALE_KEPT);
+        assert!(!stale.contains(&(Rail::ScaleUp, 17)), "the oldest go first");
+        assert!(stale.contains(&(Rail::ScaleUp, 100 + STALE_KEPT as u32 - 1)));
+    }
 }

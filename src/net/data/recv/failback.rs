@@ -32,8 +32,9 @@ pub(super) struct RecvFailback {
     resolving: Option<(RestoreOffer, Box<dyn PeerResolution>)>,
     /// An answer not yet written (the CTS QP had no send credit).
     answer: Option<RestoreAnswer>,
-    /// Numbers of QPs replaced by a failback's: their completions are ignored.
-    pub(super) stale: Vec<u32>,
+    /// Rails and numbers of QPs replaced by a failback's: their completions are ignored (QP
+    /// numbers are per NIC).
+    pub(super) stale: Vec<(Rail, u32)>,
     /// Rails taken back that no IMM has come on yet: the sender may still fail its probes
     /// there, so the connection still counts as degraded on them.
     pub(super) unconfirmed: RailMask,
@@ -48,8 +49,9 @@ impl RecvComm {
         self.check_offer(data)?;
         if let Some((offer, mut resolution)) = data.failback.resolving.take() {
             match resolution.poll() {
-                Ok(true) => self.take_rail_back(data, &offer)?,
-                Ok(false) => data.failback.resolving = Some((offer, resolution)),
+                // Unconfirmed (see the sender's): polled again; a later offer replaces it.
+                Ok(true) if resolution.confirmed() => self.take_rail_back(data, &offer)?,
+                Ok(_) => data.failback.resolving = Some((offer, resolution)),
                 Err(e) => {
                     self.refuse(data, &offer, &e.to_string());
                 }
@@ -153,7 +155,7 @@ impl RecvComm {
             flusher.renew(device, rail, queues, &renewal.qp_settings)?;
         }
         let replaced = data.qps.replace_rail(layout, rail, qps, credits)?;
-        remember_stale(&mut data.failback.stale, replaced);
+        remember_stale(&mut data.failback.stale, rail, replaced);
         data.qps.connect_rail(
             layout,
             rail,

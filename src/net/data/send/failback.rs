@@ -42,8 +42,9 @@ pub(super) struct SendFailback {
     port_seen: [u64; 2],
     /// The seal of the last answer taken.
     answer_seal: u64,
-    /// Numbers of QPs replaced by a failback's: their completions are ignored.
-    stale: Vec<u32>,
+    /// Rails and numbers of QPs replaced by a failback's: their completions are ignored (QP
+    /// numbers are per NIC: the survivor's may be the same).
+    stale: Vec<(Rail, u32)>,
 }
 
 impl SendFailback {
@@ -58,10 +59,11 @@ impl SendFailback {
         }
     }
 
-    /// Whether `completion` comes from a QP a failback replaced (nothing it says matters).
+    /// Whether `completion`, on `rail`, comes from a QP a failback replaced (nothing it says
+    /// matters).
     #[inline]
-    pub(super) fn is_stale(&self, completion: &Completion) -> bool {
-        !self.stale.is_empty() && self.stale.contains(&completion.qp_num)
+    pub(super) fn is_stale(&self, rail: Rail, completion: &Completion) -> bool {
+        !self.stale.is_empty() && self.stale.contains(&(rail, completion.qp_num))
     }
 }
 
@@ -102,8 +104,10 @@ impl SendComm {
                 Ok(())
             }
             Some((attempt, rail, Phase::Resolving(mut resolution))) => match resolution.poll() {
-                Ok(true) => self.offer(data, attempt, rail, now),
-                Ok(false) => {
+                // Unconfirmed: the wait for a local peer ran out, and connecting would wait
+                // inside the call; the attempt's deadline ends it if it never resolves.
+                Ok(true) if resolution.confirmed() => self.offer(data, attempt, rail, now),
+                Ok(_) => {
                     data.failback.attempt = Some((attempt, rail, Phase::Resolving(resolution)));
                     Ok(())
                 }
@@ -155,7 +159,7 @@ impl SendComm {
             Err(e) => return self.give_up(data, now, &e.to_string()),
         };
         let replaced = data.qps.replace_rail(layout, rail, qps, credits)?;
-        remember_stale(&mut data.failback.stale, replaced);
+        remember_stale(&mut data.failback.stale, rail, replaced);
         data.failback.attempt = Some((attempt, rail, Phase::Offered { posted: false }));
         self.post_offer(data, attempt, rail, now)
     }

@@ -320,7 +320,7 @@ impl SendComm {
     }
 
     fn complete(&self, data: &mut SendData, rail: Rail, completion: &Completion) -> Result<()> {
-        if data.failback.is_stale(completion) {
+        if data.failback.is_stale(rail, completion) {
             // A QP a failback replaced: what rode it was settled by its failover.
             return Ok(());
         }
