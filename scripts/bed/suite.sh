@@ -367,6 +367,45 @@ flap() {
   verdict "$name" "$d" "$how, done $(since "$tcut") s after it began"
 }
 
+# failback NAME DEV MODE: an advanced pair at sup_bw=512 (both rails carry data) whose rail DEV is
+# cut (see `cut`: down, or drop with no port event) for 1 s once the sender has passed its first
+# case, then restored while the cases go on. Every byte must arrive; both sides must fail the
+# rail over and then bring it back (docs/PROTOCOL.md §11), each logging the return: the sender
+# once a write on each new queue pair was acknowledged, the receiver at the first IMM on the
+# rail (so the sender split over it again). 120 cases (about 7 s here) outlast the cut, the
+# hold-down and the return. Reports how long after the rail was restored the sender had it back.
+failback() {
+  local name=$1 dev=$2 mode=$3 tup back='' i how rail=sup
+  wanted "$name" || return 0
+  newcase "$name"
+  fault_rates
+  launch "$d" "$tmp" v12 "$(repeat 120 split-512)" \
+    "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14 MPIB_IB_RETRY_CNT=6 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET" \
+    --scale rig --expect-class intra --data-timeout 40 --no-rail-check
+  first_case_done "$d"
+  cut "$dev" "$mode"
+  sleep 1
+  cut "$dev" up
+  tup=$(now)
+  [ "$dev" != veth_a0 ] || rail=sout
+  for ((i = 0; i < 300; i++)); do
+    grep -q "the $rail rail is back" "$d/send.log" 2> /dev/null && { back=$(since "$tup"); break; }
+    { kill -0 "$rp" && kill -0 "$sp"; } 2> /dev/null || break
+    sleep 0.02
+  done
+  reap
+  how="$(grep -c ': ok ' "$d/recv.log") case(s) verified byte-exact by the receiver"
+  if ! grep -q "$rail rail.*rail alone (failover)" "$d/send.log" "$d/recv.log"; then
+    how+=", NOT failed over"; [ "$sr" != 0 ] || sr=98
+  fi
+  if grep -q "the $rail rail is back" "$d/send.log" && grep -q "the $rail rail is back" "$d/recv.log"; then
+    how+=", both sides brought the $rail rail back and split over it again (the sender ${back:-?} s after it was restored)"
+  else
+    how+=", the $rail rail NOT back on both sides"; [ "$sr" != 0 ] || sr=98
+  fi
+  verdict "$name" "$d" "$how"
+}
+
 # killed NAME ROLE: SIGKILL the ROLE process (recv: host B, send: host A) of an advanced pair at
 # sup_bw=512 with the default timeout once the sender has passed its first case. The survivor's
 # calls must return the plugin's error (its sockets closed by the kernel, or the peer's control
@@ -466,6 +505,9 @@ fault "v12 fault: SOUT cut one way mid-run (A's packets dropped), vanilla inter-
   veth_a0 drop sizes MPIB_ISLAND_PREFIX_LEN=32
 flap "v12 flap: SUP link down 2.5 s, default retries (veth_a1)" veth_a1 2.5
 flap "v12 flap: SOUT link down 2.5 s, default retries (veth_a0)" veth_a0 2.5
+failback "v12 failback: SUP link down 1 s, back while cases go on (veth_a1)" veth_a1 down
+failback "v12 failback: SOUT link down 1 s, control connection on it (veth_a0)" veth_a0 down
+failback "v12 failback: SUP packets dropped 1 s, no port event (veth_a1)" veth_a1 drop
 killed "v12 killed: receiver process SIGKILLed mid-run" recv
 killed "v12 killed after failover: SOUT link down (the control connection's), then the sender SIGKILLed" \
   send veth_a0

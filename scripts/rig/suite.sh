@@ -289,6 +289,43 @@ if [ "${1-}" = --guest ]; then
     verdict "$name" "$d" "$how, $(since "$t") s in all"
   }
 
+  # failback NAME DEV: an advanced pair at sup_bw=512 running 30 cases whose wire DEV drops every
+  # packet for 1 s once the sender has passed its first case (no port event: the QPs' retries
+  # find it), then carries them again while the cases go on. Every case must pass byte-exact,
+  # both sides must fail the rail over and then bring it back (docs/PROTOCOL.md §11), each
+  # logging the return: the sender once a write on each new QP was acknowledged, the receiver at
+  # the first IMM on the rail, so the sender split over it again.
+  failback() {
+    local name=$1 dev=$2 s d tmp tcut how rail=sup
+    wanted "$name" || return 0
+    s=$(slug "$name")
+    d=$W/$s tmp=/tmp/rig/$s
+    mkdir -p "$d" "$tmp"
+    launch "$d" "$tmp" v12 "$(printf "split-512,%.0s" $(seq 30) | sed 's/,$//')" \
+      "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14 MPIB_IB_RETRY_CNT=6 NCCL_DEBUG=INFO" \
+      --data-timeout 60 \
+      --no-rail-check
+    first_case_done "$d"
+    impair "$dev" loss 100%
+    tcut=$(now)
+    sleep 1
+    tc qdisc del dev "$dev" root 2>/dev/null
+    reap
+    [ "$dev" != veth_a0 ] || rail=sout
+    how="$(grep -c ': ok ' "$d/recv.log") case(s) verified byte-exact by the receiver, done $(since "$tcut") s after the cut"
+    if grep -q "$rail rail.*rail alone (failover)" "$d/send.log" "$d/recv.log"; then
+      how+=", failed over from the $rail rail"
+    else
+      how+=", NOT failed over from the $rail rail"; [ "$sr" != 0 ] || sr=98
+    fi
+    if grep -q "the $rail rail is back" "$d/send.log" && grep -q "the $rail rail is back" "$d/recv.log"; then
+      how+=", both sides brought it back and split over it again"
+    else
+      how+=", NOT back on both sides"; [ "$sr" != 0 ] || sr=98
+    fi
+    verdict "$name" "$d" "$how"
+  }
+
   # flap NAME DEV SECONDS: an advanced pair at sup_bw=512 (both rails carry data) with the
   # plugin's default retry count and timeout (MPIB_IB_RETRY_CNT and MPIB_IB_TIMEOUT unset: 7
   # retries of 4.3 s on hardware; rxe treats 7 as "retry forever") whose wire DEV drops every
@@ -524,6 +561,7 @@ if [ "${1-}" = --guest ]; then
     veth_a0 sizes "MPIB_ISLAND_PREFIX_LEN=32"
   fault "v12 fault: SOUT wire cut mid-run, MPIB_FAILOVER=0, advanced sup_bw=512 (veth_a0)" v12 \
     veth_a0 split-512 "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_FAILOVER=0"
+  failback "v12 failback: SUP wire cut 1 s mid-run, then back, advanced sup_bw=512 (veth_a1)" veth_a1
   flap "v12 flap: SUP wire down 2.5 s, default retries (veth_a1)" veth_a1 2.5
   flap "v12 flap: SOUT wire down 2.5 s, default retries (veth_a0)" veth_a0 2.5
   killed "v12 killed: receiver process SIGKILLed mid-run" recv
