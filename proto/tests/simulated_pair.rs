@@ -146,15 +146,16 @@ fn rail() -> impl Strategy<Value = Rail> {
 /// How a rail fails: cut both ways, one way, its acknowledgements lost (what is on the wire
 /// and posted after still lands, and never completes at the sender; with a later cut of either
 /// direction, its writes landed and unacknowledged at that cut), or found failed by a side while
-/// it still works.
+/// it still works; or it comes back (failback, if its failover is over by then).
 fn failure(rail: Rail) -> impl Strategy<Value = Event> {
     prop_oneof![
-        Just(Event::Cut(rail)),
-        Just(Event::CutData(rail)),
-        Just(Event::CutCts(rail)),
-        Just(Event::CutAcks(rail)),
-        Just(Event::Detect(Side::Sender, rail)),
-        Just(Event::Detect(Side::Receiver, rail)),
+        1 => Just(Event::Cut(rail)),
+        1 => Just(Event::CutData(rail)),
+        1 => Just(Event::CutCts(rail)),
+        1 => Just(Event::CutAcks(rail)),
+        1 => Just(Event::Detect(Side::Sender, rail)),
+        1 => Just(Event::Detect(Side::Receiver, rail)),
+        2 => Just(Event::Restore(rail)),
     ]
 }
 
@@ -175,7 +176,7 @@ proptest! {
         order in proptest::collection::vec(0usize..8, MAX_GROUPS),
         script in proptest::collection::vec(event(), 0..MAX_EVENTS),
         (failures, last) in rail().prop_flat_map(|rail| {
-            let failures = proptest::collection::vec((0usize..MAX_EVENTS, failure(rail)), 1..3);
+            let failures = proptest::collection::vec((0usize..MAX_EVENTS, failure(rail)), 1..5);
             (failures, last_failure(rail))
         }),
         cts_rail in rail(),
@@ -195,6 +196,69 @@ proptest! {
         every_transfer_done(&pair, &groups, "")?;
         prop_assert_eq!(pair.outstanding(), 0);
     }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A rail fails at a random point of a random script; from a later point on, its return is
+    /// tried after every event (as the engine tries on a clock) and it comes back once its
+    /// failover is over; at a still later point it may fail again, and then the pair drains.
+    /// Every receive completes exactly once with its bytes, every send is done, no protocol
+    /// error, and the rail did come back whenever the failover settled in time.
+    #[test]
+    fn a_rail_that_comes_back_carries_transfers_again(
+        groups in proptest::collection::vec(group(), 1..MAX_GROUPS),
+        srq_high in 2u32..12,
+        order in proptest::collection::vec(0usize..8, MAX_GROUPS),
+        script in proptest::collection::vec(event(), 0..MAX_EVENTS),
+        (fail_at, back_at, again_at) in (0usize..MAX_EVENTS / 3, 0usize..MAX_EVENTS / 3, 0usize..MAX_EVENTS / 3)
+            .prop_map(|(a, b, c)| (a, a + b, a + b + c)),
+        (first, again) in rail().prop_flat_map(|rail| (failure_only(rail), proptest::option::of(failure_only(rail)))),
+        cts_rail in rail(),
+    ) {
+        let mut pair = Pair::new(groups.clone(), srq_high, &order).with_failover(cts_rail);
+        let rail = match first {
+            Event::Cut(rail) | Event::CutData(rail) | Event::CutCts(rail) | Event::CutAcks(rail) => rail,
+            Event::Detect(_, rail) => rail,
+            _ => unreachable!("failure_only"),
+        };
+        for (i, event) in script.into_iter().enumerate() {
+            if i == fail_at {
+                pair.step(first);
+            }
+            if i == again_at && pair.restores > 0 {
+                if let Some(again) = again {
+                    pair.step(again);
+                }
+            }
+            pair.step(event);
+            if i >= back_at {
+                if i >= fail_at && pair.restores == 0 {
+                    // A stalled pair finds its cut, as error completions would tell it.
+                    pair.find_a_cut();
+                }
+                pair.step(Event::Restore(rail));
+            }
+        }
+        pair.drain(20_000);
+        prop_assert!(!pair.no_survivor, "one rail failed at a time");
+        prop_assert_eq!(pair.error.as_deref(), None);
+        every_transfer_done(&pair, &groups, "")?;
+        prop_assert_eq!(pair.outstanding(), 0);
+    }
+}
+
+/// The failures of `failure` less a return.
+fn failure_only(rail: Rail) -> impl Strategy<Value = Event> {
+    prop_oneof![
+        Just(Event::Cut(rail)),
+        Just(Event::CutData(rail)),
+        Just(Event::CutCts(rail)),
+        Just(Event::CutAcks(rail)),
+        Just(Event::Detect(Side::Sender, rail)),
+        Just(Event::Detect(Side::Receiver, rail)),
+    ]
 }
 
 /// A rail cut with transfers in flight on both rails: the receiver reports what it lacks, the
@@ -384,5 +448,54 @@ fn slots_are_reused_past_the_fifo_wrap() {
             .map(|b| b.send.min(b.capacity))
             .collect();
         assert_eq!(received.as_ref().map(|r| &r.sizes), Some(&expected));
+    }
+}
+
+/// A rail that fails over and comes back (docs/PROTOCOL.md §11) carries transfers again, split
+/// with the other, and may fail over again: every transfer completes exactly once.
+#[test]
+fn a_rail_that_comes_back_is_split_over_again_and_may_fail_again() {
+    for (cut, cts_rail) in [
+        (Rail::ScaleUp, Rail::ScaleUp),
+        (Rail::ScaleOut, Rail::ScaleUp),
+    ] {
+        let groups: Vec<Group> = (0..if MIRI { 12 } else { 24 })
+            .map(|i| Group {
+                buffers: vec![Buffer {
+                    capacity: 8192,
+                    send: 1000 + 256 * i as u64,
+                }],
+                share: 512,
+            })
+            .collect();
+        let mut pair = Pair::new(groups.clone(), 4, &[]).with_failover(cts_rail);
+        for _ in 0..6 {
+            pair.round();
+        }
+        pair.step(Event::Cut(cut));
+        let mut rounds = 0;
+        while pair.restores == 0 {
+            assert!(rounds < 5_000, "{cut}: the rail never came back");
+            rounds += 1;
+            pair.round();
+            // A stall is found by the side the cut hurts, as its error completions would say.
+            pair.find_a_cut();
+            pair.step(Event::Restore(cut));
+        }
+        let posted = pair.posted_on[cut.index()];
+        for _ in 0..20 {
+            pair.round();
+        }
+        assert!(
+            pair.posted_on[cut.index()] > posted,
+            "{cut}: transfers split over the rail again"
+        );
+        pair.step(Event::Cut(cut));
+        pair.drain(20_000);
+        assert_eq!(pair.error, None, "{cut}");
+        assert!(!pair.no_survivor, "{cut}");
+        assert_eq!((pair.restores, pair.reports), (1, 2), "{cut}");
+        every_transfer_done(&pair, &groups, "").unwrap();
+        assert_eq!(pair.outstanding(), 0);
     }
 }

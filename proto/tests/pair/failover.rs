@@ -186,7 +186,7 @@ impl Pair {
     /// With failover on, when the pair stalls: a cut no side has detected is found by the side
     /// whose writes it drops, or whose acknowledgements (their error completions would say so).
     /// Whether one was.
-    pub(super) fn find_a_cut(&mut self) -> bool {
+    pub fn find_a_cut(&mut self) -> bool {
         if !self.failover || self.no_survivor || self.error.is_some() {
             return false;
         }

@@ -13,6 +13,7 @@
 //! (nothing more crosses it either way) and the two go on over the other, as
 //! docs/PROTOCOL.md §10 says.
 
+mod failback;
 mod failover;
 mod wire;
 
@@ -82,6 +83,9 @@ pub enum Event {
     /// A side finds the rail failed (an error completion, a port event; or wrongly): its end
     /// goes to error and it fails over (with failover on).
     Detect(Side, Rail),
+    /// The rail's wire works again, and it comes back if its failover is over on both sides
+    /// (else nothing changes: the offer is refused).
+    Restore(Rail),
 }
 
 /// One side of the pair.
@@ -152,6 +156,9 @@ pub struct Pair {
     /// Transfers sent again whole after a failover, and reports the sender took.
     pub replays: usize,
     pub reports: usize,
+    /// Rails that came back, and the transfers posted on each rail so far.
+    pub restores: usize,
+    pub posted_on: [usize; 2],
     /// Signalled writes that landed at the receiver and never completed at the sender.
     pub lost_acks: usize,
     send_cq: VecDeque<(Rail, usize)>,
@@ -233,6 +240,8 @@ impl Pair {
             no_survivor: false,
             replays: 0,
             reports: 0,
+            restores: 0,
+            posted_on: [0; 2],
             lost_acks: 0,
             send_cq: VecDeque::new(),
             recv_cq: VecDeque::new(),
@@ -285,6 +294,7 @@ impl Pair {
                 Ok(())
             }
             Event::Detect(side, rail) => self.detect(side, rail),
+            Event::Restore(rail) => self.restore(rail),
         };
         if let Err(error) = result {
             self.error = Some(error);

@@ -43,6 +43,7 @@ impl Pair {
             self.shadow[at..at + COMPLETION_RECORD_SIZE].copy_from_slice(&record.to_le_bytes());
         }
         for rail in plan.mask.rails() {
+            self.posted_on[rail.index()] += 1;
             let chain = plan.chain_mut(rail);
             let last = chain.len() - 1;
             chain[last].wr_id = slot as u64;
