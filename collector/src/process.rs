@@ -200,6 +200,8 @@ impl Process {
                     log_slow(self.reader.info(), record);
                     logged += 1;
                 }
+            } else if let Some(failover) = mpib_probes::FailoverEvent::of(&record.transfer) {
+                log_failover(self.reader.info(), &failover);
             } else {
                 debug!(pid = self.pid, index = record.index, "sampled transfer");
             }
@@ -234,6 +236,22 @@ fn export_value(
         catalog::Kind::Counter => ctx.exporter.counter(family, labels, value, start),
         _ => ctx.exporter.gauge(family, labels, value as f64, start),
     }
+}
+
+fn log_failover(info: &FileInfo, f: &mpib_probes::FailoverEvent) {
+    info!(
+        host = info.host,
+        pid = info.pid,
+        peer = %f.peer,
+        nccl_device = device_name(info, f.device),
+        direction = traces::direction_name(f.direction),
+        rail = RAIL_NAMES[f.rail.min(RAIL_NAMES.len() - 1)],
+        reported_after_us = f.reported_ns.saturating_sub(f.detected_ns) / 1000,
+        duration_us = f.resumed_ns.saturating_sub(f.detected_ns) / 1000,
+        replayed_transfers = f.replayed_transfers,
+        replayed_bytes = f.replayed_bytes,
+        "rail failed over"
+    );
 }
 
 fn log_slow(info: &FileInfo, record: &SlowTransferRecord) {

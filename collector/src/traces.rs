@@ -1,5 +1,8 @@
 //! OTLP traces: each slow (or sampled) transfer becomes a span `mpib.slow_transfer` with one
-//! child `mpib.rail_transfer` per active rail, with the writer's own timestamps.
+//! child `mpib.rail_transfer` per active rail, with the writer's own timestamps; each failover
+//! of a connection end becomes a span `mpib.failover` from when the end found the rail failed to
+//! when it went on with nothing of it left, with an event `mpib.failover.reported` at the
+//! receiver's report (docs/PROTOCOL.md §10).
 //!
 //! Spans are built with the OpenTelemetry API directly (explicit start and end times from the
 //! event record, not the collector's clock). Integer attributes are `i64`: a `u64` would arrive
@@ -12,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 
 use mpib_probes::{
-    Direction, EventKind, FileInfo, SlowTransfer, SlowTransferRecord, MAX_RAILS, NO_CONNECTION,
-    RAIL_NAMES,
+    Direction, EventKind, FailoverEvent, FileInfo, SlowTransfer, SlowTransferRecord, MAX_RAILS,
+    NO_CONNECTION, RAIL_NAMES,
 };
 use opentelemetry::trace::{
     Span as _, SpanKind, TraceContextExt, Tracer as _, TracerProvider as _,
@@ -36,6 +39,10 @@ pub const SERVICE_NAME: &str = "mpib-collector";
 pub const SLOW_SPAN: &str = "mpib.slow_transfer";
 /// Name of the per-rail child spans.
 pub const RAIL_SPAN: &str = "mpib.rail_transfer";
+/// Name of a failover's span, and of its event at the receiver's report.
+pub const FAILOVER_SPAN: &str = "mpib.failover";
+/// Name of the event at the receiver's report, inside [`FAILOVER_SPAN`].
+pub const REPORTED_EVENT: &str = "mpib.failover.reported";
 
 /// The tracer provider and its tracer.
 pub struct Traces {
@@ -102,6 +109,9 @@ impl Traces {
     /// Emit the spans of one event record from the writer described by `info`. Returns false
     /// (and emits nothing) when the record has no timestamps.
     pub fn emit(&self, info: &FileInfo, record: &SlowTransferRecord) -> bool {
+        if let Some(failover) = FailoverEvent::of(&record.transfer) {
+            return self.emit_failover(info, &failover);
+        }
         let t = &record.transfer;
         let rails = active_rails(t);
         let Some((start, end)) = extent(t) else {
@@ -126,6 +136,27 @@ impl Traces {
             child.end_with_timestamp(time(t.done_ns[r].max(t.post_ns[r])));
         }
         cx.span().end_with_timestamp(time(end));
+        true
+    }
+
+    /// Emit the span of one failover (`false`, nothing emitted, without a detection time).
+    fn emit_failover(&self, info: &FileInfo, failover: &FailoverEvent) -> bool {
+        if failover.detected_ns == 0 {
+            return false;
+        }
+        let start = failover.detected_ns;
+        let reported = failover.reported_ns.max(start);
+        let end = failover.resumed_ns.max(reported);
+        let event = opentelemetry::trace::Event::new(REPORTED_EVENT, time(reported), Vec::new(), 0);
+        let mut span = self
+            .tracer
+            .span_builder(FAILOVER_SPAN)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(time(start))
+            .with_attributes(failover_attributes(info, failover))
+            .with_events(vec![event])
+            .start(&self.tracer);
+        span.end_with_timestamp(time(end));
         true
     }
 
@@ -204,6 +235,7 @@ pub fn kind_name(kind: EventKind) -> String {
     match kind {
         EventKind::SLOW => "slow".to_owned(),
         EventKind::SAMPLED => "sampled".to_owned(),
+        EventKind::FAILOVER => "failover".to_owned(),
         EventKind(other) => format!("kind-{other}"),
     }
 }
@@ -259,16 +291,47 @@ fn parent_attributes(info: &FileInfo, t: &SlowTransfer) -> Vec<KeyValue> {
     ]
 }
 
-fn rail_attributes(info: &FileInfo, t: &SlowTransfer, r: usize) -> Vec<KeyValue> {
-    // The NIC that carried rail `r` of this transfer: its device's NIC on that rail.
+fn failover_attributes(info: &FileInfo, f: &FailoverEvent) -> Vec<KeyValue> {
+    let conn = if f.conn_index == NO_CONNECTION {
+        -1
+    } else {
+        i64::from(f.conn_index)
+    };
+    let rail = f.rail.min(MAX_RAILS - 1);
+    let (device, port) = nic_of(info, f.device, rail);
+    vec![
+        KeyValue::new("mpib.rail", RAIL_NAMES[rail]),
+        KeyValue::new("mpib.device", device),
+        KeyValue::new("mpib.port", i64::from(port)),
+        KeyValue::new("mpib.direction", direction_name(f.direction)),
+        KeyValue::new("mpib.peer", f.peer.to_string()),
+        KeyValue::new("mpib.conn_index", conn),
+        KeyValue::new("mpib.epoch", i64::from(f.epoch)),
+        KeyValue::new("mpib.replayed_transfers", int(f.replayed_transfers)),
+        KeyValue::new("mpib.replayed_bytes", int(f.replayed_bytes)),
+        KeyValue::new(
+            "mpib.nccl_device",
+            crate::process::device_name(info, f.device),
+        ),
+        KeyValue::new("mpib.host", info.host.clone()),
+        KeyValue::new("mpib.pid", i64::from(info.pid)),
+    ]
+}
+
+/// The NIC (its device name and port) of fused device `device` on rail `r`.
+fn nic_of(info: &FileInfo, device: u8, r: usize) -> (String, u32) {
     let nic = info
         .devices
-        .get(usize::from(t.device))
+        .get(usize::from(device))
         .map_or(r, |device| device.nics[r]);
-    let (device, port) = info
-        .rails
+    info.rails
         .get(nic)
-        .map_or((String::new(), 0), |rail| (rail.device.clone(), rail.port));
+        .map_or((String::new(), 0), |rail| (rail.device.clone(), rail.port))
+}
+
+fn rail_attributes(info: &FileInfo, t: &SlowTransfer, r: usize) -> Vec<KeyValue> {
+    // The NIC that carried rail `r` of this transfer: its device's NIC on that rail.
+    let (device, port) = nic_of(info, t.device, r);
     vec![
         KeyValue::new("mpib.rail", RAIL_NAMES[r]),
         KeyValue::new("mpib.rail_index", r as i64),

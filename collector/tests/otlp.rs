@@ -1,6 +1,7 @@
 //! An in-test OTLP/gRPC receiver: a slow transfer on both rails arrives as one
 //! `mpib.slow_transfer` span with two `mpib.rail_transfer` children, with their attributes and
-//! the writer's timestamps, and nothing else arrives (the OTel layer is filtered).
+//! the writer's timestamps, and nothing else arrives (the OTel layer is filtered); a failover
+//! arrives as one `mpib.failover` span with its report as an event.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use mpib_probes::{now_ns, SlowTransfer};
+use mpib_probes::{now_ns, Direction, FailoverEvent, SlowTransfer};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -61,8 +62,9 @@ fn text(map: &BTreeMap<String, Value>, key: &str) -> String {
 
 type Spans = Vec<(Span, BTreeMap<String, Value>)>;
 
-/// The spans received so far, once there are at least 3 (or after 20 s); checks the resource.
-async fn collect_spans(sink: &Sink) -> Spans {
+/// The spans received so far, once there are at least `want` (or after 20 s); checks the
+/// resource.
+async fn collect_spans(sink: &Sink, want: usize) -> Spans {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let requests = sink.0.lock().unwrap().clone();
@@ -75,7 +77,7 @@ async fn collect_spans(sink: &Sink) -> Spans {
                 spans.push((span.clone(), attrs(&span.attributes)));
             }
         }
-        if spans.len() >= 3 || Instant::now() > deadline {
+        if spans.len() >= want || Instant::now() > deadline {
             break spans;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -133,7 +135,7 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
     })
     .await
     .unwrap();
-    let first = collect_spans(&sink).await;
+    let first = collect_spans(&sink, 3).await;
     assert!(first.len() >= 3, "spans did not arrive: {first:?}");
     // Ten more scans and exports: an unfiltered OTel layer would now send the exporter's own
     // h2/tonic/hyper spans.
@@ -144,7 +146,7 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
         .unwrap();
     let stderr = log.lock().unwrap().join("\n");
     assert!(status.success(), "{stderr}");
-    let spans = collect_spans(&sink).await;
+    let spans = collect_spans(&sink, 3).await;
     server.abort();
     let names: Vec<&str> = spans
         .iter()
@@ -181,4 +183,72 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
 
     check_children(&spans, parent, &transfer);
     assert!(stderr.contains("slow transfer"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_arrives_as_a_span_with_its_report_as_an_event() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let sink = Sink::default();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(sink.clone()))
+        .serve_with_incoming(TcpIncoming::from(listener));
+    let server = tokio::spawn(server);
+
+    let dir = TempDir::new("otlp-failover");
+    let probes = fixture_file(dir.path(), &live_writer());
+    let base = now_ns() - 1_000_000;
+    let failover = FailoverEvent {
+        direction: Direction::Send,
+        rail: 1,
+        conn_index: 2,
+        detected_ns: base,
+        reported_ns: base + 3_000,
+        resumed_ns: base + 9_000,
+        replayed_transfers: 4,
+        replayed_bytes: 5 << 20,
+        epoch: 1,
+        peer: "10.0.0.2:5000".parse().unwrap(),
+        device: 0,
+    };
+    probes.record_slow_transfer(&failover.record());
+    let mut args = isolated(&dir);
+    args.extend([
+        "--otlp-endpoint".into(),
+        endpoint,
+        "--interval-ms".into(),
+        "100".into(),
+    ]);
+    let path = dir.path().to_path_buf();
+    let running = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Running::start(&path, &args)
+    })
+    .await
+    .unwrap();
+    let spans = collect_spans(&sink, 1).await;
+    let log = std::sync::Arc::clone(&running.log);
+    let status = tokio::task::spawn_blocking(move || running.terminate())
+        .await
+        .unwrap();
+    server.abort();
+    let stderr = log.lock().unwrap().join("\n");
+    assert!(status.success(), "{stderr}");
+    assert_eq!(spans.len(), 1, "one span, nothing else: {stderr}");
+    let (span, attributes) = &spans[0];
+    assert_eq!(span.name, "mpib.failover");
+    assert_eq!(span.start_time_unix_nano, base);
+    assert_eq!(span.end_time_unix_nano, base + 9_000);
+    assert_eq!(span.events.len(), 1);
+    assert_eq!(span.events[0].name, "mpib.failover.reported");
+    assert_eq!(span.events[0].time_unix_nano, base + 3_000);
+    assert_eq!(text(attributes, "mpib.rail"), "sup");
+    assert_eq!(text(attributes, "mpib.device"), "mlx5_1");
+    assert_eq!(text(attributes, "mpib.direction"), "send");
+    assert_eq!(text(attributes, "mpib.peer"), "10.0.0.2:5000");
+    assert_eq!(int(attributes, "mpib.conn_index"), 2);
+    assert_eq!(int(attributes, "mpib.epoch"), 1);
+    assert_eq!(int(attributes, "mpib.replayed_transfers"), 4);
+    assert_eq!(int(attributes, "mpib.replayed_bytes"), 5 << 20);
+    assert!(stderr.contains("rail failed over"), "{stderr}");
 }

@@ -92,6 +92,8 @@ pub mod counters;
 #[cfg(not(loom))]
 pub mod declared;
 #[cfg(not(loom))]
+mod failover_event;
+#[cfg(not(loom))]
 pub mod guard;
 #[cfg(not(loom))]
 mod lanes;
@@ -125,6 +127,7 @@ pub use crate::{
         Declaration, Declared, Merge, ProcessCounter, RailCounter, RailGauge, Scope, ValueKind,
         ValueUnit, DECLARATIONS,
     },
+    failover_event::FailoverEvent,
     histogram::{bucket_index, bucket_lower_bound, HistogramSnapshot},
     layout::{
         ABI_MAJOR, ABI_MINOR, ABI_VERSION, CONNECTION_SLOTS, EVENT_CAPACITY, EVENT_WORDS, FILE_LEN,

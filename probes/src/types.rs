@@ -181,6 +181,8 @@ impl EventKind {
     pub const SLOW: EventKind = EventKind(1);
     /// A transfer taken by 1-in-N sampling.
     pub const SAMPLED: EventKind = EventKind(2);
+    /// A connection end's failover of a rail (`crate::FailoverEvent`; 3.3 on).
+    pub const FAILOVER: EventKind = EventKind(3);
 }
 
 /// `conn_index` of an event that belongs to no tracked connection.

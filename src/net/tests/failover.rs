@@ -285,7 +285,7 @@ fn a_failover_is_counted_and_marked_in_the_probes() {
     let vars = [("MPIB_PROBES_DIR", directory), ("MPIB_MODE", "0")];
     let (pair, outcome) = run_with("cut=sup:20", &vars, None);
     outcome.unwrap();
-    let (_reader, snapshot) = probes_snapshot(&dir);
+    let (reader, snapshot) = probes_snapshot(&dir);
     let (sout, sup) = (&snapshot.rails[0], &snapshot.rails[1]);
     assert_eq!(
         (sout.counter(RAIL_FAILOVERS), sup.counter(RAIL_FAILOVERS)),
@@ -303,6 +303,25 @@ fn a_failover_is_counted_and_marked_in_the_probes() {
         assert_eq!(connection.rails_down, 1 << mpib_probes::RAIL_SUP);
         assert!(connection.failed_over_ns >= connection.opened_ns);
     }
+    // One event per end, the collector's span: found, reported, over, in that order; the
+    // sender's replays as counted.
+    let mut cursor = mpib_probes::EventCursor::default();
+    let drained = reader.drain_events(&mut cursor);
+    let events: Vec<_> = (drained.records.iter())
+        .filter_map(|r| mpib_probes::FailoverEvent::of(&r.transfer))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for event in &events {
+        assert_eq!((event.rail, event.epoch), (mpib_probes::RAIL_SUP, 1));
+        assert!(event.detected_ns > 0 && event.detected_ns <= event.reported_ns);
+        assert!(event.reported_ns <= event.resumed_ns);
+    }
+    let sent = events
+        .iter()
+        .find(|e| e.direction == mpib_probes::Direction::Send);
+    let sent = sent.expect("the sending end's");
+    assert_eq!(sent.replayed_bytes, sout.counter(RAIL_REPLAYED_BYTES));
+    assert!(sent.replayed_transfers > 0);
     close(pair);
     let _ = std::fs::remove_dir_all(&dir);
 }

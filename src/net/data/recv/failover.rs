@@ -33,6 +33,10 @@ pub(super) struct RecvFailover {
     pub(super) quiescing: Option<Rail>,
     /// The seal of the last notice taken (0: none), so an unchanged mailbox costs one load.
     notice_seal: u64,
+    /// The failover under way (its rail, when this end found it failed), for its event record
+    /// (`mpib_probes::FailoverEvent`), and how many this end had.
+    episode: Option<(Rail, u64)>,
+    episodes: u32,
 }
 
 impl RecvFailover {
@@ -98,6 +102,8 @@ impl RecvComm {
         data.peer.rail_failed(rail);
         data.telemetry.rail_failed(rail);
         data.failback.watching = true;
+        data.failover.episode = Some((rail, crate::net::data::request::now_ns()));
+        data.failover.episodes += 1;
         data.failback.unconfirmed = data.failback.unconfirmed.without(rail);
         let layout = self.info.layout;
         let first = layout.first(rail);
@@ -213,7 +219,32 @@ impl RecvComm {
             self.info.describe_peer(),
             report.failed
         );
+        self.record_episode(data);
         Ok(())
+    }
+
+    /// Records the failover that was just reported as an event (`mpib_probes::FailoverEvent`),
+    /// which the collector exports as a span: this end goes on once its report is out.
+    fn record_episode(&self, data: &mut RecvData) {
+        let Some((rail, detected)) = data.failover.episode.take() else {
+            return;
+        };
+        let telemetry = data.telemetry.telemetry();
+        let now = telemetry.epoch_ns(crate::net::data::request::now_ns());
+        let event = mpib_probes::FailoverEvent {
+            direction: mpib_probes::Direction::Recv,
+            rail: rail.index(),
+            conn_index: data.telemetry.index(),
+            detected_ns: telemetry.epoch_ns(detected),
+            reported_ns: now,
+            resumed_ns: now,
+            replayed_transfers: 0,
+            replayed_bytes: 0,
+            epoch: data.failover.episodes,
+            peer: self.info.peer,
+            device: u8::try_from(self.info.device_index).unwrap_or(u8::MAX),
+        };
+        telemetry.record(&event.record());
     }
 
     /// One RDMA write of the report into the sender's mailbox, on the (surviving) CTS QP.

@@ -26,11 +26,24 @@ use crate::proto::wr_id::WrId;
 /// The report's last word, its seal: read first, so a reader that sees it reads the whole.
 const REPORT_SEAL_WORD: usize = FAILOVER_REPORT_LEN / 8 - 1;
 
+/// A failover under way on this end, for its event record (`mpib_probes::FailoverEvent`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Episode {
+    rail: Option<Rail>,
+    detected_ns: u64,
+    reported_ns: u64,
+    replayed_transfers: u64,
+    replayed_bytes: u64,
+}
+
 /// What the sender keeps of failovers between calls.
 #[derive(Default)]
 pub(super) struct SendFailover {
     /// A probe of the peer is in flight.
     probing: bool,
+    /// The failover under way, until it settles; and how many this end had.
+    episode: Episode,
+    episodes: u32,
     /// A notice not yet written (the survivor's QP had no send credit).
     pub(super) notice: Option<FailoverNotice>,
     /// The seal of the last report taken (0: none), so an unchanged mailbox costs one load.
@@ -78,6 +91,7 @@ impl SendComm {
                 );
                 data.peer.rail_failed(rail);
                 self.stop_rail(data, rail);
+                data.failover.begin_episode(rail);
                 data.failover.notice = Some(notice);
                 self.post_notice(data)
             }
@@ -236,6 +250,7 @@ impl SendComm {
             );
             data.peer.rail_failed(report.failed);
             self.stop_rail(data, report.failed);
+            data.failover.begin_episode(report.failed);
         }
         let done = data.slots.on_report(&report).map_err(|e| {
             // The report names a failure that leaves no rail here (the two ends lost different
@@ -244,10 +259,41 @@ impl SendComm {
             data.fail(&error);
             error
         })?;
+        if data.failover.episode.rail == Some(report.failed) {
+            data.failover.episode.reported_ns = now_ns();
+        }
         for slot in done.iter() {
             self.slot_done(data, slot);
         }
         Ok(())
+    }
+
+    /// Records the failover under way once it settled (every replay the report asked for done)
+    /// as an event (`mpib_probes::FailoverEvent`), which the collector exports as a span.
+    pub(super) fn finish_episode(&self, data: &mut SendData, now: u64) {
+        let episode = data.failover.episode;
+        let Some(rail) = episode.rail else {
+            return;
+        };
+        if episode.reported_ns == 0 || !data.slots.settled() {
+            return;
+        }
+        data.failover.episode = Episode::default();
+        let telemetry = data.telemetry.telemetry();
+        let event = mpib_probes::FailoverEvent {
+            direction: mpib_probes::Direction::Send,
+            rail: rail.index(),
+            conn_index: data.telemetry.index(),
+            detected_ns: telemetry.epoch_ns(episode.detected_ns),
+            reported_ns: telemetry.epoch_ns(episode.reported_ns),
+            resumed_ns: telemetry.epoch_ns(now),
+            replayed_transfers: episode.replayed_transfers,
+            replayed_bytes: episode.replayed_bytes,
+            epoch: data.failover.episodes,
+            peer: self.info.peer,
+            device: u8::try_from(self.info.device_index).unwrap_or(u8::MAX),
+        };
+        telemetry.record(&event.record());
     }
 
     /// Fails the connection for a failover message the receiver should not have written.
@@ -302,7 +348,21 @@ impl SendComm {
         let probe = data.telemetry.rail(survivor);
         probe.add(RAIL_TX_BYTES, plan.rail_bytes[survivor.index()]);
         probe.add(RAIL_REPLAYED_BYTES, plan.rail_bytes[survivor.index()]);
+        data.failover.episode.replayed_transfers += 1;
+        data.failover.episode.replayed_bytes += plan.rail_bytes[survivor.index()];
         probe.add(RAIL_WORK_REQUESTS, u64::from(needed));
         Ok(true)
+    }
+}
+
+impl SendFailover {
+    /// This end found `rail` failed now: a failover begins.
+    fn begin_episode(&mut self, rail: Rail) {
+        self.episodes += 1;
+        self.episode = Episode {
+            rail: Some(rail),
+            detected_ns: now_ns(),
+            ..Episode::default()
+        };
     }
 }

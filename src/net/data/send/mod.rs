@@ -284,6 +284,7 @@ impl SendComm {
             self.post_ready(data)?;
         }
         if !data.slots.down().is_empty() {
+            self.finish_episode(data, now);
             self.advance_failback(data, now)?;
         }
         data.telemetry.telemetry().heartbeat(now);
