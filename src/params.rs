@@ -163,6 +163,11 @@ pub const PARAMS: &[Param] = &[
         doc: "1: a connection whose rail fails goes on over the other (both ends must allow it); 0: a failed rail fails the connection.",
     },
     Param {
+        name: "MPIB_FAILOVER_WATCHDOG_MS",
+        default: "0",
+        doc: "A rail whose parts complete nothing for this long while the other rail's complete fails over before its QPs' retries run out (docs/PROTOCOL.md §10); 0: off, the retries decide.",
+    },
+    Param {
         name: "MPIB_FAILBACK",
         default: "1",
         doc: "1: a rail that failed over is tried again until it is back, and connections return to the split (docs/PROTOCOL.md §11); 0: it stays down for the connection's life.",
@@ -301,6 +306,8 @@ pub struct Settings {
     pub force_flush: bool,
     /// MPIB_FAILOVER.
     pub failover: bool,
+    /// MPIB_FAILOVER_WATCHDOG_MS, in ns (0: off).
+    pub watchdog_ns: u64,
     /// MPIB_FAILBACK and its MPIB_FAILBACK_* timings (None: off).
     pub failback: Option<crate::proto::failback::FailbackSettings>,
     /// MPIB_PROBES.
@@ -409,6 +416,13 @@ impl Settings {
             relaxed_ordering: parse_int(&get, "MPIB_IB_PCI_RELAXED_ORDERING", 2, 0, 2)? as u8,
             force_flush: parse_int(&get, "MPIB_FORCE_FLUSH", 0, 0, 1)? == 1,
             failover: parse_int(&get, "MPIB_FAILOVER", 1, 0, 1)? == 1,
+            watchdog_ns: u64::from(parse_int(
+                &get,
+                "MPIB_FAILOVER_WATCHDOG_MS",
+                0,
+                0,
+                3_600_000,
+            )?) * 1_000_000,
             failback: parse_failback(&get)?,
             probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),

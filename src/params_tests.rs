@@ -42,6 +42,7 @@ fn defaults_match_the_table() {
             "MPIB_SRQ_LOW_WATER" => s.srq_low_water.to_string(),
             "MPIB_SRQ_HIGH_WATER" => s.srq_high_water.to_string(),
             "MPIB_FAILOVER" => u8::from(s.failover).to_string(),
+            "MPIB_FAILOVER_WATCHDOG_MS" => (s.watchdog_ns / 1_000_000).to_string(),
             "MPIB_FAILBACK" => u8::from(s.failback.is_some()).to_string(),
             "MPIB_FAILBACK_HOLD_MS" => failback_ms(&s, |f| f.hold_ns),
             "MPIB_FAILBACK_BACKOFF_MAX_MS" => failback_ms(&s, |f| f.backoff_max_ns),

@@ -32,7 +32,9 @@
 # run), BED_PAIR_TIMEOUT (60 s a process), BED_SCALE (loopback: sizes up to 64 MiB; rig: 4 MiB),
 # BED_RATE_SOUT / BED_RATE_SUP (tbf rate of a rail, e.g. 1gbit; unset: unshaped), BED_FAULT_RATE
 # (200mbit; 0: unshaped), BED_FULL_VERSIONS, BED_MAX_CALL_MS (500; 0: off), BED_PREFIX (mpib_bed),
-# BED_BIN (${CARGO_TARGET_DIR:-target}/release).
+# BED_BIN (${CARGO_TARGET_DIR:-target}/release), BED_MPIB (K=V words: MPIB_* settings added to
+# every case's own, e.g. BED_MPIB=MPIB_FAILOVER_WATCHDOG_MS=100 to run every case with the
+# watchdog; the cases' own come after them and win).
 set -uo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -120,8 +122,10 @@ mkdir -p "$W" "$T/probes" "$T/lib"
 # The plugin by its NCCL name, as NCCL and the rig load it; cargo names it libnccl_net_mpib.so.
 plugin=$T/lib/libnccl-net-mpib.so
 ln -s "$bin/libnccl_net_mpib.so" "$plugin"
-# Every case gets exactly its own MPIB_* settings, whatever the caller had exported.
+# Every case gets exactly its own MPIB_* settings (and BED_MPIB's), whatever the caller had
+# exported.
 for v in $(compgen -e); do [[ $v != MPIB_* ]] || unset "$v"; done
+every_case=${BED_MPIB:-}
 # Probes on, private to this run: every process checks its bytes per rail from its probes file.
 export MPIB_FABRIC=tcp MPIB_PROBES=1 MPIB_PROBES_DIR=$T/probes
 A=(MPIB_HCA_SOUT=veth_a0 MPIB_HCA_SUP=veth_a1 MPIB_OOB_ADDR=10.100.0.1)
@@ -165,7 +169,7 @@ launch() {
     local host=("${B[@]}") more=("${recv_args[@]}") ns=$NB
     [ "$role" = recv ] || { host=("${A[@]}"); more=("${send_args[@]}"); ns=$NA; }
     # shellcheck disable=SC2086  # $extra is a list of K=V words
-    ip netns exec "$ns" env "${host[@]}" $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" \
+    ip netns exec "$ns" env "${host[@]}" $every_case $extra MPIB_AGENT_SOCKET="$tmp/agent.sock" \
       MPIB_HINT_PATH="$tmp/hints" timeout -k 5 "$pair_timeout" "$bin/mpib-xfer" --role "$role" \
       --version "$version" --scale "$scale" --handle-file "$tmp/handle" --cases "$cases" \
       --plugin "$plugin" --handle-timeout 20 --connect-timeout 20 "$@" "${more[@]}" \

@@ -96,6 +96,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
     }
     read -r down_cuts down_p50 down_max <<< "$(lost "link down")"
     read -r drop_cuts drop_p50 drop_max <<< "$(lost "packets dropped")"
+    read -r dog_cuts dog_p50 dog_max <<< "$(lost "packets dropped, watchdog")"
     split=$(value bed-failover "split before the cut" -)
     after=$(value bed-failover "SOUT alone after it" -)
     alone=$(value bed-failover "SOUT alone from the start" -)
@@ -104,14 +105,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
     echo "about 2 s into a run of 8 MiB rows and mended after it: its link set down ($down_cuts cuts;"
     echo "the tcp fabric's port event: src/fabric/tcp/link_state.rs), or every packet host A"
     echo "sends on it dropped ($drop_cuts cuts; no event: the QPs' retries find it, \`MPIB_IB_TIMEOUT=14\` and 6"
-    echo "retries, a budget of 4.096 µs × 2^14 × 7 = 0.47 s). Time lost: how much longer the row"
-    echo "across the cut took than a row after it (detection, the failover, the replays). Targets:"
-    echo "SOUT alone after the failover ≥ 0.95 × SOUT alone from the start (\`--sup-bw 0\`); a port"
-    echo "event acted on within 100 ms."
+    echo "retries, a budget of 4.096 µs × 2^14 × 7 = 0.47 s), and dropped again ($dog_cuts cuts) with the"
+    echo "progress watchdog on (\`MPIB_FAILOVER_WATCHDOG_MS=100\`: SUP's parts completing nothing for 100 ms"
+    echo "while SOUT's complete). Time lost: how much longer the row across the cut took than a row"
+    echo "after it (detection, the failover, the replays). Targets: SOUT alone after the failover ≥"
+    echo "0.95 × SOUT alone from the start (\`--sup-bw 0\`); a port event acted on within 100 ms."
     echo
-    echo "| split before the cut GB/s | time lost p50 / max ms, link down | … packets dropped | SOUT alone after it GB/s | SOUT alone from the start GB/s | after / from the start | verdict |"
-    echo "|---:|---:|---:|---:|---:|---:|---|"
-    echo "| $split | $down_p50 / $down_max | $drop_p50 / $drop_max | $after | $alone | $r | $(verdict "$r" 0.95) |"
+    echo "| split before the cut GB/s | time lost p50 / max ms, link down | … packets dropped | … dropped, watchdog 100 ms | SOUT alone after it GB/s | SOUT alone from the start GB/s | after / from the start | verdict |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| $split | $down_p50 / $down_max | $drop_p50 / $drop_max | $dog_p50 / $dog_max | $after | $alone | $r | $(verdict "$r" 0.95) |"
     echo
   fi
 } > "$work/bed.md"

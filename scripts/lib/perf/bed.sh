@@ -15,8 +15,9 @@
 #   failover  the same rails at the split 683, SUP cut about 2 s into a run, 4 times a repetition
 #             each way (MPIB_IB_TIMEOUT=14 with 6 retries: a 0.47 s retry budget): its link set
 #             down (a port event) or every packet host A sends on it dropped (tbf; no event, the
-#             QPs' retries find it): the time the cut cost the stream (the row across it over a
-#             row after it), and SOUT alone afterwards against SOUT alone from the start
+#             QPs' retries find it), and dropped again with the progress watchdog on
+#             (MPIB_FAILOVER_WATCHDOG_MS=100): the time the cut cost the stream (the row across it
+#             over a row after it), and SOUT alone afterwards against SOUT alone from the start
 # Writes WORK/records.tsv (section, label, size, rep, GB/s, p50 us, -), WORK/bed.md (a Markdown
 # section for docs/PERFORMANCE.md) and WORK/bed-split.png (gnuplot). Needs root (namespaces), iperf3
 # and gnuplot (Debian packages; scripts/perf installs them).
@@ -122,20 +123,22 @@ processes() {
   printf 'bed-agent\t%s %d processes\t4194304\t%s\t%s\t-\t-\n' "$how" "$n" "$rep" "$sum" >> "$work/records.tsv"
 }
 # failover_cut REP I HOW: one run at the split 683 whose SUP rail is cut about 2 s after it
-# starts (HOW: down, its link set down; drop, every packet host A sends on it dropped) and mended
-# after it; records the time lost to the cut and the rates before and after.
+# starts (HOW: down, its link set down; drop, every packet host A sends on it dropped; watchdog,
+# dropped with the progress watchdog at 100 ms) and mended after it; records the time lost to
+# the cut and the rates before and after.
 failover_cut() {
-  local rep=$1 i=$2 how=$3 csv=$work/failover-$3-$1-$2.csv cutter label
+  local rep=$1 i=$2 how=$3 csv=$work/failover-$3-$1-$2.csv cutter label env=$failover_env
   port=$((port + 1))
   if [ "$how" = down ]; then
     label="link down"
     ( sleep 2; ip -n "$NA" link set veth_a1 down ) &
   else
     label="packets dropped"
+    [ "$how" = drop ] || { label="packets dropped, watchdog"; env+=" MPIB_FAILOVER_WATCHDOG_MS=100"; }
     ( sleep 2; tc -n "$NA" qdisc replace dev veth_a1 root tbf rate 8bit burst 16 limit 1 ) &
   fi
   cutter=$!
-  series "$csv" "$port" "$failover_env" --min-size 4194304 --max-size 4194304 --iters 2 \
+  series "$csv" "$port" "$env" --min-size 4194304 --max-size 4194304 --iters 2 \
     --warmup 0 --repeat "$failover_rows" --sup-bw 683 || echo "bed perf: failover run $rep.$i failed" >&2
   wait "$cutter"
   ip -n "$NA" link set veth_a1 up
@@ -164,6 +167,7 @@ failover() {
   for ((i = 1; i <= cuts; i++)); do
     failover_cut "$rep" "$i" down
     failover_cut "$rep" "$i" drop
+    failover_cut "$rep" "$i" watchdog
   done
   port=$((port + 1))
   series "$work/survivor-$rep.csv" "$port" "$failover_env" --min-size 4194304 --max-size 4194304 \

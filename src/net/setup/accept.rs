@@ -490,6 +490,7 @@ impl Acceptance {
                 sizing: receiver_sizing(settings, layout, class, reply.failover),
                 failback: settings.failback.filter(|_| reply.failover),
             },
+            watchdog_ns: 0, // the sender's: its parts are what complete or stall
         };
         self.built = Some((info, data));
         self.peer_rail_addresses = request.rails.map(|rail| address_of_wire(rail.address));

@@ -59,6 +59,9 @@ pub(crate) struct ConnectionInfo {
     pub failover: bool,
     /// What a failed rail's return needs (docs/PROTOCOL.md §11).
     pub renewal: Renewal,
+    /// `MPIB_FAILOVER_WATCHDOG_MS` in ns: a rail with parts in flight and no completion for this
+    /// long while the other completes fails over (`proto::watchdog`); 0: off, or no failover.
+    pub watchdog_ns: u64,
 }
 
 /// What a rail's return needs to make and connect its queue pairs again, as the handshake did

@@ -535,6 +535,11 @@ impl Connector {
                 sizing: SENDER_SIZING,
                 failback: settings.failback.filter(|_| prepared.failover),
             },
+            watchdog_ns: if prepared.failover {
+                settings.watchdog_ns
+            } else {
+                0
+            },
         };
         info!(
             log::NET | log::INIT,

@@ -409,3 +409,28 @@ fn without_failback_a_rail_that_comes_back_stays_down() {
     );
     close(pair);
 }
+
+/// The progress watchdog (`MPIB_FAILOVER_WATCHDOG_MS`, `proto::watchdog`): with the split at
+/// 512, every SUP work request held far longer than the test runs (the loopback's `delay` knob:
+/// a silent stall, no error completion) while SOUT's complete, SUP fails over once its parts
+/// made no progress for 50 ms, and every transfer completes over SOUT. Without the watchdog
+/// nothing would fail the rail until its QPs' retries ran out.
+#[test]
+fn the_watchdog_fails_a_stalled_rail_over_while_the_other_completes() {
+    let _guard = env_lock();
+    let agent = mpib_driver::Agent::start_in_temp().unwrap();
+    agent.set_default_sup_bw(512);
+    let env: Vec<(&str, String)> = agent.env();
+    let mut vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.extend([("MPIB_MODE", "1"), ("MPIB_FAILOVER_WATCHDOG_MS", "50")]);
+    let started = Instant::now();
+    let (pair, outcome) = run_with("delay=sup:1000000000", &vars, None);
+    outcome.unwrap();
+    let sup = crate::proto::rail_mask::RailMask::SCALE_UP;
+    assert_eq!((pair.send.rails_down(), pair.recv.rails_down()), (sup, sup));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the stall was found by the watchdog, not a timeout"
+    );
+    close(pair);
+}

@@ -27,6 +27,16 @@ impl BusyClock {
         self.in_flight
     }
 
+    /// Parts in flight and the rail's last progress, for the failover watchdog
+    /// (`proto::watchdog`).
+    #[inline]
+    pub(crate) fn progress(&self) -> crate::proto::watchdog::RailProgress {
+        crate::proto::watchdog::RailProgress {
+            in_flight: self.in_flight,
+            last_progress_ns: self.since_ns,
+        }
+    }
+
     /// A part completed at `now_ns`: the busy time accrued since the last mark.
     pub(crate) fn completed(&mut self, now_ns: u64) -> u64 {
         if self.in_flight == 0 {

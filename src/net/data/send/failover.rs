@@ -103,6 +103,35 @@ impl SendComm {
         }
     }
 
+    /// The progress watchdog (`MPIB_FAILOVER_WATCHDOG_MS`, `proto::watchdog`): a rail whose
+    /// parts stopped completing while the other rail's complete fails over now, rather than
+    /// when its QPs' retries run out.
+    pub(super) fn check_progress(&self, data: &mut SendData, now: u64) -> Result<()> {
+        for rail in self.info.layout.rails().rails() {
+            let other = rail.other();
+            if data.slots.down().contains(rail) || data.slots.down().contains(other) {
+                continue;
+            }
+            let (mine, theirs) = (
+                data.busy[rail.index()].progress(),
+                data.busy[other.index()].progress(),
+            );
+            if !crate::proto::watchdog::stalled(mine, theirs, now, self.info.watchdog_ns) {
+                continue;
+            }
+            let why = Error::remote(format!(
+                "{}: the {rail} rail ({}) completed none of its {} parts in flight for {} ms while the {other} rail's completed (MPIB_FAILOVER_WATCHDOG_MS)",
+                self.info.describe_peer(),
+                self.info.devices[rail.index()].info().name,
+                mine.in_flight,
+                now.saturating_sub(mine.last_progress_ns) / 1_000_000
+            ));
+            self.rail_failed(data, rail, why)?;
+            return self.post_ready(data);
+        }
+        Ok(())
+    }
+
     /// Moves this connection's QPs on `rail` to the error state (nothing more leaves on them)
     /// and stops the rail's busy clock: its parts in flight will not complete.
     fn stop_rail(&self, data: &mut SendData, rail: Rail) {

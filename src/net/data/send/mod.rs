@@ -283,6 +283,9 @@ impl SendComm {
             self.rail_failed(data, rail, error)?;
             self.post_ready(data)?;
         }
+        if self.info.watchdog_ns != 0 {
+            self.check_progress(data, now)?;
+        }
         if !data.slots.down().is_empty() {
             self.finish_episode(data, now);
             self.advance_failback(data, now)?;
