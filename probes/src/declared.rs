@@ -230,6 +230,10 @@ declare! {
     RAIL_FAILBACKS: RailCounter = 20, Count, Merge::Sum, "mpib_rail_failbacks_total",
         "Connection ends whose rail came back after a failover: new queue pairs on it, each \
          probed, and transfers split over both rails again (docs/PROTOCOL.md section 11).";
+    /// Whether the NIC's port is down.
+    RAIL_PORT_DOWN: RailGauge = 21, Count, Merge::Highest, "mpib_rail_port_down",
+        "1 while the NIC's port is down (its last port event; the tcp fabric's link): its \
+         connections fail the rail over, and take it back once it is up (PROTOCOL.md 10-11).";
     /// `claim_connection` calls that found no free slot.
     CONNECTION_CLAIM_FAILURES: ProcessCounter = 0, Count, Merge::Sum,
         "mpib_connection_claim_failures_total",

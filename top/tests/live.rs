@@ -288,7 +288,7 @@ fn a_rail_failed_over_shows_on_its_device_and_connections() {
 }
 
 /// A value this version was not built with, as a later plugin would declare it.
-const WIDGETS: mpib_probes::RailCounter = mpib_probes::RailCounter::at(21);
+const WIDGETS: mpib_probes::RailCounter = mpib_probes::RailCounter::at(22);
 
 #[test]
 fn values_declared_later_show_with_no_change_and_only_slow_transfers_are_listed() {

@@ -142,7 +142,7 @@ pub fn all_reduce() -> mpib_probes::Operation {
 
 /// A rail counter this version of the plugin does not declare: the test suite's own, as a
 /// newer plugin would add one. The collector must export it with no change.
-pub const WIDGETS: RailCounter = RailCounter::at(21);
+pub const WIDGETS: RailCounter = RailCounter::at(22);
 /// Its declaration, with the name the scrape must show.
 pub const WIDGETS_DECLARATION: Declaration = WIDGETS.declare(
     ValueUnit::Count,

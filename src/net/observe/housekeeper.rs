@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::fabric::{Rail, RailDevice};
 use crate::native_thread::NativeThread;
 
+use mpib_probes::declared::RAIL_PORT_DOWN;
+
 use crate::net::observe::health::DeviceHealth;
 use crate::net::observe::telemetry::Telemetry;
 
@@ -47,7 +49,7 @@ fn links_paused() -> bool {
     false
 }
 
-/// What the thread watches.
+/// What the thread watches: each NIC (in probes-slot order) with its published events.
 pub(crate) struct Watched {
     pub nics: Vec<(Arc<dyn RailDevice>, Arc<DeviceHealth>, Rail)>,
     pub telemetry: Arc<Telemetry>,
@@ -99,6 +101,8 @@ fn run(watched: &Watched, stop: &Stop) {
     let mut ticks = 0u32;
     // Room for the links of a typical process up front (it grows to the peak once, then stays).
     let mut links = Vec::with_capacity(64);
+    // Port changes published so far per NIC, so that the gauge is written only on a change.
+    let mut ports_seen = vec![0u64; watched.nics.len()];
     let mut requested = stop
         .requested
         .lock()
@@ -112,8 +116,16 @@ fn run(watched: &Watched, stop: &Stop) {
         if *requested {
             return;
         }
-        for (device, health, rail) in &watched.nics {
+        for (slot, (device, health, rail)) in watched.nics.iter().enumerate() {
             health.poll(device.as_ref(), *rail);
+            let (changes, up) = health.port();
+            if changes != ports_seen[slot] {
+                ports_seen[slot] = changes;
+                watched
+                    .telemetry
+                    .nic(slot)
+                    .set(RAIL_PORT_DOWN, u64::from(!up));
+            }
         }
         ticks += 1;
         if ticks % LINK_TICKS == 0 && !links_paused() {

@@ -434,3 +434,37 @@ fn the_watchdog_fails_a_stalled_rail_over_while_the_other_completes() {
     );
     close(pair);
 }
+
+/// What operators see of a NIC's port: down after a port-down event, up again after the
+/// port-active one (the loopback's `portdown` and `heal` knobs), published by the housekeeping
+/// thread for the NIC (`mpib_rail_port_down`).
+#[test]
+fn a_nics_port_state_is_published_as_it_changes() {
+    use mpib_probes::declared::RAIL_PORT_DOWN;
+    let _guard = env_lock();
+    let dir = std::env::temp_dir().join(format!("mpib-port-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let vars = [
+        ("MPIB_PROBES_DIR", dir.to_str().unwrap()),
+        ("MPIB_FAILBACK_HOLD_MS", "20"),
+    ];
+    // Down at the 9th SUP work request; back some 2,000 work requests later (past the pipeline
+    // `run_with` runs, so that the down state is there to be seen first).
+    let (pair, outcome) = run_with("portdown=sup:9,heal=sup:2000", &vars, None);
+    outcome.unwrap();
+    let (reader, _) = probes_snapshot(&dir);
+    let port_down = || reader.snapshot().rails[mpib_probes::RAIL_SUP].gauge(RAIL_PORT_DOWN);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while port_down() != 1 {
+        // Published on the housekeeping thread's next tick.
+        assert!(Instant::now() < deadline, "the port is shown down");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while port_down() != 0 {
+        assert!(Instant::now() < deadline, "the port is shown up again");
+        pipeline(&pair, 6, 3).unwrap();
+    }
+    close(pair);
+    let _ = std::fs::remove_dir_all(&dir);
+}
