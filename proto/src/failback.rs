@@ -39,8 +39,9 @@ const _: () = assert!(RESTORE_MESSAGE_LEN <= 2 * crate::cts::COMPLETION_RECORD_S
 const _: () = assert!(RESTORE_MESSAGE_LEN <= 2 * crate::cts::CTS_ENTRY_SIZE);
 const _: () = assert!(8 + 4 * RESTORE_MAX_QPS + 8 == RESTORE_MESSAGE_LEN);
 
-/// The `slot` byte of a restore probe's `wr_id` (`crate::wr_id::WrKind::Failover`), whose
-/// `post_index` is the attempt: a zero-byte write on a new queue pair.
+/// The `slot` byte of a restore probe's `wr_id` (`crate::wr_id::WrKind::Failover`): a
+/// zero-byte write on a new queue pair (its `post_index` is the QP's send credit, as for any
+/// write; the attempt it belongs to is the one whose QPs are in place).
 pub const WRITE_RESTORE_PROBE: u8 = 2;
 
 const OFFER_MAGIC: u32 = 0x4D50_524F; // "MPRO"
@@ -107,6 +108,12 @@ impl RestoreMessage {
     /// The queue pairs it names, in layout order (none: a refusal).
     pub fn qp_nums(&self) -> &[u32] {
         &self.qp_nums[..usize::from(self.count)]
+    }
+
+    /// Whether it answers attempt `attempt` on `rail` (a message carries the attempt's low 16
+    /// bits: an answer to attempt 65,537 names 1, and the sender compares the same way).
+    pub fn answers(&self, attempt: u32, rail: Rail) -> bool {
+        self.attempt & 0xFFFF == attempt & 0xFFFF && self.rail == rail
     }
 
     /// The offer as written: magic, attempt, rail, count, the numbers, then the seal.

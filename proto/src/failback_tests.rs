@@ -93,6 +93,11 @@ fn messages_name_their_queue_pairs_and_refuse_too_many() {
         RestoreMessage::new(1, Rail::ScaleOut, &[1; RESTORE_MAX_QPS + 1]),
         Err(RestoreError::TooManyQueuePairs(RESTORE_MAX_QPS as u8 + 1))
     );
+    // The attempt travels in 16 bits: an answer still matches its attempt past 65,535.
+    let late = RestoreMessage::new(65_537, Rail::ScaleUp, &[7]).unwrap();
+    let decoded = RestoreMessage::decode_answer(&late.encode_answer()).unwrap();
+    assert!(decoded.answers(65_537, Rail::ScaleUp) && !decoded.answers(2, Rail::ScaleUp));
+    assert!(!decoded.answers(65_537, Rail::ScaleOut));
     let refusal = RestoreMessage::new(4, Rail::ScaleOut, &[]).unwrap();
     assert!(RestoreMessage::decode_answer(&refusal.encode_answer())
         .unwrap()

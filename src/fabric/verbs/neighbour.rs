@@ -199,6 +199,7 @@ impl PeerResolution for ArpResolution {
                     self.next_hop,
                     self.netdev
                 );
+                self.confirmed = true;
                 return Ok(true);
             }
         };

@@ -60,19 +60,28 @@ impl Flusher {
         })
     }
 
+    /// Whether `rail`'s flush QP has reads out.
+    pub(crate) fn busy(&self, rail: Rail) -> bool {
+        self.queue_pairs[rail.index()]
+            .as_ref()
+            .is_some_and(|(_, credits)| credits.available() < FLUSH_QUEUE)
+    }
+
     /// A new self-connected QP on `rail` in place of the old one (which failed with the rail's
-    /// port, if it did): a failed rail came back (docs/PROTOCOL.md §11). Flush reads of the
-    /// old one still in flight complete as flushed.
+    /// port, if it did): a failed rail came back (docs/PROTOCOL.md §11). Only while no read is
+    /// out on the old one ([`Flusher::busy`]): a destroyed QP completes nothing. The old QP's
+    /// number and the new one's, if the rail has one.
     pub(crate) fn renew(
         &mut self,
         device: &std::sync::Arc<dyn crate::fabric::RailDevice>,
         rail: Rail,
         queues: &RailQueues,
         settings: &crate::fabric::QpSettings,
-    ) -> Result<()> {
-        if self.queue_pairs[rail.index()].is_none() {
-            return Ok(());
-        }
+    ) -> Result<(Option<u32>, Option<u32>)> {
+        let Some((old, _)) = self.queue_pairs[rail.index()].as_ref() else {
+            return Ok((None, None));
+        };
+        let old = old.qp_num();
         let caps = crate::fabric::QpCapabilities {
             max_send_wr: FLUSH_QUEUE,
             max_inline: 0,
@@ -84,8 +93,9 @@ impl Flusher {
         };
         qp.connect(&own, settings)
             .map_err(|e| Error::from(e).context(format!("flush QP on {rail}")))?;
+        let new = qp.qp_num();
         self.queue_pairs[rail.index()] = Some((qp, SendQueueCredits::new(FLUSH_QUEUE)));
-        Ok(())
+        Ok((Some(old), Some(new)))
     }
 
     /// Reads one byte at `addr` on every rail; returns the rails to wait for (empty: credits

@@ -323,8 +323,20 @@ const STALE_KEPT: usize = 64;
 /// Keeps the rail and numbers of QPs a failback replaced on it (`QueuePairs::replace_rail`),
 /// the newest [`STALE_KEPT`]: a completion of theirs still in the CQ is recognised and ignored.
 /// QP numbers are per NIC, so the rail is part of the key.
-pub(crate) fn remember_stale(stale: &mut Vec<(Rail, u32)>, rail: Rail, replaced: Vec<u32>) {
-    stale.extend(replaced.into_iter().map(|qp_num| (rail, qp_num)));
+/// `current` are the numbers of the QPs now in place on the rail: a provider may give a new QP
+/// a number an old one had, and the new one's completions count.
+pub(crate) fn remember_stale(
+    stale: &mut Vec<(Rail, u32)>,
+    rail: Rail,
+    replaced: Vec<u32>,
+    current: &[u32],
+) {
+    stale.retain(|(on, qp_num)| *on != rail || !current.contains(qp_num));
+    stale.extend(
+        (replaced.into_iter())
+            .filter(|qp_num| !current.contains(qp_num))
+            .map(|qp_num| (rail, qp_num)),
+    );
     if stale.len() > STALE_KEPT {
         stale.drain(..stale.len() - STALE_KEPT);
     }
@@ -435,16 +447,16 @@ mod tests {
     #[test]
     fn replaced_queue_pairs_are_known_by_rail_and_number_the_newest_kept() {
         let mut stale = Vec::new();
-        remember_stale(&mut stale, Rail::ScaleUp, vec![17, 18]);
+        remember_stale(&mut stale, Rail::ScaleUp, vec![17, 18], &[19, 20]);
         assert!(stale.contains(&(Rail::ScaleUp, 17)));
         assert!(!stale.contains(&(Rail::ScaleOut, 17)));
-        remember_stale(
-            &mut stale,
-            Rail::ScaleUp,
-            (100..100 + STALE_KEPT as u32).collect(),
-        );
+        // A new QP that got an old number back is not stale.
+        remember_stale(&mut stale, Rail::ScaleUp, vec![19, 20], &[17, 21]);
+        assert!(!stale.contains(&(Rail::ScaleUp, 17)) && stale.contains(&(Rail::ScaleUp, 18)));
+        let many = (100..100 + STALE_KEPT as u32).collect();
+        remember_stale(&mut stale, Rail::ScaleUp, many, &[]);
         assert_eq!(stale.len(), STALE_KEPT);
-        assert!(!stale.contains(&(Rail::ScaleUp, 17)), "the oldest go first");
+        assert!(!stale.contains(&(Rail::ScaleUp, 18)), "the oldest go first");
         assert!(stale.contains(&(Rail::ScaleUp, 100 + STALE_KEPT as u32 - 1)));
     }
 }

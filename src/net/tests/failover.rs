@@ -333,10 +333,12 @@ fn a_failover_is_counted_and_marked_in_the_probes() {
 fn a_rail_that_comes_back_is_split_over_again() {
     use mpib_probes::declared::{RAIL_FAILBACKS, RAIL_FAILOVERS, RAIL_TX_BYTES};
     let _guard = env_lock();
-    for (case, (faults, mode, rail)) in [
-        ("cut=sup:20,heal=sup:300", "0", Rail::ScaleUp),
-        ("portdown=sup:9,heal=sup:150", "0", Rail::ScaleUp),
-        ("cut=sout:25,heal=sout:300", "1", Rail::ScaleOut),
+    for (case, (faults, mode, rail, flush)) in [
+        ("cut=sup:20,heal=sup:300", "0", Rail::ScaleUp, "0"),
+        ("portdown=sup:9,heal=sup:150", "0", Rail::ScaleUp, "0"),
+        ("cut=sout:25,heal=sout:300", "1", Rail::ScaleOut, "0"),
+        // NCCL's flush after each receive: the flush QP of the rail is made again too.
+        ("cut=sup:20,heal=sup:300", "0", Rail::ScaleUp, "1"),
     ]
     .into_iter()
     .enumerate()
@@ -348,6 +350,7 @@ fn a_rail_that_comes_back_is_split_over_again() {
             ("MPIB_PROBES_DIR", directory),
             ("MPIB_MODE", mode),
             ("MPIB_FAILBACK_HOLD_MS", "20"),
+            ("MPIB_FORCE_FLUSH", flush),
         ];
         let (pair, outcome) = run_with(faults, &vars, None);
         outcome.unwrap_or_else(|e| panic!("{faults}: {e}"));

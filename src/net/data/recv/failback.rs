@@ -103,8 +103,24 @@ impl RecvComm {
             self.complete(data, rail, completion)
         })?;
         let down = data.slots.down().contains(rail);
+        if !down && !data.failback.unconfirmed.contains(rail) {
+            // A rail in use here: the sender offers only rails it has down, so this offer is
+            // wrong, and replacing the QPs (the CTS's among them) would break the connection.
+            self.refuse(data, offer, "it is up and in use here");
+            return Ok(());
+        }
         if data.failover.quiescing.is_some() || (down && !data.slots.can_restore(rail)) {
             self.refuse(data, offer, "its failover is not over here");
+            return Ok(());
+        }
+        if data
+            .flusher
+            .as_ref()
+            .is_some_and(|flusher| flusher.busy(rail))
+        {
+            // Its flush QP still has reads out (a port that went down): destroyed now, they
+            // would never complete, nor the `iflush` waiting for them.
+            self.refuse(data, offer, "flush reads are still out on it");
             return Ok(());
         }
         if let Err(e) = self.renew_queue_pairs(data, offer) {
@@ -151,11 +167,15 @@ impl RecvComm {
         let device = &self.info.devices[rail.index()];
         let (qps, credits) =
             create_rail_queue_pairs(device.as_ref(), queues, layout, renewal.sizing, rail)?;
+        let mut current: Vec<u32> = qps.iter().map(|qp| qp.qp_num()).collect();
+        let mut replaced = Vec::new();
         if let Some(flusher) = data.flusher.as_mut() {
-            flusher.renew(device, rail, queues, &renewal.qp_settings)?;
+            let (old, new) = flusher.renew(device, rail, queues, &renewal.qp_settings)?;
+            replaced.extend(old);
+            current.extend(new);
         }
-        let replaced = data.qps.replace_rail(layout, rail, qps, credits)?;
-        remember_stale(&mut data.failback.stale, rail, replaced);
+        replaced.extend(data.qps.replace_rail(layout, rail, qps, credits)?);
+        remember_stale(&mut data.failback.stale, rail, replaced, &current);
         data.qps.connect_rail(
             layout,
             rail,

@@ -11,6 +11,10 @@
 pub(crate) struct BusyClock {
     in_flight: u32,
     since_ns: u64,
+    /// The last completion, and when its part was posted (the failover watchdog's evidence
+    /// that the peer takes newer work on this rail: `proto::watchdog`).
+    last_completion_ns: u64,
+    last_completed_post_ns: u64,
 }
 
 impl BusyClock {
@@ -34,14 +38,19 @@ impl BusyClock {
         crate::proto::watchdog::RailProgress {
             in_flight: self.in_flight,
             last_progress_ns: self.since_ns,
+            last_completion_ns: self.last_completion_ns,
+            last_completed_post_ns: self.last_completed_post_ns,
         }
     }
 
-    /// A part completed at `now_ns`: the busy time accrued since the last mark.
-    pub(crate) fn completed(&mut self, now_ns: u64) -> u64 {
+    /// A part posted at `post_ns` completed at `now_ns`: the busy time accrued since the last
+    /// mark.
+    pub(crate) fn completed(&mut self, now_ns: u64, post_ns: u64) -> u64 {
         if self.in_flight == 0 {
             return 0;
         }
+        self.last_completion_ns = now_ns;
+        self.last_completed_post_ns = self.last_completed_post_ns.max(post_ns);
         let busy = now_ns.saturating_sub(self.since_ns);
         self.since_ns = now_ns;
         self.in_flight -= 1;
@@ -58,10 +67,27 @@ mod tests {
         let mut clock = BusyClock::default();
         clock.posted(100);
         clock.posted(150);
-        assert_eq!(clock.completed(300), 200, "first completion: 100..300");
-        assert_eq!(clock.completed(400), 100, "second: 300..400, not 150..400");
-        assert_eq!(clock.completed(500), 0, "a stray completion adds nothing");
+        assert_eq!(clock.completed(300, 100), 200, "first completion: 100..300");
+        assert_eq!(
+            clock.completed(400, 150),
+            100,
+            "second: 300..400, not 150..400"
+        );
+        assert_eq!(
+            clock.completed(500, 150),
+            0,
+            "a stray completion adds nothing"
+        );
         clock.posted(1_000);
-        assert_eq!(clock.completed(1_010), 10, "the idle 400..1000 is not busy");
+        assert_eq!(
+            clock.completed(1_010, 1_000),
+            10,
+            "the idle 400..1000 is not busy"
+        );
+        let progress = clock.progress();
+        assert_eq!(
+            (progress.last_completion_ns, progress.last_completed_post_ns),
+            (1_010, 1_000)
+        );
     }
 }

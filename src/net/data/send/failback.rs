@@ -35,8 +35,9 @@ enum Phase {
 
 /// What the sender keeps of failbacks between calls.
 pub(super) struct SendFailback {
-    /// `None`: this side does not bring rails back (`MPIB_FAILBACK=0`, or no failover).
-    timer: Option<FailbackTimer>,
+    /// Each rail's clock (one rail's relapses are not the other's); `None`: this side does not
+    /// bring rails back (`MPIB_FAILBACK=0`, or no failover).
+    timers: Option<[FailbackTimer; 2]>,
     attempt: Option<(u32, Rail, Phase)>,
     /// Port changes of each rail's NIC seen so far (`DeviceHealth::port`).
     port_seen: [u64; 2],
@@ -48,10 +49,10 @@ pub(super) struct SendFailback {
 }
 
 impl SendFailback {
-    /// Failback with `timer`'s settings, or none.
+    /// Failback with `timer`'s settings (one clock per rail), or none.
     pub(super) fn new(timer: Option<FailbackTimer>) -> SendFailback {
         SendFailback {
-            timer,
+            timers: timer.map(|timer| [timer; 2]),
             attempt: None,
             port_seen: [0; 2],
             answer_seal: 0,
@@ -74,18 +75,25 @@ impl SendComm {
         let Some(rail) = data.slots.down().leader() else {
             return Ok(());
         };
-        let Some(timer) = data.failback.timer.as_mut() else {
+        let Some(timers) = data.failback.timers.as_mut() else {
             return Ok(());
         };
+        let timer = &mut timers[rail.index()];
         if timer.is_up() {
             timer.failed(now);
         }
         let (changes, up) = self.info.health[rail.index()].port();
         if changes != data.failback.port_seen[rail.index()] {
             data.failback.port_seen[rail.index()] = changes;
+            let trying = timer.trying().is_some();
             timer.port(up, now);
-            if !up && timer.trying().is_some() {
-                return self.give_up(data, now, "its port went down again");
+            if !up && trying {
+                self.give_up(data, now, "its port went down again")?;
+                // No try while the port is down: the next waits for it to come back.
+                if let Some(timers) = data.failback.timers.as_mut() {
+                    timers[rail.index()].port(false, now);
+                }
+                return Ok(());
             }
         }
         if timer.expired(now) {
@@ -129,10 +137,10 @@ impl SendComm {
 
     /// Starts attempt number `timer.start()` on `rail`: resolves the peer's address there.
     fn start_attempt(&self, data: &mut SendData, rail: Rail, now: u64) -> Result<()> {
-        let Some(timer) = data.failback.timer.as_mut() else {
+        let Some(timers) = data.failback.timers.as_mut() else {
             return Ok(());
         };
-        let attempt = timer.start(now);
+        let attempt = timers[rail.index()].start(now);
         let peer = Endpoint(self.info.renewal.peer_rails[rail.index()].endpoint);
         match self.info.devices[rail.index()].resolve_peer(&peer) {
             Ok(resolution) => {
@@ -158,8 +166,9 @@ impl SendComm {
             Ok(made) => made,
             Err(e) => return self.give_up(data, now, &e.to_string()),
         };
+        let current: Vec<u32> = qps.iter().map(|qp| qp.qp_num()).collect();
         let replaced = data.qps.replace_rail(layout, rail, qps, credits)?;
-        remember_stale(&mut data.failback.stale, rail, replaced);
+        remember_stale(&mut data.failback.stale, rail, replaced, &current);
         data.failback.attempt = Some((attempt, rail, Phase::Offered { posted: false }));
         self.post_offer(data, attempt, rail, now)
     }
@@ -216,7 +225,7 @@ impl SendComm {
         let Some((attempt, rail, _)) = data.failback.attempt else {
             return Ok(());
         };
-        if answer.attempt != attempt || answer.rail != rail {
+        if !answer.answers(attempt, rail) {
             return Ok(()); // an earlier attempt's answer, late
         }
         if answer.qp_nums().is_empty() {
@@ -298,8 +307,8 @@ impl SendComm {
         data.slots
             .rail_restored(rail)
             .map_err(|e| self.slot_error(e))?;
-        if let Some(timer) = data.failback.timer.as_mut() {
-            timer.restored(now);
+        if let Some(timers) = data.failback.timers.as_mut() {
+            timers[rail.index()].restored(now);
         }
         data.telemetry.rail_restored(rail);
         info!(
@@ -313,10 +322,12 @@ impl SendComm {
     /// Gives the attempt under way up (`why`): its new QPs go to the error state (their probes
     /// flush) and the next attempt waits longer.
     fn give_up(&self, data: &mut SendData, now: u64, why: &str) -> Result<()> {
-        let Some(timer) = data.failback.timer.as_mut() else {
+        let Some(rail) = data.slots.down().leader() else {
             return Ok(());
         };
-        timer.attempt_failed(now);
+        if let Some(timers) = data.failback.timers.as_mut() {
+            timers[rail.index()].attempt_failed(now);
+        }
         let Some((attempt, rail, phase)) = data.failback.attempt.take() else {
             return Ok(());
         };

@@ -359,7 +359,7 @@ impl SendComm {
         probe.inc(RAIL_SEND_COMPLETIONS);
         probe.record_latency_ns(now.saturating_sub(state.post_ns()));
         let clock = &mut data.busy[rail.index()];
-        let busy_ns = clock.completed(now);
+        let busy_ns = clock.completed(now, state.post_ns());
         data.telemetry.add_rail_done(
             rail,
             data.posted[slot].rail_bytes[rail.index()],
