@@ -23,11 +23,58 @@ const MAX_CQE: u32 = (1 << 22) - 1;
 pub(super) const MAX_SRQ_WR: u32 = (1 << 15) - 1;
 const MAX_QP_WR: u32 = 1 << 15;
 
-/// QP numbers are unique in the process (a peer names our QP by number in its hello).
-static NEXT_QPN: AtomicU32 = AtomicU32::new(0x100);
+/// QP numbers are unique in the process (a peer names our QP by number in its hello), counted
+/// from a random start: a stranger who reaches a rail port cannot guess the number a hello must
+/// name (issue 34; docs/SECURITY.md).
+static NEXT_QPN: AtomicU32 = AtomicU32::new(0);
 /// Memory keys, unique in the process so a key used on the wrong rail fails; lkey and rkey
-/// differ so that one used for the other fails, as it may on hardware.
-static NEXT_KEY: AtomicU32 = AtomicU32::new(0x10);
+/// differ so that one used for the other fails, as it may on hardware. Counted from a random
+/// even start, so a remote key names no region by guess.
+static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
+
+/// Where the process's QP numbers and memory keys start: drawn once, at the first use of
+/// either (QP numbers at least 0x100 and keys at least 0x10, clear of the values that mean
+/// "none"; a range of 2^30 above each, so neither wraps in a process's life).
+pub(super) fn random_starts() -> (u32, u32) {
+    static STARTS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *STARTS.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        // SAFETY: `bytes` is writable for its length.
+        let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        let drawn = if got == 8 {
+            u64::from_le_bytes(bytes)
+        } else {
+            // No entropy (a kernel without getrandom): the clock and pid, guessable at a
+            // stretch, and said so.
+            warn!(
+                crate::log::NET,
+                "tcp fabric: getrandom failed ({}); QP numbers and memory keys start from the clock",
+                std::io::Error::last_os_error()
+            );
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ u64::from(std::process::id()).rotate_left(32)
+        };
+        let qpn = 0x100 + (drawn as u32 & 0x3FFF_FFFF);
+        let key = (0x10 + ((drawn >> 32) as u32 & 0x3FFF_FFFF)) & !1;
+        (qpn, key)
+    })
+}
+
+/// The next QP number of the process.
+pub(super) fn next_qpn() -> u32 {
+    random_starts()
+        .0
+        .wrapping_add(NEXT_QPN.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The next lkey of the process (its rkey is the next number).
+fn next_lkey() -> u32 {
+    random_starts()
+        .1
+        .wrapping_add(NEXT_KEY.fetch_add(2, Ordering::Relaxed))
+}
 
 /// The rail's thread and shared state; dropping it stops and joins the thread.
 pub(super) struct Core {
@@ -104,7 +151,7 @@ impl RailDevice for TcpDevice {
         let verb = "ibv_reg_mr";
         let len64 = crate::fabric::pages::check_registration(addr, len)
             .map_err(|(errno, detail)| self.core.error(verb, None, errno, detail))?;
-        let lkey = NEXT_KEY.fetch_add(2, Ordering::Relaxed);
+        let lkey = next_lkey();
         let keys = MemoryKeys {
             lkey,
             rkey: lkey.wrapping_add(1),
@@ -234,7 +281,7 @@ impl RailDevice for TcpDevice {
                 "tcp QPs carry no inline data (max_inline must be 0)",
             ));
         }
-        let qpn = NEXT_QPN.fetch_add(1, Ordering::Relaxed);
+        let qpn = next_qpn();
         let mut submitted = VecDeque::new();
         submitted.try_reserve_exact(depth as usize).map_err(|_| {
             self.core.error(

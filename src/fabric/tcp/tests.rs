@@ -466,3 +466,21 @@ fn a_strangers_hello_before_connect_fails_that_qp_and_the_rail_goes_on() {
     );
     drop(a);
 }
+
+/// QP numbers and memory keys start from a random draw (issue 34): a stranger who reaches a rail
+/// port can no longer name a QP or a region by counting from the old fixed starts (0x100, 0x10).
+#[test]
+fn qp_numbers_and_keys_start_at_a_random_draw() {
+    let (qpn, key) = super::device::random_starts();
+    assert!(
+        qpn >= 0x100 && key >= 0x10 && key % 2 == 0,
+        "{qpn:#x} {key:#x}"
+    );
+    assert!(
+        (qpn, key) != (0x100, 0x10),
+        "drawn, not the old fixed starts"
+    );
+    assert_eq!(super::device::random_starts(), (qpn, key), "drawn once");
+    let first = super::device::next_qpn();
+    assert_eq!(super::device::next_qpn(), first.wrapping_add(1));
+}
