@@ -10,12 +10,11 @@ use crate::error::{Error, Result};
 use crate::fabric::{Endpoint, PeerResolution, Rail, Sge};
 use crate::log;
 use crate::net::setup::resources::{create_rail_queue_pairs, drain_completions, remember_stale};
-use crate::proto::cts::CTS_ENTRY_SIZE;
 use crate::proto::failback::{
     RestoreAnswer, RestoreError, RestoreMessage, RestoreOffer, ANSWER_MAILBOX, OFFER_MAILBOX,
     RESTORE_MESSAGE_LEN,
 };
-use crate::proto::failover::{MailboxWrite, WRITE_MESSAGE};
+use crate::proto::failover::WRITE_MESSAGE;
 use crate::proto::rail_mask::RailMask;
 
 /// The offer's last word, its seal (read first, so a reader that sees it reads the whole).
@@ -221,34 +220,16 @@ impl RecvComm {
                 return Ok(()); // the shared queues are short: on a later call
             }
         }
-        let rail = data.cts_rail;
-        let Some(post_index) = data.qps.credits[data.cts_qp].reserve(1) else {
-            return Ok(());
-        };
         let shadow = data.cts_shadow.region();
         shadow.write_bytes(ANSWER_MAILBOX, &answer.encode_answer());
         let sge = Sge {
             addr: shadow.addr_of(ANSWER_MAILBOX),
             length: RESTORE_MESSAGE_LEN as u32,
-            lkey: data.cts_shadow.keys(rail).lkey,
+            lkey: data.cts_shadow.keys(data.cts_rail).lkey,
         };
-        let wr = MailboxWrite {
-            rail,
-            qp_index: data.cts_qp as u8,
-            post_index,
-            remote_addr: data.remote_fifo + (ANSWER_MAILBOX * CTS_ENTRY_SIZE) as u64,
-            rkey: data.remote_fifo_rkeys[rail.index()],
+        if self.post_control_write(data, ANSWER_MAILBOX, Some(sge), WRITE_MESSAGE)? {
+            data.failback.answer = None;
         }
-        .request(Some(sge), WRITE_MESSAGE);
-        // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, whose answer
-        // mailbox is written again only for a later offer; the remote range is the sender's
-        // answer mailbox, inside the FIFO it registered (handshake).
-        unsafe { data.qps.qps[data.cts_qp].post_send(std::slice::from_ref(&wr)) }.map_err(|e| {
-            let error = Error::from(e).context(self.info.describe_peer());
-            data.fail(&error);
-            error
-        })?;
-        data.failback.answer = None;
         Ok(())
     }
 }

@@ -201,7 +201,8 @@ impl RecvComm {
             // Send-queue credits come back with a signalled completion, and the CTS that would
             // bring one waits for this report: a signalled probe brings them.
             if !data.failover.probing {
-                data.failover.probing = self.post_control_write(data, None, WRITE_PROBE)?;
+                data.failover.probing =
+                    self.post_control_write(data, REPORT_MAILBOX, None, WRITE_PROBE)?;
             }
             return Ok(());
         }
@@ -256,7 +257,7 @@ impl RecvComm {
             length: FAILOVER_REPORT_LEN as u32,
             lkey: data.cts_shadow.keys(data.cts_rail).lkey,
         };
-        match self.post_control_write(data, Some(sge), WRITE_MESSAGE)? {
+        match self.post_control_write(data, REPORT_MAILBOX, Some(sge), WRITE_MESSAGE)? {
             true => Ok(()),
             false => Err(Error::internal("CTS send queue full after a credit check")),
         }
@@ -278,16 +279,24 @@ impl RecvComm {
             }
             Watch::Probe => {
                 if !data.failover.probing && data.failover.quiescing.is_none() {
-                    data.failover.probing = self.post_control_write(data, None, WRITE_PROBE)?;
+                    data.failover.probing =
+                        self.post_control_write(data, REPORT_MAILBOX, None, WRITE_PROBE)?;
                 }
                 Ok(())
             }
         }
     }
 
-    /// One signalled RDMA write on the CTS QP into the sender's report mailbox: `sge`'s bytes,
-    /// or none (a probe). `Ok(false)` without a send credit.
-    fn post_control_write(&self, data: &mut RecvData, sge: Option<Sge>, what: u8) -> Result<bool> {
+    /// One signalled RDMA write on the CTS QP into the sender's FIFO at `mailbox` (an entry
+    /// index: the report's, or failback's answer): `sge`'s bytes, or none (a probe).
+    /// `Ok(false)` without a send credit.
+    pub(super) fn post_control_write(
+        &self,
+        data: &mut RecvData,
+        mailbox: usize,
+        sge: Option<Sge>,
+        what: u8,
+    ) -> Result<bool> {
         let rail = data.cts_rail;
         let Some(post_index) = data.qps.credits[data.cts_qp].reserve(1) else {
             return Ok(false);
@@ -296,13 +305,13 @@ impl RecvComm {
             rail,
             qp_index: data.cts_qp as u8,
             post_index,
-            remote_addr: data.remote_fifo + (REPORT_MAILBOX * CTS_ENTRY_SIZE) as u64,
+            remote_addr: data.remote_fifo + (mailbox * CTS_ENTRY_SIZE) as u64,
             rkey: data.remote_fifo_rkeys[rail.index()],
         }
         .request(sge, what);
-        // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, whose mailbox
-        // is written again only for a later failover; the remote range is the sender's mailbox,
-        // inside the FIFO it registered (handshake).
+        // SAFETY: the SGE lies in `cts_shadow`, owned and registered by this comm, whose
+        // mailboxes are written again only for a later failover or offer; the remote range is
+        // the sender's mailbox, inside the FIFO it registered (handshake).
         unsafe { data.qps.qps[data.cts_qp].post_send(std::slice::from_ref(&wr)) }.map_err(|e| {
             let error = Error::from(e).context(self.info.describe_peer());
             data.fail(&error);
