@@ -106,15 +106,35 @@ fn check_children(spans: &Spans, parent: &Span, transfer: &SlowTransfer) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_transfer_arrives_as_a_span_with_rail_children() {
+/// An OTLP/gRPC trace receiver on a free local port: its endpoint, what it received, its task.
+async fn start_receiver() -> (
+    String,
+    Sink,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let sink = Sink::default();
     let server = tonic::transport::Server::builder()
         .add_service(TraceServiceServer::new(sink.clone()))
         .serve_with_incoming(TcpIncoming::from(listener));
-    let server = tokio::spawn(server);
+    (endpoint, sink, tokio::spawn(server))
+}
+
+/// The collector over `dir` with `args`, started off the runtime's threads.
+async fn start_collector(dir: &TempDir, args: Vec<String>) -> Running {
+    let path = dir.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Running::start(&path, &args)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_transfer_arrives_as_a_span_with_rail_children() {
+    let (endpoint, sink, server) = start_receiver().await;
 
     let dir = TempDir::new("otlp");
     let probes = fixture_file(dir.path(), &live_writer());
@@ -128,13 +148,7 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
         "--interval-ms".into(),
         "100".into(),
     ]);
-    let path = dir.path().to_path_buf();
-    let running = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Running::start(&path, &args)
-    })
-    .await
-    .unwrap();
+    let running = start_collector(&dir, args).await;
     let first = collect_spans(&sink, 3).await;
     assert!(first.len() >= 3, "spans did not arrive: {first:?}");
     // Ten more scans and exports: an unfiltered OTel layer would now send the exporter's own
@@ -187,13 +201,7 @@ async fn slow_transfer_arrives_as_a_span_with_rail_children() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_arrives_as_a_span_with_its_report_as_an_event() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let sink = Sink::default();
-    let server = tonic::transport::Server::builder()
-        .add_service(TraceServiceServer::new(sink.clone()))
-        .serve_with_incoming(TcpIncoming::from(listener));
-    let server = tokio::spawn(server);
+    let (endpoint, sink, server) = start_receiver().await;
 
     let dir = TempDir::new("otlp-failover");
     let probes = fixture_file(dir.path(), &live_writer());
@@ -219,13 +227,7 @@ async fn a_failover_arrives_as_a_span_with_its_report_as_an_event() {
         "--interval-ms".into(),
         "100".into(),
     ]);
-    let path = dir.path().to_path_buf();
-    let running = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Running::start(&path, &args)
-    })
-    .await
-    .unwrap();
+    let running = start_collector(&dir, args).await;
     let spans = collect_spans(&sink, 1).await;
     let log = std::sync::Arc::clone(&running.log);
     let status = tokio::task::spawn_blocking(move || running.terminate())
