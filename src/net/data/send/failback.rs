@@ -105,8 +105,10 @@ impl SendComm {
         }
         match data.failback.attempt.take() {
             None => {
-                let settled = data.slots.settled() && data.failover.notice.is_none();
-                if settled && timer.due(now) && data.slots.down().count() == 1 {
+                // The clock first: `settled` walks the 256 slots, and a rail may stay down for
+                // hours of `test` calls.
+                let due = timer.due(now) && data.slots.down().count() == 1;
+                if due && data.failover.notice.is_none() && data.slots.settled() {
                     self.start_attempt(data, rail, now)?;
                 }
                 Ok(())
