@@ -293,6 +293,15 @@ fn several_connections_move_each_row_together_in_one_row() {
         assert_eq!(int(row, "sup_bytes"), (3 * 8) << 19, "each split at 512");
     }
     assert!(field(&rows[1], "at_ms") > field(&rows[0], "at_ms"));
+    // The wall clock moves with at_ms, from the epoch: what lines processes up in scripts/perf.
+    let number = |row: &[(String, Option<f64>)], key| field(row, key).expect(key);
+    let wall = number(&rows[1], "unix_ms") - number(&rows[0], "unix_ms");
+    let own = number(&rows[1], "at_ms") - number(&rows[0], "at_ms");
+    assert!(number(&rows[0], "unix_ms") > 1.7e12, "{:?}", rows[0]);
+    assert!(
+        (wall - own).abs() < 1000.0,
+        "wall {wall} ms, at_ms {own} ms"
+    );
     assert!(
         outcome.stderr.contains("3 connections"),
         "{}",

@@ -8,7 +8,7 @@
 #             share; the rate-proportional split (683/1024) against the sum of the two rails alone
 #   agent     the same rails, 2 and 4 sender processes (each to its own receiver) at once through
 #             one mpib-agent (adaptive policy), against the same processes at the fixed split 683:
-#             the sum of their median rates once settled (after 8 s)
+#             the sum of their rates over the time all ran settled (from 8 s on, wall clock)
 #   converge  (first repetition) one pair through a fresh mpib-agent, SUP slowed from 2 to 0.5
 #             Gbit/s 12 s in: the share the agent asks (its status, 4 times a second), the share
 #             the bytes took and the throughput over time, plotted (WORK/bed-converge.png)
@@ -30,6 +30,7 @@ NA=mpib_perf_a NB=mpib_perf_b
 . "$root/scripts/bed/lib.sh"
 mkdir -p "$work"
 : > "$work/records.tsv"
+rm -f "$work/failures.log"
 tmp=$(mktemp -d /tmp/mpib_perf.XXXXXX)
 cleanup() { teardown; rm -rf "$tmp"; }
 trap cleanup EXIT
@@ -86,40 +87,63 @@ series() {
   wait "$listener"
   return "$rc"
 }
-# settled LOG END_MS: the median GB/s of a series' rows from $settle_ms to END_MS (the window
-# in which every process of the case was still running, so the rates add up).
-settled() {
-  awk -F, -v settle="$settle_ms" -v end="$2" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
-    $(c["at_ms"]) + 0 >= settle && $(c["at_ms"]) + 0 <= end { v[++n] = $(c["gbps"]) + 0 }
-    END { if (n == 0) { print "fail"; exit }
-          for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
-          print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' "$1"
+# why TEXT: a failed measurement's cause, on stderr and in WORK/failures.log, which scripts/perf
+# prints again last (CI keeps only the tail of the output).
+why() { echo "bed perf: $*" | tee -a "$work/failures.log" >&2; }
+# together CSV...: the sum of the processes' rates over the window in which all of them ran
+# settled, on the wall clock (unix_ms: each process's at_ms counts from its own first row, and
+# a process starved at the start begins its rows seconds late). The window opens $settle_ms
+# after the last process's first row started and closes when the first process's last row ended;
+# each row's bytes count in proportion to its time inside it. "fail" (and why, on stderr) when
+# the window is under a second.
+together() {
+  awk -F, -v settle="$settle_ms" '
+    FNR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; files++; next }
+    { n++; file[n] = files; end[n] = $(c["unix_ms"]) + 0; span[n] = $(c["time_us"]) / 1000
+      bytes[n] = $(c["bytes"]) + 0
+      if (!(files in first) || end[n] - span[n] < first[files]) first[files] = end[n] - span[n]
+      if (!(files in last) || end[n] > last[files]) last[files] = end[n] }
+    END {
+      for (f = 1; f <= files; f++) {
+        if (!(f in first)) { print "process " f " of " files " printed no rows" > "/dev/stderr"; print "fail"; exit }
+        if (f == 1 || first[f] > start) start = first[f]
+        if (f == 1 || last[f] < stop) stop = last[f]
+      }
+      start += settle
+      if (stop - start < 1000) {
+        printf "the processes ran settled together %.0f ms, under a second\n", stop - start > "/dev/stderr"
+        print "fail"; exit
+      }
+      for (j = 1; j <= n; j++) {
+        from = end[j] - span[j]; to = end[j]
+        if (from < start) from = start
+        if (to > stop) to = stop
+        if (to > from && span[j] > 0) moved += bytes[j] * (to - from) / span[j]
+      }
+      printf "%.6f\n", moved / (stop - start) / 1e6
+    }' "$@" 2> "$tmp/together.err"
+  [ ! -s "$tmp/together.err" ] || why "$(cat "$tmp/together.err")"
 }
 # processes N HOW REP: N sender processes at once (HOW: adaptive, through the one mpib-agent; or
 # static, each at the fixed split 683 with its own test agent); records the sum of their rates.
 processes() {
-  local n=$1 how=$2 rep=$3 i jobs=() extra args=() sum=0 rate ok=yes
+  local n=$1 how=$2 rep=$3 i jobs=() csvs=() extra args=() sum
   extra="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_PROBES=1 MPIB_PROBES_DIR=$tmp/probes"
   [ "$how" = adaptive ] || args=(--sup-bw 683)
   for ((i = 1; i <= n; i++)); do
     port=$((port + 1))
-    series "$work/agent-$how-$n-$i-$rep.csv" "$port" "$extra" --min-size 4194304 \
+    csvs+=("$work/agent-$how-$n-$i-$rep.csv")
+    series "${csvs[-1]}" "$port" "$extra" --min-size 4194304 \
       --max-size 4194304 --iters 8 --warmup 0 --repeat $((agent_rows / n)) "${args[@]}" &
     jobs+=($!)
   done
-  for i in "${jobs[@]}"; do wait "$i" || ok=no; done
-  # The common window ends when the first process of the case ended.
-  local end
-  end=$(for ((i = 1; i <= n; i++)); do
-          awk -F, 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next } { t = $(c["at_ms"]) } END { print t + 0 }' \
-            "$work/agent-$how-$n-$i-$rep.csv"
-        done | sort -n | head -n 1)
-  for ((i = 1; i <= n; i++)); do
-    rate=$(settled "$work/agent-$how-$n-$i-$rep.csv" "$end")
-    [ "$rate" != fail ] || ok=no
-    sum=$(awk -v a="$sum" -v b="$rate" 'BEGIN { printf "%.6f", a + b }')
+  local failed=no
+  for i in "${!jobs[@]}"; do
+    wait "${jobs[$i]}" ||
+      { why "$how $n processes: process $((i + 1)) failed: $(tail -n 3 "${csvs[$i]}.err")"; failed=yes; }
   done
-  [ "$ok" = yes ] || sum=fail
+  sum=$(together "${csvs[@]}")
+  [ "$failed" = no ] && [ -n "$sum" ] || sum=fail
   printf 'bed-agent\t%s %d processes\t4194304\t%s\t%s\t-\t-\n' "$how" "$n" "$rep" "$sum" >> "$work/records.tsv"
 }
 # failover_cut REP I HOW: one run at the split 683 whose SUP rail is cut about 2 s after it
@@ -184,7 +208,7 @@ cuts=4 failover_rows=160
 # Rows of 32 MiB, shared out so that every case lasts about 17 s (the rails move 0.36 GB/s in all);
 # the rates count from 8 s on, once the agent has settled (it decides every 500 ms).
 agent_rows=180 settle_ms=8000 converge_rows=450
-[ -z "$quick" ] || { agent_rows=60 settle_ms=3000 converge_rows=150; }
+[ -z "$quick" ] || { agent_rows=80 settle_ms=3000 converge_rows=150; }
 
 # start_agent REP: a fresh mpib-agent (adaptive, deciding every 500 ms) for both hosts' processes.
 start_agent() {

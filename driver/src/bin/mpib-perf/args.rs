@@ -39,7 +39,8 @@ usage: mpib-perf [--plugin PATH] [--abi N] [--dev N[,N...]]
   --sup-bw LIST      MPIB advanced mode: run a test agent and set the SUP share (parts per 1024,
                      0..1024) to each value in turn, one table block each
   --repeat N         N rows per size, one after the other (a time series: with MPIB_MODE=1 and
-                     no --sup-bw, watch mpib-agent move the split; the at_ms column says when)
+                     no --sup-bw, watch mpib-agent move the split; the at_ms column says when,
+                     unix_ms the same on the wall clock, to line up several processes' rows)
   --comms N          one process: N connections (1..16), each row moved by all of them at
                      once; one row for all (bytes summed, the slowest one's time, both rails'
                      bytes summed over the connections)

@@ -38,6 +38,9 @@ pub struct Row {
     pub verified: bool,
     /// End of the timed pass, since the first row started.
     pub at: Duration,
+    /// The same moment on the wall clock, since the Unix epoch: rows of several processes
+    /// line up on it (each process's `at` counts from its own first row).
+    pub unix: Duration,
 }
 
 impl Row {
@@ -99,6 +102,7 @@ fn fields(row: &Row) -> Vec<(&'static str, Value)> {
         ),
         ("verified", Value::Bool(row.verified)),
         ("at_ms", Value::Float(row.at.as_secs_f64() * 1e3, 1)),
+        ("unix_ms", Value::Float(row.unix.as_secs_f64() * 1e3, 1)),
     ]
 }
 
@@ -149,6 +153,7 @@ impl Row {
             rails: None,
             verified: false,
             at: Duration::ZERO,
+            unix: Duration::ZERO,
         }
     }
 }
@@ -318,7 +323,7 @@ mod tests {
         );
         assert!(line.contains("\"gbps\":10.485760,"), "{line}");
         assert!(
-            line.contains("\"sup_share\":512.0,\"verified\":true,\"at_ms\":0.0}"),
+            line.contains("\"sup_share\":512.0,\"verified\":true,\"at_ms\":0.0,\"unix_ms\":0.0}"),
             "{line}"
         );
         let header = csv_header();

@@ -2,7 +2,7 @@
 //! agent's share, a warmup pass, the rails before, the timed pass, the rails after, the
 //! receiver's numbers, and a table row; at the end the barrier.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mpib_driver::net::SendComm;
 use mpib_driver::rails::{Direction, Probes};
@@ -209,6 +209,9 @@ fn send_rows(
         let rails = before.zip(after).map(|(b, a)| (a.0 - b.0, a.1 - b.1));
         let mut row = Row {
             at: started.elapsed(),
+            unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default(),
             ..make_row(ctx.sweep, spec, &timing, &stats, rails)
         };
         if let Some((group, _)) = ctx.group {
@@ -286,6 +289,7 @@ fn make_row(
         rails,
         verified: sweep.verify,
         at: Duration::ZERO,
+        unix: Duration::ZERO,
     }
 }
 
