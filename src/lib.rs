@@ -21,6 +21,7 @@ pub mod net;
 mod netif;
 pub mod pairing;
 pub mod params;
+mod random;
 /// The sans-IO protocol core, its own crate (`proto/`) so that tools depend on it alone.
 pub use mpib_proto as proto;
 mod trust;

@@ -125,3 +125,54 @@ macro_rules! trace {
         $crate::log::emit($crate::log::Level::Trace, $subsys, file!(), line!(), format_args!($($arg)*))
     };
 }
+
+/// A WARN that strangers can cause, at most once per interval and with how many happened since
+/// the last (a flood of bad connections must not flood the log: issue 34 saw 4,001 lines).
+#[derive(Debug)]
+pub(crate) struct Throttle {
+    interval: std::time::Duration,
+    count: u64,
+    last: Option<std::time::Instant>,
+}
+
+impl Throttle {
+    /// One WARN per `interval` at most.
+    pub(crate) const fn new(interval: std::time::Duration) -> Throttle {
+        Throttle {
+            interval,
+            count: 0,
+            last: None,
+        }
+    }
+
+    /// Counts one occurrence at `now`; `Some(count)` when a WARN is due, `count` being the
+    /// occurrences since the last WARN, this one included.
+    pub(crate) fn note(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.count += 1;
+        let due = self
+            .last
+            .map_or(true, |last| now.duration_since(last) >= self.interval);
+        if !due {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.count))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_throttle_warns_once_per_interval_with_the_count() {
+        let mut throttle = super::Throttle::new(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(throttle.note(start), Some(1));
+        for second in 1..10 {
+            assert_eq!(throttle.note(start + Duration::from_secs(second)), None);
+        }
+        assert_eq!(throttle.note(start + Duration::from_secs(10)), Some(10));
+        assert_eq!(throttle.note(start + Duration::from_secs(11)), None);
+    }
+}

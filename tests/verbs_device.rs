@@ -91,6 +91,7 @@ fn side(device: Arc<dyn RailDevice>, with_srq: bool) -> Side {
     let caps = QpCapabilities {
         max_send_wr: 64,
         max_inline: 64,
+        secret: 0,
     };
     let qp = device.create_qp(cq.as_ref(), srq.as_deref(), caps).unwrap();
     Side {

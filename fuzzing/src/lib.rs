@@ -14,14 +14,17 @@ mod files;
 mod messages;
 
 pub use files::{hint_file, probes_file};
-pub use messages::{agent_message, completion_record, cts_entry, handshake, imm, link_frames};
+pub use messages::{
+    agent_message, completion_record, cts_entry, handshake, imm, link_frames, tcp_wire,
+};
 
 /// A target: arbitrary bytes in, a panic on a bug.
 pub type Target = fn(&[u8]);
 
 /// Every target by name (the names of `fuzz/fuzz_targets/*.rs` and `fuzz/corpus/*/`).
-pub const TARGETS: [(&str, Target); 8] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("handshake", handshake),
+    ("tcp_wire", tcp_wire),
     ("link_frames", link_frames),
     ("cts_entry", cts_entry),
     ("completion_record", completion_record),

@@ -9,6 +9,7 @@ use mpib_proto::cts::{
 use mpib_proto::imm::Imm;
 use mpib_proto::link_frame::{self, Decoded, End, Filed, Frame, Inbox, HANDSHAKES_MAX};
 use mpib_proto::rail_mask::RailMask;
+use mpib_proto::tcp_wire::{self, Hello, HEADER_LEN, HELLO_LEN};
 use mpib_proto::wire::{ConnectReply, ConnectRequest, LinkAnswer, Ready};
 
 /// The first `N` bytes of `data`, zero-padded: a decoder of fixed-size messages sees every
@@ -174,5 +175,28 @@ pub fn agent_message(data: &[u8]) {
             );
         }
         let _ = mpib_agent::config::Subnet::parse(line);
+    }
+}
+
+/// What a stranger can send to a tcp fabric rail's port: the hello (first byte even) or a run of
+/// message headers (odd). Whatever decodes re-encodes to the same bytes, so no field the
+/// decoder accepted was lost or invented.
+pub fn tcp_wire(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    if which % 2 == 0 {
+        let bytes = fixed::<HELLO_LEN>(rest);
+        if let Ok(hello) = Hello::decode(&bytes) {
+            assert_eq!(hello.encode(), bytes);
+        }
+        return;
+    }
+    for chunk in rest.chunks(HEADER_LEN) {
+        let bytes = fixed::<HEADER_LEN>(chunk);
+        match tcp_wire::Header::decode(&bytes) {
+            Ok(header) => assert_eq!(header.encode(), bytes),
+            Err(why) => assert!(!why.is_empty()),
+        }
     }
 }

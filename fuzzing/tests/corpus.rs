@@ -14,6 +14,7 @@ use mpib_proto::imm::Imm;
 use mpib_proto::island::PathClass;
 use mpib_proto::mode::Mode;
 use mpib_proto::rail_mask::RailMask;
+use mpib_proto::tcp_wire::{Header, Hello, Kind};
 use mpib_proto::wire::{
     ConnectReply, ConnectRequest, LinkAnswer, RailEndpoint, Ready, MAX_QPS, RAIL_ENDPOINT_BYTES,
 };
@@ -63,6 +64,7 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         conn_id: 0x0001_0002,
         process: 0x5eed_0000_0000_0001,
         failover: true,
+        secret: 0x5eed_5ec2_e700_0001,
     };
     let reply = ConnectReply {
         refusal: None,
@@ -142,6 +144,30 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "handshake" => handshake_seeds(),
         "link_frames" => link_frame_seeds(),
         "cts_entry" => cts_seeds(),
+        "tcp_wire" => {
+            let hello = Hello {
+                target_qpn: 0x1234_0100,
+                source_qpn: 0x1234_0101,
+                source_addr: [10, 100, 1, 1],
+                source_port: 40_000,
+                secret: 0x5eed_5ec2_e700_0001,
+            };
+            let write = Header {
+                kind: Kind::WriteWithImm,
+                flags: 1,
+                status: 0,
+                length: 4096,
+                seq: 1,
+                imm: 0x0300_0001,
+                rkey: 0x2468,
+                addr: 0x7f00_0000_4000,
+            };
+            let ack = Header::reply(Kind::Ack, 1, 0, 0);
+            vec![
+                [&[0u8][..], &hello.encode()].concat(),
+                [&[1u8][..], &write.encode(), &ack.encode()].concat(),
+            ]
+        }
         "completion_record" => {
             let record = CompletionRecord {
                 sizes: [4096, 1, 0, 0, 0, 0, 0, 0],

@@ -32,6 +32,7 @@ pub mod signal;
 pub mod split;
 pub mod srq;
 pub mod srq_shared;
+pub mod tcp_wire;
 pub mod watchdog;
 pub mod wire;
 pub mod work;

@@ -25,7 +25,7 @@ use super::island::PathClass;
 /// "MPIBHSK1".
 pub const HANDSHAKE_MAGIC: u64 = 0x4D50_4942_4853_4B31;
 /// Bumped on any change of layout or meaning.
-pub const HANDSHAKE_VERSION: u32 = 4;
+pub const HANDSHAKE_VERSION: u32 = 5;
 /// Largest QP array of one connection (both rails).
 pub const MAX_QPS: usize = 32;
 /// Largest QP count on one rail.
@@ -44,7 +44,7 @@ const KEYS_LEN: usize = 2 * 4;
 
 /// Bytes of an encoded [`ConnectRequest`].
 pub const CONNECT_REQUEST_LEN: usize =
-    HEADER_LEN + 8 + 4 + 4 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8 + 8;
+    HEADER_LEN + 8 + 4 + 4 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8 + 8 + 8;
 /// Bytes of an encoded [`ConnectReply`].
 pub const CONNECT_REPLY_LEN: usize =
     HEADER_LEN + 8 + 2 * ENDPOINT_LEN + QP_NUMS_LEN + 8 + KEYS_LEN + 8 + 8;
@@ -100,6 +100,10 @@ pub struct ConnectRequest {
     /// Whether the connector allows failover (`MPIB_FAILOVER`): its FIFO and completion record
     /// shadow then end in the failover mailboxes (docs/PROTOCOL.md §10).
     pub failover: bool,
+    /// The connection's secret, drawn by the connector from `getrandom`: both ends create their
+    /// QPs with it, and a fabric whose QP connections anyone could open (tcp) takes only those
+    /// whose hello carries it (`tcp_wire::Hello::secret`; version 5).
+    pub secret: u64,
 }
 
 /// Why the acceptor refused a connection.
@@ -348,6 +352,7 @@ impl ConnectRequest {
         write_words(&mut writer, &self.fifo_rkeys);
         writer.u64(self.conn_id);
         writer.u64(self.process);
+        writer.u64(self.secret);
         debug_assert_eq!(writer.position(), CONNECT_REQUEST_LEN);
         bytes
     }
@@ -377,8 +382,12 @@ impl ConnectRequest {
             fifo_rkeys: read_words(&mut reader),
             conn_id: reader.u64(),
             process: reader.u64(),
+            secret: reader.u64(),
         };
         debug_assert_eq!(reader.position(), CONNECT_REQUEST_LEN);
+        if request.secret == 0 {
+            return Err(bad("secret", 0u64));
+        }
         Ok(request)
     }
 }

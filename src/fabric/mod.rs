@@ -265,13 +265,17 @@ impl Default for QpSettings {
     }
 }
 
-/// Sizes of a queue pair's send queue and whether its receives come from an SRQ.
+/// Sizes of a queue pair's send queue, and the secret of the connection it belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpCapabilities {
     /// Maximum outstanding send WRs.
     pub max_send_wr: u32,
     /// Maximum inline payload in bytes.
     pub max_inline: u32,
+    /// The connection's secret, drawn by the connector and carried in its handshake
+    /// (docs/PROTOCOL.md §1): a fabric whose QP connections anyone who reaches a port could open
+    /// (tcp) takes only those that prove it. Verbs ignores it: RoCE has no such step.
+    pub secret: u64,
 }
 
 /// A registered memory region (one per rail; the engine keeps one per rail per buffer).

@@ -29,6 +29,7 @@ fn request() -> ConnectRequest {
         conn_id: 0x1234_0001,
         process: 0xABCD_0000_0000_0001,
         failover: true,
+        secret: 0x5EC2_E700_0000_0001,
     }
 }
 
@@ -52,7 +53,7 @@ fn reply() -> ConnectReply {
 
 #[test]
 fn lengths() {
-    assert_eq!(CONNECT_REQUEST_LEN, 276);
+    assert_eq!(CONNECT_REQUEST_LEN, 284);
     assert_eq!(CONNECT_REPLY_LEN, 268);
     assert_eq!(&READY.encode()[..8], b"1YDRBIPM");
     assert_eq!(&LinkAnswer { link: 5 }.encode()[..8], b"1KNLBIPM");
@@ -125,6 +126,32 @@ fn header_rejected_first() {
     let mut bytes = reply().encode();
     bytes[8] = 9;
     assert_eq!(ConnectReply::decode(&bytes), Err(WireError::BadVersion(9)));
+    // A peer of the version before the connection's secret is told which versions differ.
+    let mut bytes = request().encode();
+    bytes[8] = 4;
+    let refused = ConnectRequest::decode(&bytes).unwrap_err();
+    assert_eq!(refused, WireError::BadVersion(4));
+    assert!(
+        refused
+            .to_string()
+            .contains("version 4, this build speaks 5"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_request_without_a_secret_is_refused() {
+    let request = ConnectRequest {
+        secret: 0,
+        ..request()
+    };
+    assert_eq!(
+        ConnectRequest::decode(&request.encode()),
+        Err(WireError::BadField {
+            field: "secret",
+            value: 0
+        })
+    );
 }
 
 #[test]
@@ -253,12 +280,13 @@ proptest! {
         qp_nums in any_qp_nums(),
         words in any::<(u64, [u32; 2], u64, u64)>(),
         failover in any::<bool>(),
+        secret in 1..=u64::MAX,
     ) {
         let request = ConnectRequest {
             mode, class, prefix_len, sout_qps, sup_qps,
             connector_addr: addrs.0, acceptor_addr: addrs.1, rails, qp_nums,
             fifo_addr: words.0, fifo_rkeys: words.1, conn_id: words.2,
-            process: words.3, failover,
+            process: words.3, failover, secret,
         };
         prop_assert_eq!(ConnectRequest::decode(&request.encode()), Ok(request));
     }

@@ -114,6 +114,7 @@ pub(super) fn end(fabric: &LoopbackFabric, spec: &str, rail: Rail, cq_depth: u32
     let caps = QpCapabilities {
         max_send_wr: sq,
         max_inline: 64,
+        secret: 0,
     };
     let qp = dev
         .create_qp(cq.as_ref(), Some(srq.as_ref()), caps)

@@ -205,6 +205,7 @@ fn qp_setup_errors() {
     let caps = QpCapabilities {
         max_send_wr: 4,
         max_inline: 0,
+        secret: 0,
     };
     assert!(other.create_qp(b.cq.as_ref(), None, caps).is_err());
     assert!(a.dev.create_cq(CqSettings { depth: 0 }).is_err());

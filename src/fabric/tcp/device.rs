@@ -298,6 +298,7 @@ impl RailDevice for TcpDevice {
                 cq: cq.id,
                 srq,
                 max_send_wr: depth,
+                secret: caps.secret,
                 submitted,
                 outstanding: 0,
                 error: None,

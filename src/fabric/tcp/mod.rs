@@ -11,7 +11,7 @@
 //!   lands the bytes directly in the registered region after checking the key against its live
 //!   registrations with remote-write access and the range against the region, and answers
 //!   anything else with a NAK that fails the sender's WR with `RemoteAccess` — never a write
-//!   elsewhere. READ serves the flush. Details: [`worker`], the wire: [`wire`].
+//!   elsewhere. READ serves the flush. Details: [`worker`], the wire: `proto::tcp_wire`.
 //! * `MPIB_IB_TIMEOUT` and `MPIB_IB_RETRY_CNT` keep their meaning: unacknowledged bytes older
 //!   than RC's retry budget (4.096 us x 2^timeout x (retries + 1)) fail the QP with
 //!   `RetryExceeded` (TCP_USER_TIMEOUT), as do a reset or a closed connection, so a cut rail
@@ -28,7 +28,7 @@ mod socket;
 #[cfg(test)]
 mod tests;
 mod thread;
-mod wire;
+mod unclaimed;
 mod worker;
 
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -57,6 +57,8 @@ pub(super) struct QpShared {
     pub srq: Option<u64>,
     /// Send queue depth.
     pub max_send_wr: u32,
+    /// The connection's secret, which the hello of its TCP connection must carry.
+    pub secret: u64,
     /// Posted WRs the thread has not taken yet (capacity `max_send_wr`, never grown).
     pub submitted: VecDeque<WorkRequest>,
     /// Posted WRs not yet completed (taken or not): the send queue's occupancy.

@@ -23,27 +23,43 @@ pub(super) fn listener(address: Ipv4Addr) -> io::Result<(OwnedFd, u16)> {
 }
 
 /// Accepts one pending connection, if any.
-pub(super) fn accept(listener: i32) -> io::Result<Option<OwnedFd>> {
-    // SAFETY: accept4 with null address pointers only returns a new descriptor.
+/// What one `accept` came to.
+pub(super) enum Accepted {
+    /// A connection, and the address the kernel says it comes from.
+    Connection(OwnedFd, Ipv4Addr),
+    /// Nothing waiting.
+    Empty,
+    /// A connection that went before it was taken, or a signal: try again.
+    Again,
+}
+
+pub(super) fn accept(listener: i32) -> io::Result<Accepted> {
+    // SAFETY: an all-zero sockaddr_in is a valid value to be overwritten.
+    let mut address: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `address` and `length` are live and sized for an IPv4 address (the listener's
+    // family).
     let fd = unsafe {
         libc::accept4(
             listener,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
+            (&mut address as *mut libc::sockaddr_in).cast(),
+            &mut length,
             libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         )
     };
     if fd < 0 {
         let error = io::Error::last_os_error();
         return match error.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::ECONNABORTED) | Some(libc::EINTR) => Ok(None),
+            Some(libc::EAGAIN) => Ok(Accepted::Empty),
+            Some(libc::ECONNABORTED) | Some(libc::EINTR) => Ok(Accepted::Again),
             _ => Err(error),
         };
     }
     // SAFETY: a fresh descriptor nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     set_nodelay(fd.as_raw_fd());
-    Ok(Some(fd))
+    let sender = Ipv4Addr::from(u32::from_be(address.sin_addr.s_addr));
+    Ok(Accepted::Connection(fd, sender))
 }
 
 /// Starts connecting from `local` (bound first, so the bytes leave through that rail) to

@@ -11,16 +11,19 @@
 //! whichever comes first (src/net/setup/plugin.rs), so nothing runs after unload.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::link_state::LinkState;
 use super::shared::{Notice, Shared};
-use super::socket;
-use super::wire::{Hello, HELLO_LEN};
+use super::socket::{self, Accepted};
+use super::unclaimed::{Outcome, Unclaimed};
 use super::worker::{PeerAddress, Worker};
 use crate::fabric::{AsyncEvent, QpSettings};
+use crate::log::Throttle;
+use crate::proto::tcp_wire::Hello;
 
 /// epoll token of the eventfd.
 const TOKEN_WAKE: u64 = u64::MAX;
@@ -28,18 +31,14 @@ const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_LISTENER: u64 = u64::MAX - 1;
 /// epoll token of the interface's link changes (src/fabric/tcp/link_state.rs).
 const TOKEN_LINK: u64 = u64::MAX - 2;
-/// How long an accepted connection may take to say which QP it wants.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest sleep with nothing to do (a safety net: every change also wakes the thread).
 const IDLE_WAIT_MS: i32 = 200;
-
-/// An accepted connection that has not said which QP it is for yet.
-struct Unclaimed {
-    socket: OwnedFd,
-    hello: [u8; HELLO_LEN],
-    got: usize,
-    since: Instant,
-}
+/// At most one WARN per this interval about connections to the rail's port that were dropped,
+/// with their count (as the control listener's, src/net/setup/listener.rs).
+const STRANGER_WARN_INTERVAL: Duration = Duration::from_secs(10);
+/// After `accept` failed for want of descriptors, when to try again (the connection waits in
+/// the backlog meanwhile; the listener raises no new edge for it).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// The thread's own state.
 struct Engine {
@@ -47,7 +46,11 @@ struct Engine {
     epoll: OwnedFd,
     listener: OwnedFd,
     workers: HashMap<u32, Worker>,
-    unclaimed: Vec<Unclaimed>,
+    unclaimed: Unclaimed,
+    /// The WARN about dropped connections to the rail's port.
+    strangers: Throttle,
+    /// When `accept` is to be tried again after it failed (`None`: when the listener is readable).
+    accept_retry: Option<Instant>,
     notices: VecDeque<Notice>,
     posted: VecDeque<crate::fabric::WorkRequest>,
     /// The interface's link, the rail's port (`None`: it cannot be watched here).
@@ -80,7 +83,9 @@ impl Engine {
             epoll,
             listener,
             workers: HashMap::new(),
-            unclaimed: Vec::new(),
+            unclaimed: Unclaimed::new(),
+            strangers: Throttle::new(STRANGER_WARN_INTERVAL),
+            accept_retry: None,
             notices: VecDeque::new(),
             posted: VecDeque::new(),
             link: None,
@@ -120,19 +125,26 @@ impl Engine {
             if self.shared.stopping() {
                 return;
             }
-            let mut accept = false;
+            let now = Instant::now();
+            let mut accept = self.accept_retry.is_some_and(|at| now >= at);
             for event in events.iter().take(usize::try_from(count).unwrap_or(0)) {
-                match event.u64 {
+                // Copied out: epoll_event is packed.
+                let token = event.u64;
+                match token {
                     TOKEN_WAKE => self.shared.drain_wake(),
                     TOKEN_LISTENER => accept = true,
                     TOKEN_LINK => self.link_changed(),
+                    _ if Unclaimed::owns(token) => self.unclaimed.mark_readable(token),
                     _ => {}
                 }
             }
             // Notices first: a QP's hello may only be claimed once its creation is known.
             self.take_notices();
-            if accept || !self.unclaimed.is_empty() {
-                self.accept_and_claim();
+            if accept {
+                self.accept_all(now);
+            }
+            if !self.unclaimed.is_empty() {
+                self.claim(now);
             }
             busy = false;
             for worker in self.workers.values_mut() {
@@ -159,16 +171,21 @@ impl Engine {
         self.shared.raise(event);
     }
 
-    /// Announces the sleep and returns its timeout: 0 when work arrived meanwhile.
-    fn prepare_to_sleep(&self) -> i32 {
+    /// Announces the sleep and returns its timeout: 0 when work arrived meanwhile; else until
+    /// the nearest hello deadline or `accept` retry, at most [`IDLE_WAIT_MS`].
+    fn prepare_to_sleep(&mut self) -> i32 {
         self.shared.set_sleeping(true);
         if !self.shared.state().notices.is_empty() {
             return 0;
         }
-        if self.unclaimed.is_empty() {
-            IDLE_WAIT_MS
-        } else {
-            50
+        let due = [self.unclaimed.next_deadline(), self.accept_retry];
+        match due.into_iter().flatten().min() {
+            None => IDLE_WAIT_MS,
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now()).as_millis();
+                // Rounded up: a wake a millisecond early would find nothing due and sleep 0.
+                (left + 1).min(IDLE_WAIT_MS as u128) as i32
+            }
         }
     }
 
@@ -183,7 +200,7 @@ impl Engine {
             match notice {
                 Notice::Created(qpn) => {
                     let created = (self.shared.state().qps.get(&qpn))
-                        .map(|qp| Worker::new(qpn, qp.cq, qp.srq, qp.max_send_wr));
+                        .map(|qp| Worker::new(qpn, qp.cq, qp.srq, qp.max_send_wr, qp.secret));
                     if let Some(worker) = created {
                         self.workers.insert(qpn, worker);
                     }
@@ -233,7 +250,12 @@ impl Engine {
             address: peer.address,
             qpn: peer.qpn,
         };
-        worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
+        let connected = worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
+        if let Err(why) = connected {
+            // The passive connection it held was not its peer's: dropped, the QP waits on.
+            let sender = Ipv4Addr::from(address.address.ip().octets());
+            self.dropped(sender, &why);
+        }
         if let Some(fd) = active {
             if let Err(e) = watch_fd(&self.epoll, fd, u64::from(qpn)) {
                 warn!(
@@ -244,97 +266,104 @@ impl Engine {
         }
     }
 
-    /// Accepts new connections and hands each to its QP once its hello is in.
-    fn accept_and_claim(&mut self) {
+    /// Accepts every waiting connection into the unclaimed ones (pushing out the oldest past
+    /// their cap).
+    fn accept_all(&mut self, now: Instant) {
+        self.accept_retry = None;
         loop {
             match socket::accept(self.listener.as_raw_fd()) {
-                Ok(Some(socket)) => {
+                Ok(Accepted::Connection(socket, sender)) => {
                     let fd = socket.as_raw_fd();
-                    self.unclaimed.push(Unclaimed {
-                        socket,
-                        hello: [0; HELLO_LEN],
-                        got: 0,
-                        since: Instant::now(),
-                    });
-                    if let Err(e) = watch_fd(&self.epoll, fd, u64::from(u32::MAX) + 1) {
+                    let (token, pushed_out) = self.unclaimed.admit(socket, sender, now);
+                    if let Err(e) = watch_fd(&self.epoll, fd, token) {
                         warn!(
                             crate::log::NET,
                             "tcp {}: epoll for an accepted connection: {e}", self.shared.device
                         );
                     }
+                    if let Some(Outcome::Dropped { sender, why }) = pushed_out {
+                        self.dropped(sender, &why);
+                    }
                 }
-                Ok(None) => break,
+                Ok(Accepted::Again) => {}
+                Ok(Accepted::Empty) => break,
                 Err(e) => {
-                    warn!(crate::log::NET, "tcp {}: accept: {e}", self.shared.device);
+                    // Out of descriptors, most likely: the connection waits in the backlog, the
+                    // rail goes on, and accepting is tried again shortly.
+                    if self.strangers.note(now).is_some() {
+                        warn!(
+                            crate::log::NET,
+                            "tcp {}: accept on the rail's port: {e}; trying again every {} ms",
+                            self.shared.device,
+                            ACCEPT_RETRY.as_millis()
+                        );
+                    }
+                    self.accept_retry = Some(now + ACCEPT_RETRY);
                     break;
                 }
             }
         }
-        let mut index = 0;
-        while index < self.unclaimed.len() {
-            match self.read_hello(index) {
-                HelloState::Waiting => index += 1,
-                HelloState::Dropped(why) => {
-                    warn!(
-                        crate::log::NET,
-                        "tcp {}: dropped an incoming QP connection: {why}", self.shared.device
-                    );
-                    self.unclaimed.swap_remove(index);
-                }
-                HelloState::Claimed(hello) => {
-                    let unclaimed = self.unclaimed.swap_remove(index);
-                    match self.workers.get_mut(&hello.target_qpn) {
-                        Some(worker) if worker.wants_socket() => {
-                            let fd = unclaimed.socket.as_raw_fd();
-                            worker.attach(
-                                &self.shared,
-                                unclaimed.socket,
-                                hello,
-                                // Until `connect` gives the QP's own: RC's default budget.
-                                super::device::user_timeout_ms(&QpSettings::default()),
-                            );
-                            // The QP's socket is watched under the QP's token.
-                            let _ = rewatch_fd(&self.epoll, fd, u64::from(hello.target_qpn));
-                        }
-                        _ => warn!(
-                            crate::log::NET,
-                            "tcp {}: a connection for QP {} which does not exist or is taken",
-                            self.shared.device,
-                            hello.target_qpn
-                        ),
+    }
+
+    /// Reads the hellos that came, hands each connection to the QP it names if that QP admits
+    /// it, and drops the rest without touching any QP.
+    fn claim(&mut self, now: Instant) {
+        let mut outcomes = Vec::new();
+        self.unclaimed.pass(now, &mut outcomes);
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Dropped { sender, why } => self.dropped(sender, &why),
+                Outcome::Hello {
+                    socket,
+                    sender,
+                    hello,
+                } => {
+                    if let Err(why) = self.hand_over(socket, sender, hello) {
+                        self.dropped(sender, &why);
                     }
                 }
             }
         }
     }
 
-    fn read_hello(&mut self, index: usize) -> HelloState {
-        let entry = &mut self.unclaimed[index];
-        while entry.got < HELLO_LEN {
-            let target = entry.hello[entry.got..].as_mut_ptr() as u64;
-            match socket::receive(entry.socket.as_raw_fd(), target, HELLO_LEN - entry.got) {
-                Ok(None) => {
-                    if entry.since.elapsed() > HELLO_TIMEOUT {
-                        return HelloState::Dropped("no hello within 10 s".to_string());
-                    }
-                    return HelloState::Waiting;
-                }
-                Ok(Some(0)) => return HelloState::Dropped("closed before its hello".to_string()),
-                Ok(Some(n)) => entry.got += n,
-                Err(e) => return HelloState::Dropped(e.to_string()),
-            }
+    /// Gives `socket` to the QP `hello` names, if it admits it (src/fabric/tcp/worker.rs).
+    fn hand_over(&mut self, socket: OwnedFd, sender: Ipv4Addr, hello: Hello) -> Result<(), String> {
+        let Some(worker) = self.workers.get_mut(&hello.target_qpn) else {
+            return Err(format!(
+                "it names QP {}, which this rail does not have",
+                hello.target_qpn
+            ));
+        };
+        worker.admits(&hello, sender)?;
+        let fd = socket.as_raw_fd();
+        // Until `connect` gives the QP's own: RC's default budget.
+        worker.attach(
+            socket,
+            hello,
+            super::device::user_timeout_ms(&QpSettings::default()),
+        );
+        // The QP's socket is watched under the QP's token.
+        if let Err(e) = rewatch_fd(&self.epoll, fd, u64::from(hello.target_qpn)) {
+            warn!(
+                crate::log::NET,
+                "tcp {}: epoll for QP {}: {e}", self.shared.device, hello.target_qpn
+            );
         }
-        match Hello::decode(&entry.hello) {
-            Ok(hello) => HelloState::Claimed(hello),
-            Err(why) => HelloState::Dropped(why),
+        Ok(())
+    }
+
+    /// A connection to the rail's port was dropped: counted, and a WARN at most once per
+    /// [`STRANGER_WARN_INTERVAL`].
+    fn dropped(&mut self, sender: Ipv4Addr, why: &str) {
+        if let Some(count) = self.strangers.note(Instant::now()) {
+            warn!(
+                crate::log::NET,
+                "tcp {}: dropped a connection to the rail's port from {sender}: {why}; {count} \
+                 dropped since the last such warning; the rail goes on",
+                self.shared.device
+            );
         }
     }
-}
-
-enum HelloState {
-    Waiting,
-    Dropped(String),
-    Claimed(Hello),
 }
 
 /// Adds `fd` to the epoll set, edge-triggered: every reader reads until "would block".

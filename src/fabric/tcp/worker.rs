@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use super::memory::RemoteRight;
 use super::shared::Shared;
 use super::socket;
-use super::wire::{seq_at_or_before, Header, Hello, Kind, HEADER_LEN, HELLO_LEN};
 use crate::fabric::landing::{store_ordered, POLLED_WRITE_MAX};
 use crate::fabric::{Completion, CompletionOpcode, CompletionStatus, SendOpcode, Sge, WorkRequest};
+use crate::proto::tcp_wire::{seq_at_or_before, Header, Hello, Kind, HEADER_LEN, HELLO_LEN};
 
 mod completion;
 mod incoming;
@@ -96,6 +96,8 @@ pub(super) struct Worker {
     qpn: u32,
     cq: u64,
     srq: Option<u64>,
+    /// The connection's secret: the hello of this QP's TCP connection carries it.
+    secret: u64,
     socket: Option<OwnedFd>,
     /// The hello the passive side got, kept until `connect` names the peer to check it against.
     hello: Option<Hello>,
@@ -109,6 +111,8 @@ pub(super) struct Worker {
     sending: Option<Outgoing>,
     awaiting: VecDeque<InFlight>,
     next_seq: u32,
+    /// The sequence number the peer's next request must carry.
+    expected_request: u32,
     control: VecDeque<Control>,
     in_header: [u8; HEADER_LEN],
     in_got: usize,
@@ -133,12 +137,19 @@ pub(super) struct Worker {
 
 impl Worker {
     /// A QP not yet connected.
-    pub(super) fn new(qpn: u32, cq: u64, srq: Option<u64>, max_send_wr: u32) -> Worker {
+    pub(super) fn new(
+        qpn: u32,
+        cq: u64,
+        srq: Option<u64>,
+        max_send_wr: u32,
+        secret: u64,
+    ) -> Worker {
         let depth = max_send_wr as usize;
         Worker {
             qpn,
             cq,
             srq,
+            secret,
             socket: None,
             hello: None,
             peer: None,
@@ -150,6 +161,7 @@ impl Worker {
             sending: None,
             awaiting: VecDeque::with_capacity(depth),
             next_seq: 1,
+            expected_request: 1,
             control: VecDeque::with_capacity(depth),
             in_header: [0; HEADER_LEN],
             in_got: 0,
@@ -186,13 +198,15 @@ impl Worker {
     }
 
     /// `connect` named the peer. `socket` is this side's connection when it is the active one.
+    /// `Err` when the passive connection taken before is not from that peer: it is dropped,
+    /// and the QP waits for its peer's (the reason is for the thread's throttled WARN).
     pub(super) fn connect(
         &mut self,
         shared: &Shared,
         peer: PeerAddress,
         socket: Option<OwnedFd>,
         user_timeout_ms: u32,
-    ) {
+    ) -> Result<(), String> {
         self.peer = Some(peer);
         self.answer_timeout = Duration::from_millis(u64::from(user_timeout_ms));
         self.loopback = peer.qpn == self.qpn && peer.address.port() == shared.port;
@@ -204,38 +218,62 @@ impl Worker {
                 source_qpn: self.qpn,
                 source_addr: shared.address.octets(),
                 source_port: shared.port,
+                secret: self.secret,
             }
             .encode();
             self.hello_sent = 0;
         } else if let (Some(fd), Some(hello)) = (self.socket_fd(), self.hello) {
             socket::set_user_timeout(fd, user_timeout_ms);
-            self.check_hello(shared, hello);
+            if let Err(why) = self.is_from_peer(&hello) {
+                self.socket = None;
+                self.hello = None;
+                return Err(why);
+            }
         }
+        Ok(())
     }
 
-    /// The passive side's connection arrived with `hello`.
-    pub(super) fn attach(&mut self, shared: &Shared, socket: OwnedFd, hello: Hello, timeout: u32) {
+    /// Whether a passive connection whose `hello` came from `sender` (the address the kernel saw)
+    /// may be this QP's: it must be waiting for one, the hello must carry the connection's
+    /// secret and name the address it really came from, and, once `connect` named the peer, be
+    /// that peer. `Err` says why not; the QP is left as it was (a stranger cannot fail it).
+    pub(super) fn admits(&self, hello: &Hello, sender: std::net::Ipv4Addr) -> Result<(), String> {
+        if !self.wants_socket() {
+            return Err(format!("QP {} already has its connection", self.qpn));
+        }
+        if hello.secret != self.secret {
+            return Err(format!(
+                "it names QP {} without its connection's secret",
+                self.qpn
+            ));
+        }
+        let claimed = std::net::Ipv4Addr::from(hello.source_addr);
+        if claimed != sender {
+            return Err(format!("it says it comes from {claimed}"));
+        }
+        self.is_from_peer(hello)
+    }
+
+    /// Whether `hello` is from the peer `connect` named (anything, before `connect`).
+    fn is_from_peer(&self, hello: &Hello) -> Result<(), String> {
+        let Some(peer) = self.peer else {
+            return Ok(());
+        };
+        let from = SocketAddrV4::new(hello.source_addr.into(), hello.source_port);
+        if from != peer.address || hello.source_qpn != peer.qpn {
+            return Err(format!(
+                "it claims QP {} from {from} QP {}, whose peer is {} QP {}",
+                self.qpn, hello.source_qpn, peer.address, peer.qpn
+            ));
+        }
+        Ok(())
+    }
+
+    /// The passive side's connection arrived with `hello`, which [`Worker::admits`] took.
+    pub(super) fn attach(&mut self, socket: OwnedFd, hello: Hello, timeout: u32) {
         socket::set_user_timeout(socket.as_raw_fd(), timeout);
         self.socket = Some(socket);
         self.hello = Some(hello);
-        if self.peer.is_some() {
-            self.check_hello(shared, hello);
-        }
-    }
-
-    fn check_hello(&mut self, shared: &Shared, hello: Hello) {
-        let Some(peer) = self.peer else { return };
-        let from = SocketAddrV4::new(hello.source_addr.into(), hello.source_port);
-        if from != peer.address || hello.source_qpn != peer.qpn {
-            self.fail(
-                shared,
-                CompletionStatus::RetryExceeded,
-                format!(
-                    "QP {} was reached by {from} QP {}, not its peer {} QP {}",
-                    self.qpn, hello.source_qpn, peer.address, peer.qpn
-                ),
-            );
-        }
     }
 
     /// Takes WRs posted since the last pass.

@@ -44,6 +44,9 @@ impl Flusher {
             let caps = crate::fabric::QpCapabilities {
                 max_send_wr: FLUSH_QUEUE,
                 max_inline: 0,
+                // Connected to itself: no connection of its own to prove, but none a stranger
+                // could claim before `connect` either.
+                secret: crate::random::unguessable("flush QP secret")?,
             };
             let mut qp = device.create_qp(cq.cq.as_ref(), None, caps)?;
             let own = crate::fabric::RemoteQp {
@@ -85,6 +88,7 @@ impl Flusher {
         let caps = crate::fabric::QpCapabilities {
             max_send_wr: FLUSH_QUEUE,
             max_inline: 0,
+            secret: crate::random::unguessable("flush QP secret")?,
         };
         let mut qp = device.create_qp(queues.cq.as_ref(), None, caps)?;
         let own = crate::fabric::RemoteQp {

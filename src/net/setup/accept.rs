@@ -369,7 +369,14 @@ impl Acceptance {
     ) -> Stage {
         let settings = &ctx.settings;
         let sizing = receiver_sizing(settings, layout, reply.class, reply.failover);
-        match QueueBuilder::new(layout, sizing, &self.device.budgets, settings.force_flush) {
+        let secret = request.secret;
+        match QueueBuilder::new(
+            layout,
+            sizing,
+            &self.device.budgets,
+            settings.force_flush,
+            secret,
+        ) {
             Ok(builder) => Stage::Building(builder, Box::new(request), reply),
             Err(error) => self.refuse(reply, error),
         }
@@ -488,6 +495,7 @@ impl Acceptance {
                 peer_rails: request.rails,
                 qp_settings: qp_settings(settings, ctx.traffic_class),
                 sizing: receiver_sizing(settings, layout, class, reply.failover),
+                secret: request.secret,
                 failback: settings.failback.filter(|_| reply.failover),
             },
             watchdog_ns: 0, // the sender's: its parts are what complete or stall

@@ -74,6 +74,8 @@ pub(crate) struct Renewal {
     pub qp_settings: QpSettings,
     /// This side's queue sizes.
     pub sizing: QueueSizing,
+    /// The connection's secret, which new QPs carry as the first ones did.
+    pub secret: u64,
     /// When this side tries to bring a rail back (`MPIB_FAILBACK*`); `None`: it does not, and
     /// refuses the peer's offers.
     pub failback: Option<FailbackSettings>,

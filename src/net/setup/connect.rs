@@ -313,7 +313,11 @@ impl Connector {
         let settings = &ctx.settings;
         let class = classify(local, *remote.ip(), settings.island_prefix_len);
         let layout = QpLayout::new(settings.sout_qps, settings.sup_qps, settings.mode, class);
-        let builder = QueueBuilder::new(layout, SENDER_SIZING, &device.budgets, false)?;
+        // The connector draws the connection's secret: its QPs are made with it, and the
+        // request tells the acceptor (docs/SECURITY.md, "Strangers on the tcp fabric's rail
+        // ports").
+        let secret = crate::random::unguessable("the connection's secret")?;
+        let builder = QueueBuilder::new(layout, SENDER_SIZING, &device.budgets, false, secret)?;
         Ok(Stage::Building(class, builder))
     }
 
@@ -331,7 +335,7 @@ impl Connector {
     /// The queues are built: the FIFO and records around them, and the request to send.
     fn finish_building(&mut self, class: PathClass) -> Result<()> {
         let built = match std::mem::replace(&mut self.stage, Stage::Connecting) {
-            Stage::Building(_, builder) => builder.finish()?,
+            Stage::Building(_, builder) => (builder.secret(), builder.finish()?),
             _ => return Err(Error::internal("connect stage changed while building")),
         };
         let request = self.prepare(class, built)?;
@@ -364,7 +368,7 @@ impl Connector {
     fn prepare(
         &mut self,
         class: PathClass,
-        (layout, queues, qps): (QpLayout, [Option<RailQueues>; 2], QueuePairs),
+        (secret, (layout, queues, qps)): (u64, (QpLayout, [Option<RailQueues>; 2], QueuePairs)),
     ) -> Result<ConnectRequest> {
         let settings = &self.ctx.settings;
         let devices = &self.device.devices;
@@ -391,6 +395,7 @@ impl Connector {
             conn_id: link::fresh_name(),
             process: link::process_id(),
             failover: settings.failover,
+            secret,
         };
         self.prepared = Some(Prepared {
             class,
@@ -533,6 +538,7 @@ impl Connector {
                 peer_rails: prepared.peer_rails,
                 qp_settings: qp_settings(settings, self.traffic_class),
                 sizing: SENDER_SIZING,
+                secret: prepared.request.secret,
                 failback: settings.failback.filter(|_| prepared.failover),
             },
             watchdog_ns: if prepared.failover {

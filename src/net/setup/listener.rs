@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::log;
 use crate::net::data::request::now_ns;
 use crate::net::observe::link::{self, Ride};
@@ -121,22 +121,7 @@ fn connection_error(errno: i32) -> bool {
 
 /// A listen id nobody can guess (a stranger who could would reach a listen comm's accept).
 pub(crate) fn fresh_listen_id() -> Result<u64> {
-    let mut bytes = [0u8; 8];
-    loop {
-        // SAFETY: `bytes` is writable for its length.
-        let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        if got == 8 {
-            let id = u64::from_le_bytes(bytes);
-            if id != 0 {
-                return Ok(id);
-            }
-            continue;
-        }
-        let error = std::io::Error::last_os_error();
-        if error.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::system(format!("listen: getrandom: {error}")));
-        }
-    }
+    crate::random::unguessable("listen id")
 }
 
 /// A handshake for a listen comm, as its `accept` takes it.
@@ -155,19 +140,13 @@ struct Unclaimed {
     since: Instant,
 }
 
-/// Strangers' connections dropped since the last WARN about them, and when that was.
-#[derive(Default)]
-struct Dropped {
-    count: u64,
-    last_warned: Option<Instant>,
-}
-
 struct State {
     socket: Socket,
     /// Connections filed under each live listen comm, oldest first.
     filed: HashMap<u64, VecDeque<Socket>>,
     unclaimed: VecDeque<Unclaimed>,
-    dropped: Dropped,
+    /// The WARN about dropped strangers.
+    dropped: log::Throttle,
     /// When the socket and the waiting claims were last read.
     pumped: Option<Instant>,
 }
@@ -204,7 +183,7 @@ impl SharedListener {
                         socket,
                         filed: HashMap::new(),
                         unclaimed: VecDeque::new(),
-                        dropped: Dropped::default(),
+                        dropped: log::Throttle::new(WARN_INTERVAL),
                         pumped: None,
                     }),
                 });
@@ -380,20 +359,12 @@ impl State {
 
     /// Counts a dropped connection and WARNs at most once per [`WARN_INTERVAL`].
     fn drop_stranger(&mut self, why: &str, now: Instant) {
-        self.dropped.count += 1;
-        let due = self
-            .dropped
-            .last_warned
-            .map_or(true, |last| now.duration_since(last) >= WARN_INTERVAL);
-        if due {
+        if let Some(count) = self.dropped.note(now) {
             warn!(
                 log::NET | log::INIT,
-                "listen: dropped a connection that is no MPIB handshake ({why}); {} dropped since \
-                 the last such warning; the listen comms go on",
-                self.dropped.count
+                "listen: dropped a connection that is no MPIB handshake ({why}); {count} dropped since \
+                 the last such warning; the listen comms go on"
             );
-            self.dropped.count = 0;
-            self.dropped.last_warned = Some(now);
         }
     }
 }

@@ -149,6 +149,8 @@ pub(crate) struct QueueBuilder {
     queues: [Option<RailQueues>; 2],
     credits: Vec<SendQueueCredits>,
     reservation: Reservation,
+    /// The connection's secret (`ConnectRequest::secret`), given to every QP.
+    secret: u64,
 }
 
 impl QueueBuilder {
@@ -160,11 +162,13 @@ impl QueueBuilder {
         sizing: QueueSizing,
         budgets: &[Arc<NicBudget>; 2],
         flush: bool,
+        secret: u64,
     ) -> Result<QueueBuilder> {
         let needs = Need::of(layout, sizing.receiving, flush);
         let reservation = Reservation::take(budgets, needs)?;
         Ok(QueueBuilder {
             reservation,
+            secret,
             layout,
             sizing,
             queues: [None, None],
@@ -196,11 +200,22 @@ impl QueueBuilder {
             self.queues[rail.index()] = Some(RailQueues { srq, cq });
             return Ok(false);
         };
-        let (qps, credits) =
-            create_rail_queue_pairs(device.as_ref(), rail_queues, self.layout, self.sizing, rail)?;
+        let (qps, credits) = create_rail_queue_pairs(
+            device.as_ref(),
+            rail_queues,
+            self.layout,
+            self.sizing,
+            rail,
+            self.secret,
+        )?;
         self.qps.extend(qps);
         self.credits.extend(credits);
         Ok(self.qps.len() == self.layout.total())
+    }
+
+    /// The connection's secret the QPs were created with.
+    pub(crate) fn secret(&self) -> u64 {
+        self.secret
     }
 
     /// The layout, queues and QPs, once [`QueueBuilder::step`] said everything exists.
@@ -233,6 +248,7 @@ pub(crate) fn create_rail_queue_pairs(
     layout: QpLayout,
     sizing: QueueSizing,
     rail: Rail,
+    secret: u64,
 ) -> Result<RailQueuePairs> {
     let first = layout.first(rail);
     let mut qps = Vec::with_capacity(layout.count(rail));
@@ -245,6 +261,7 @@ pub(crate) fn create_rail_queue_pairs(
         let caps = QpCapabilities {
             max_send_wr: send_queue,
             max_inline: 0,
+            secret,
         };
         let cq = queues.cq.as_ref();
         let qp = match &queues.srq {

@@ -56,6 +56,14 @@ impl Worker {
                 return;
             }
         };
+        if let Err(why) = self.in_sequence(&header) {
+            let why = format!(
+                "QP {}: a message out of sequence from the peer: {why}",
+                self.qpn
+            );
+            self.fail(shared, CompletionStatus::Other(1), why);
+            return;
+        }
         let length = u64::from(header.length);
         match header.kind {
             Kind::Write | Kind::WriteWithImm => {
@@ -111,6 +119,35 @@ impl Worker {
                 self.fail(shared, status, why);
             }
         }
+    }
+
+    /// Whether `header`'s sequence number is one the peer may send now: a request the next in
+    /// the peer's order (RC's expected PSN; one TCP stream carries them in post order), an
+    /// acknowledgement or refusal one of a request this side has sent.
+    fn in_sequence(&mut self, header: &Header) -> Result<(), String> {
+        match header.kind {
+            Kind::Write | Kind::WriteWithImm | Kind::ReadRequest => {
+                if header.seq != self.expected_request {
+                    return Err(format!(
+                        "{:?} numbered {}, expected {}",
+                        header.kind, header.seq, self.expected_request
+                    ));
+                }
+                self.expected_request = self.expected_request.wrapping_add(1);
+            }
+            Kind::Ack | Kind::Nak => {
+                let newest_sent = self.next_seq.wrapping_sub(1);
+                if !seq_at_or_before(header.seq, newest_sent) {
+                    return Err(format!(
+                        "{:?} of request {}, past the newest sent ({newest_sent})",
+                        header.kind, header.seq
+                    ));
+                }
+            }
+            // Matched against the reads in flight by sequence number where it is handled.
+            Kind::ReadResponse => {}
+        }
+        Ok(())
     }
 
     /// A request the registry does not allow: answer with a NAK, then the QP is in error.

@@ -164,8 +164,14 @@ impl RecvComm {
             .as_ref()
             .ok_or_else(|| Error::internal(format!("failback of {rail}, which has no CQ")))?;
         let device = &self.info.devices[rail.index()];
-        let (qps, credits) =
-            create_rail_queue_pairs(device.as_ref(), queues, layout, renewal.sizing, rail)?;
+        let (qps, credits) = create_rail_queue_pairs(
+            device.as_ref(),
+            queues,
+            layout,
+            renewal.sizing,
+            rail,
+            renewal.secret,
+        )?;
         let mut current: Vec<u32> = qps.iter().map(|qp| qp.qp_num()).collect();
         let mut replaced = Vec::new();
         if let Some(flusher) = data.flusher.as_mut() {

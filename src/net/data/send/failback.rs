@@ -162,8 +162,14 @@ impl SendComm {
             )));
         };
         let device = self.info.devices[rail.index()].as_ref();
-        let created =
-            create_rail_queue_pairs(device, queues, layout, self.info.renewal.sizing, rail);
+        let created = create_rail_queue_pairs(
+            device,
+            queues,
+            layout,
+            self.info.renewal.sizing,
+            rail,
+            self.info.renewal.secret,
+        );
         let (qps, credits) = match created {
             Ok(made) => made,
             Err(e) => return self.give_up(data, now, &e.to_string()),

@@ -1,23 +1,30 @@
-//! The bytes on a TCP queue pair's connection: a hello that names the QP pair, then messages of
-//! a fixed 32-byte header and, for writes and read responses, the payload.
+//! The bytes on a tcp fabric queue pair's connection (src/fabric/tcp): a hello that names the
+//! QP pair and proves the connection's secret, then messages of a fixed 32-byte header and, for
+//! writes and read responses, the payload.
+//!
+//! Why here, in the sans-IO crate: these are bytes a stranger can send to a rail's port, so
+//! their decoders are pure functions, property-tested and fuzzed (fuzzing/src) like the
+//! handshake's.
 //!
 //! Why explicit little-endian fields, validated on decode: the two ends are separate processes,
 //! possibly different builds, and a header taken on faith would size a copy into registered
 //! memory. Every kind, flag and reserved field is checked; a length above
 //! [`MAX_MESSAGE_BYTES`] is refused before any byte is placed.
 
-/// "MPIBTCP1": the first bytes of every QP connection.
-pub(super) const HELLO_MAGIC: u64 = 0x4D50_4942_5443_5031;
+/// "MPIBTCP2": the first bytes of every QP connection (2: the hello carries the secret).
+pub const HELLO_MAGIC: u64 = 0x4D50_4942_5443_5032;
 /// Bytes of the hello.
-pub(super) const HELLO_LEN: usize = 24;
+pub const HELLO_LEN: usize = 32;
 /// Bytes of a message header.
-pub(super) const HEADER_LEN: usize = 32;
+pub const HEADER_LEN: usize = 32;
 /// Largest payload of one message (the engine's largest WR is far smaller: one transfer part).
-pub(super) const MAX_MESSAGE_BYTES: u32 = 1 << 31;
+pub const MAX_MESSAGE_BYTES: u32 = 1 << 31;
 
-/// The active side's first bytes: which QP it wants and who it is.
+/// The active side's first bytes: which QP it wants, who it is, and the secret both ends of the
+/// connection learnt in its handshake (`wire::ConnectRequest::secret`), which a stranger who
+/// did not read that handshake cannot name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Hello {
+pub struct Hello {
     /// The passive side's QP number.
     pub target_qpn: u32,
     /// The active side's QP number.
@@ -26,23 +33,29 @@ pub(super) struct Hello {
     pub source_addr: [u8; 4],
     /// The active side's listening port (its rail's service port).
     pub source_port: u16,
+    /// The connection's secret.
+    pub secret: u64,
 }
 
 impl Hello {
     /// The encoded bytes.
-    pub(super) fn encode(&self) -> [u8; HELLO_LEN] {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
         out[8..12].copy_from_slice(&self.target_qpn.to_le_bytes());
         out[12..16].copy_from_slice(&self.source_qpn.to_le_bytes());
         out[16..20].copy_from_slice(&self.source_addr);
         out[20..22].copy_from_slice(&self.source_port.to_le_bytes());
+        out[24..32].copy_from_slice(&self.secret.to_le_bytes());
         out
     }
 
     /// Decodes a hello; `Err` names what was wrong.
-    pub(super) fn decode(bytes: &[u8; HELLO_LEN]) -> Result<Hello, String> {
+    pub fn decode(bytes: &[u8; HELLO_LEN]) -> Result<Hello, String> {
         let magic = u64::from_le_bytes(word(bytes, 0));
+        if magic == HELLO_MAGIC - 1 {
+            return Err("a hello of an older MPIB without the connection's secret".to_string());
+        }
         if magic != HELLO_MAGIC {
             return Err(format!("bad hello magic {magic:#x}"));
         }
@@ -54,13 +67,14 @@ impl Hello {
             source_qpn: u32::from_le_bytes(word(bytes, 12)),
             source_addr: word(bytes, 16),
             source_port: u16::from_le_bytes(word(bytes, 20)),
+            secret: u64::from_le_bytes(word(bytes, 24)),
         })
     }
 }
 
 /// What a message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind {
+pub enum Kind {
     /// RDMA_WRITE: `length` payload bytes for `[addr, addr + length)` under `rkey`.
     Write = 1,
     /// RDMA_WRITE_WITH_IMM: the same, then one SRQ receive completed with `imm`.
@@ -89,18 +103,18 @@ impl Kind {
     }
 
     /// Whether `length` payload bytes follow the header.
-    pub(super) fn has_payload(self) -> bool {
+    pub fn has_payload(self) -> bool {
         matches!(self, Kind::Write | Kind::WriteWithImm | Kind::ReadResponse)
     }
 }
 
 /// The sender's WR is signaled (informational: every executed request is acknowledged,
 /// cumulatively, once per pass of the responder's thread).
-pub(super) const FLAG_SIGNALED: u8 = 1;
+pub const FLAG_SIGNALED: u8 = 1;
 
 /// One message header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Header {
+pub struct Header {
     /// What the message is.
     pub kind: Kind,
     /// [`FLAG_SIGNALED`] or 0.
@@ -121,7 +135,7 @@ pub(super) struct Header {
 
 impl Header {
     /// A response or acknowledgement header with no address.
-    pub(super) fn reply(kind: Kind, seq: u32, length: u32, status: u8) -> Header {
+    pub fn reply(kind: Kind, seq: u32, length: u32, status: u8) -> Header {
         Header {
             kind,
             flags: 0,
@@ -135,7 +149,7 @@ impl Header {
     }
 
     /// The encoded bytes.
-    pub(super) fn encode(&self) -> [u8; HEADER_LEN] {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0] = self.kind as u8;
         out[1] = self.flags;
@@ -149,7 +163,7 @@ impl Header {
     }
 
     /// Decodes and validates a header; `Err` names the field.
-    pub(super) fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, String> {
+    pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, String> {
         let kind = Kind::from_code(bytes[0])
             .ok_or_else(|| format!("unknown message kind {}", bytes[0]))?;
         let flags = bytes[1];
@@ -193,7 +207,7 @@ fn word<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
 }
 
 /// Whether sequence number `a` comes at or before `b` (wrapping, as RC's PSNs do).
-pub(super) fn seq_at_or_before(a: u32, b: u32) -> bool {
+pub fn seq_at_or_before(a: u32, b: u32) -> bool {
     (b.wrapping_sub(a) as i32) >= 0
 }
 
@@ -228,9 +242,17 @@ mod tests {
         }
 
         #[test]
-        fn hellos_round_trip(target in any::<u32>(), source in any::<u32>(), addr in any::<[u8; 4]>(), port in any::<u16>()) {
-            let hello = Hello { target_qpn: target, source_qpn: source, source_addr: addr, source_port: port };
+        fn hellos_round_trip(target in any::<u32>(), source in any::<u32>(), addr in any::<[u8; 4]>(), port in any::<u16>(), secret in any::<u64>()) {
+            let hello = Hello { target_qpn: target, source_qpn: source, source_addr: addr, source_port: port, secret };
             prop_assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+        }
+
+        #[test]
+        fn any_hello_bytes_decode_or_name_the_field(bytes in any::<[u8; HELLO_LEN]>()) {
+            match Hello::decode(&bytes) {
+                Ok(hello) => prop_assert_eq!(hello.encode(), bytes),
+                Err(why) => prop_assert!(!why.is_empty()),
+            }
         }
     }
 
@@ -255,10 +277,15 @@ mod tests {
             source_qpn: 2,
             source_addr: [1; 4],
             source_port: 3,
+            secret: 4,
         }
         .encode();
+        let mut old = hello;
         hello[0] ^= 1;
         assert!(Hello::decode(&hello).unwrap_err().contains("magic"));
+        // A peer of the hello without the secret ("MPIBTCP1") is named as one.
+        old[0..8].copy_from_slice(&0x4D50_4942_5443_5031u64.to_le_bytes());
+        assert!(Hello::decode(&old).unwrap_err().contains("older"));
     }
 
     #[test]
