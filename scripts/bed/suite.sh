@@ -17,6 +17,8 @@
 #     connection, which runs over the SOUT address.
 #   flap: a rail's link down 2.5 s with the default retries (34 s): every byte arrives.
 #   killed: one side SIGKILLed mid-run: the survivor's call returns the plugin's error.
+#   stranger: a third host (namespace _c, linked to host B alone) scans, floods and sends forged
+#     hellos to the receiver's ports mid-run: every byte still arrives, a few throttled WARNs.
 # Every side that passes its cases then unloads the plugin as NCCL does (dlclose, with no
 # finalize before v11) and fails if a plugin thread outlived it (mpib-xfer).
 # Nothing may hang: every process runs under `timeout`. This kernel has no netem qdisc, so unlike
@@ -75,7 +77,7 @@ for f in mpib-xfer libnccl_net_mpib.so; do
 done
 
 prefix=${BED_PREFIX:-mpib_bed}
-NA=${prefix}_a NB=${prefix}_b
+NA=${prefix}_a NB=${prefix}_b NC=${prefix}_c
 only=${BED_ONLY:-} pair_timeout=${BED_PAIR_TIMEOUT:-60} scale=${BED_SCALE:-loopback}
 fault_rate=${BED_FAULT_RATE:-200mbit} max_call_ms=${BED_MAX_CALL_MS:-500}
 W=$root/target/bed/last
@@ -410,6 +412,38 @@ failback() {
   verdict "$name" "$d" "$how"
 }
 
+# stranger NAME: an advanced pair at sup_bw=512 running 120 cases while a third host (build_stranger:
+# linked to host B alone) hammers every port host B's receiver listens on, both rails' and the
+# control listener's, for 4 s (scripts/bed/stranger.py: silent connections past what a rail
+# keeps, port scans, junk, hellos with guessed QP numbers and secrets). Every case must pass
+# byte-exact with its split, no call may wait, and the receiver must say it dropped them in a
+# few WARNs with their counts, not one per connection (issue 34).
+stranger() {
+  local name=$1 ports warns how
+  wanted "$name" || return 0
+  newcase "$name"
+  if ! build_stranger 2> "$d/stranger.err"; then
+    record FAIL "$name" "cannot build the third host: $(tr '\n' ' ' < "$d/stranger.err")"
+    return
+  fi
+  fault_rates
+  launch "$d" "$tmp" v12 "$(repeat 120 split-512)" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" \
+    --scale rig --expect-class intra --data-timeout 40
+  first_case_done "$d"
+  ports=$(ip netns exec "$NB" ss -Htln | awk '{ print $4 }' | grep -E '^10\.100\.[01]\.2:')
+  # shellcheck disable=SC2086  # a list of ADDRESS:PORT words
+  ip netns exec "$NC" timeout 30 python3 "$here/stranger.py" 4 $ports > "$d/stranger.log" 2>&1
+  local stranger_rc=$?
+  reap
+  warns=$(grep -c 'dropped a connection' "$d/recv.log")
+  how="$(grep -c ': ok ' "$d/recv.log") case(s) verified byte-exact by the receiver; $(tail -n 1 "$d/stranger.log"); $warns throttled WARN(s)"
+  [ "$stranger_rc" = 0 ] || { how+=", the stranger failed (rc $stranger_rc)"; [ "$sr" != 0 ] || sr=97; }
+  if [ "$warns" -lt 1 ] || [ "$warns" -gt 6 ]; then
+    how+=", expected 1 to 6 WARNs about dropped connections"; [ "$sr" != 0 ] || sr=96
+  fi
+  verdict "$name" "$d" "$how"
+}
+
 # killed NAME ROLE: SIGKILL the ROLE process (recv: host B, send: host A) of an advanced pair at
 # sup_bw=512 with the default timeout once the sender has passed its first case. The survivor's
 # calls must return the plugin's error (its sockets closed by the kernel, or the peer's control
@@ -512,6 +546,7 @@ flap "v12 flap: SOUT link down 2.5 s, default retries (veth_a0)" veth_a0 2.5
 failback "v12 failback: SUP link down 1 s, back while cases go on (veth_a1)" veth_a1 down
 failback "v12 failback: SOUT link down 1 s, control connection on it (veth_a0)" veth_a0 down
 failback "v12 failback: SUP packets dropped 1 s, no port event (veth_a1)" veth_a1 drop
+stranger "v12 stranger: a third host scans, floods and forges hellos at the receiver's ports mid-run"
 killed "v12 killed: receiver process SIGKILLed mid-run" recv
 killed "v12 killed after failover: SOUT link down (the control connection's), then the sender SIGKILLed" \
   send veth_a0
