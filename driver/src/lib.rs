@@ -32,7 +32,9 @@ pub mod plan;
 pub mod plugin;
 pub mod proxy;
 pub mod rails;
+pub mod ranks;
 pub mod testing;
+pub mod units;
 pub mod xfer;
 
 use std::path::PathBuf;

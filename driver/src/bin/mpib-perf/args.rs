@@ -113,20 +113,7 @@ pub fn parse_bytes(flag: &str, text: &str) -> Result<usize, Failure> {
             "{flag} {text:?}: expected a byte count like 8, 64K, 256M or 1G"
         ))
     };
-    let trimmed = text.trim();
-    let digits_end = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, suffix) = trimmed.split_at(digits_end);
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(bad()),
-    };
-    let value: usize = digits.parse().map_err(|_| bad())?;
-    value.checked_mul(1 << shift).ok_or_else(bad)
+    mpib_driver::units::parse_bytes(text).ok_or_else(bad)
 }
 
 fn parse_number<T: std::str::FromStr + PartialOrd + std::fmt::Display>(

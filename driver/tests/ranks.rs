@@ -1,0 +1,226 @@
+//! `mpib-ranks` as a user runs it: a ring all-reduce over several ranks, exact on every rank, for
+//! every ABI in one process on the loopback fabric and across processes on the tcp fabric; a rank
+//! killed mid-collective fails the others and none hangs; a rail cut mid-collective fails over
+//! with exact results, or fails every rank with `MPIB_FAILOVER=0`.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mpib_driver::plugin::current_profile;
+
+/// Generous: debug builds on two shared cores.
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn command(env: &[(&str, &str)], args: &[&str]) -> Command {
+    let plugin = mpib_driver::locate_built_plugin(&current_profile())
+        .unwrap_or_else(|e| panic!("build the plugin first (cargo build -p mpib): {e}"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mpib-ranks"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("MPIB_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .envs(env.iter().copied())
+        .arg("--plugin")
+        .arg(plugin)
+        .args(args);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+}
+
+/// Waits for `child` at most `limit`; killed (and the test failed) past it: nothing may hang.
+fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("{what} hung past {limit:?}:\n{}", text(&output));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}\n--- stdout\n{}--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn rows(output: &Output) -> usize {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // A table row: SIZE COUNT uint32 sum TIME ALGBW BUSBW #WRONG, with no wrong word.
+    let row = |line: &&str| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() == 8 && fields[2] == "uint32" && fields[7] == "0"
+    };
+    stdout.lines().filter(row).count()
+}
+
+const SIZES: [&str; 6] = ["--min-size", "4", "--max-size", "4M", "--step-factor", "16"];
+
+#[test]
+fn a_ring_all_reduce_is_exact_on_every_abi_in_one_process() {
+    for version in ["v7", "v8", "v9", "v10", "v11", "v12"] {
+        let mut args = vec![
+            "--ranks",
+            "4",
+            "--channels",
+            "2",
+            "--iters",
+            "2",
+            "--version",
+            version,
+        ];
+        args.extend(SIZES);
+        let child = command(&[("MPIB_FABRIC", "loopback")], &args)
+            .spawn()
+            .unwrap();
+        let output = finish(child, LIMIT, version);
+        assert!(output.status.success(), "{version}: {}", text(&output));
+        assert_eq!(
+            rows(&output),
+            6,
+            "{version}: a row per size: {}",
+            text(&output)
+        );
+    }
+}
+
+/// The tcp fabric's environment for a rank on this host: two rails on loopback addresses.
+const TCP: [(&str, &str); 4] = [
+    ("MPIB_FABRIC", "tcp"),
+    ("MPIB_HCA_SOUT", "lo=127.0.0.1"),
+    ("MPIB_HCA_SUP", "lo=127.0.0.2"),
+    ("MPIB_OOB_ADDR", "127.0.0.1"),
+];
+
+/// Starts `ranks` rank processes meeting in `rendezvous`.
+fn start_ranks(ranks: usize, rendezvous: &Path, extra: &[&str]) -> Vec<Child> {
+    let total = ranks.to_string();
+    (0..ranks)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let dir = rendezvous.to_str().unwrap();
+            let mut args = vec!["--ranks", &total, "--rank", &rank, "--rendezvous", dir];
+            args.extend(extra);
+            command(&TCP, &args).spawn().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_in_their_own_processes_over_the_tcp_fabric_are_exact() {
+    let rendezvous = mpib_driver::temp_dir("mpib-ranks-test").unwrap();
+    let mut extra = vec!["--channels", "2", "--iters", "2"];
+    extra.extend(SIZES);
+    let children = start_ranks(3, &rendezvous, &extra);
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = finish(child, LIMIT, &format!("rank {rank}"));
+        assert!(output.status.success(), "rank {rank}: {}", text(&output));
+        assert_eq!(rows(&output), 6, "rank {rank}: {}", text(&output));
+    }
+    let _ = std::fs::remove_dir_all(&rendezvous);
+}
+
+/// A rank killed while the ring runs: every other rank's next call returns the plugin's error
+/// (its peer's sockets closed by the kernel), well before its own deadline, and no rank hangs.
+#[test]
+fn a_rank_killed_mid_collective_fails_the_others_and_none_hangs() {
+    let rendezvous = mpib_driver::temp_dir("mpib-ranks-kill").unwrap();
+    let extra = [
+        "--min-size",
+        "16M",
+        "--max-size",
+        "16M",
+        "--iters",
+        "1000",
+        "--timeout",
+        "60",
+    ];
+    let mut children = start_ranks(3, &rendezvous, &extra);
+    // Connected and moving: the handles are written at once, give the ring a moment past that.
+    std::thread::sleep(Duration::from_secs(3));
+    children[1].kill().unwrap();
+    let _ = children[1].wait();
+    let survivors = children
+        .into_iter()
+        .enumerate()
+        .filter(|(rank, _)| *rank != 1);
+    for (rank, child) in survivors {
+        let started = Instant::now();
+        let output = finish(child, Duration::from_secs(45), &format!("rank {rank}"));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "rank {rank}: {}",
+            text(&output)
+        );
+        let reported = ["ncclRemoteError", "ncclSystemError"]
+            .iter()
+            .any(|e| stdout.contains(e));
+        assert!(
+            reported,
+            "rank {rank}: the plugin's error: {}",
+            text(&output)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "rank {rank} took {:?} to fail",
+            started.elapsed()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&rendezvous);
+}
+
+/// The loopback fabric's SUP rail cut after 40 transfers on it: with failover (the default) the
+/// all-reduces complete exactly over SOUT; with `MPIB_FAILOVER=0` every rank fails, none hangs.
+#[test]
+fn a_rail_cut_mid_collective_fails_over_exactly_or_fails_every_rank() {
+    let args = [
+        "--ranks",
+        "3",
+        "--channels",
+        "2",
+        "--min-size",
+        "1M",
+        "--max-size",
+        "4M",
+        "--iters",
+        "3",
+    ];
+    let cut = [
+        ("MPIB_FABRIC", "loopback"),
+        ("MPIB_LOOPBACK_FAULTS", "cut=sup:40"),
+    ];
+    let output = finish(command(&cut, &args).spawn().unwrap(), LIMIT, "failover");
+    assert!(output.status.success(), "failover: {}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("sup rail failed; going on over the sout rail alone"),
+        "the plugin says it failed the rail over: {}",
+        text(&output)
+    );
+    let mut off = cut.to_vec();
+    off.push(("MPIB_FAILOVER", "0"));
+    let output = finish(command(&off, &args).spawn().unwrap(), LIMIT, "no failover");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "MPIB_FAILOVER=0: {}",
+        text(&output)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("FAILED") && stdout.contains("ncclRemoteError"),
+        "{}",
+        text(&output)
+    );
+}
