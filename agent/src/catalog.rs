@@ -78,7 +78,9 @@ specs! {
         "Connections registered and not yet deregistered or reclaimed.";
     /// Registration requests by outcome.
     REGISTRATIONS = "mpib_agent_registrations_total", Counter, RESULT_LABELS,
-        "Register requests answered, by result: ok, no_free_slots, invalid.";
+        "Register requests answered, by result: ok, no_free_slots, process_limit and user_limit \
+         (a new flow past --max-flows-per-process or --max-flows-per-user, answered no free \
+         slots), invalid.";
     /// Deregistration requests by outcome.
     DEREGISTRATIONS = "mpib_agent_deregistrations_total", Counter, RESULT_LABELS,
         "Deregister requests answered, by result: ok, unknown (no such connection: already \

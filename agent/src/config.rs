@@ -11,10 +11,29 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use mpib_proto::hint::HINT_MAX_ENTRIES;
 use serde::Deserialize;
 
 use crate::access::{parse_ids, Access, Kind};
 use crate::policy::PolicyKind;
+use crate::slots::FlowLimits;
+
+/// The flow limits' range: at least one flow, at most every slot (no limit).
+pub const FLOW_LIMIT_RANGE: std::ops::RangeInclusive<usize> = 1..=HINT_MAX_ENTRIES;
+
+/// Checks a flow limit from `name` (a flag, variable or file key).
+pub fn check_flow_limit(name: &str, value: usize) -> Result<usize, String> {
+    if FLOW_LIMIT_RANGE.contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{name} = {value}: expected {}..{} (flows; {} = no limit beyond the slots)",
+            FLOW_LIMIT_RANGE.start(),
+            FLOW_LIMIT_RANGE.end(),
+            FLOW_LIMIT_RANGE.end()
+        ))
+    }
+}
 
 /// Where things are; fixed for the life of the process (a reload that changes them says a
 /// restart is needed and keeps them).
@@ -60,6 +79,12 @@ pub struct Policies {
     /// Groups whose members (by the gid they connect with) may register (flag
     /// `--allowed-gids`).
     pub allowed_gids: Option<String>,
+    /// Flows one process may have connections in (flag `--max-flows-per-process`): past it, a
+    /// registration that needs a new slot is answered "no free slots" (slots.rs, `FlowLimits`).
+    pub max_flows_per_process: usize,
+    /// Flows the processes of one user may have connections in, together (flag
+    /// `--max-flows-per-user`).
+    pub max_flows_per_user: usize,
     /// The two lists resolved to ids, with the flags applied (`Options::load_policies`).
     #[serde(skip)]
     pub access: Access,
@@ -78,6 +103,8 @@ impl Default for Policies {
             sysfs_root: None,
             allowed_uids: None,
             allowed_gids: None,
+            max_flows_per_process: FlowLimits::DEFAULT.per_process,
+            max_flows_per_user: FlowLimits::DEFAULT.per_user,
             access: Access::default(),
         }
     }
@@ -231,6 +258,8 @@ impl Policies {
                 self.interval_ms
             ));
         }
+        check_flow_limit("max_flows_per_process", self.max_flows_per_process)?;
+        check_flow_limit("max_flows_per_user", self.max_flows_per_user)?;
         let tuning = &self.adaptive;
         if tuning.start_sup_bw > 1024 || !(1..=1024).contains(&tuning.max_step) {
             return Err("adaptive: start_sup_bw must be 0..1024 and max_step 1..1024".into());
@@ -275,6 +304,14 @@ impl Policies {
             }
         }
         Ok(())
+    }
+
+    /// The flow limits.
+    pub fn flow_limits(&self) -> FlowLimits {
+        FlowLimits {
+            per_process: self.max_flows_per_process,
+            per_user: self.max_flows_per_user,
+        }
     }
 
     /// The interval as a duration.
@@ -344,6 +381,19 @@ mod tests {
     }
 
     #[test]
+    fn flow_limits_come_from_the_file() {
+        let p = Policies::from_toml("max_flows_per_process = 8\nmax_flows_per_user = 256").unwrap();
+        assert_eq!(
+            p.flow_limits(),
+            FlowLimits {
+                per_process: 8,
+                per_user: 256
+            }
+        );
+        assert_eq!(Policies::default().flow_limits(), FlowLimits::DEFAULT);
+    }
+
+    #[test]
     fn bad_files_name_the_item() {
         let cases = [
             ("default = \"fastest\"", "fastest"),
@@ -361,6 +411,12 @@ mod tests {
                 "allowed_uids: no user named",
             ),
             ("allowed_gids = \"\"", "allowed_gids"),
+            (
+                "max_flows_per_process = 0",
+                "max_flows_per_process = 0: expected 1..256",
+            ),
+            ("max_flows_per_user = 257", "max_flows_per_user = 257"),
+            ("max_flows_per_user = -1", "max_flows_per_user"),
         ];
         for (text, needle) in cases {
             let error = Policies::from_toml(text).err().unwrap();

@@ -35,6 +35,12 @@ pub struct Options {
     pub allowed_uids: Option<BTreeSet<u32>>,
     /// `--allowed-gids` or `MPIB_AGENT_ALLOWED_GIDS`: overrides the file's `allowed_gids`.
     pub allowed_gids: Option<BTreeSet<u32>>,
+    /// `--max-flows-per-process` or `MPIB_AGENT_MAX_FLOWS_PER_PROCESS`: overrides the file's
+    /// `max_flows_per_process`.
+    pub max_flows_per_process: Option<usize>,
+    /// `--max-flows-per-user` or `MPIB_AGENT_MAX_FLOWS_PER_USER`: overrides the file's
+    /// `max_flows_per_user`.
+    pub max_flows_per_user: Option<usize>,
 }
 
 impl Options {
@@ -55,6 +61,12 @@ impl Options {
         }
         if let Some(gids) = &self.allowed_gids {
             policies.access.gids = Some(gids.clone());
+        }
+        if let Some(limit) = self.max_flows_per_process {
+            policies.max_flows_per_process = limit;
+        }
+        if let Some(limit) = self.max_flows_per_user {
+            policies.max_flows_per_user = limit;
         }
         Ok(policies)
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mpib_agent::access::{parse_ids, Kind};
-use mpib_agent::config::Paths;
+use mpib_agent::config::{check_flow_limit, Paths};
 use mpib_agent::control::{self, Command};
 use mpib_agent::daemon::{self, Options};
 use mpib_agent::policy::PolicyKind;
@@ -16,6 +16,7 @@ usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--i
                   [--hint-path PATH] [--socket PATH] [--control PATH] [--probes-dir DIR]
                   [--metrics-listen ADDR:PORT|off] [--sysfs-root DIR]
                   [--allowed-uids LIST] [--allowed-gids LIST]
+                  [--max-flows-per-process N] [--max-flows-per-user N]
        mpib-agent status [--control PATH]
        mpib-agent set FLOW|--all SUP_BW|auto [--control PATH]
 
@@ -42,6 +43,14 @@ usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--i
   --allowed-gids LIST
                     groups who may register (the gid the client connects with): gids or
                     names [env: MPIB_AGENT_ALLOWED_GIDS; file: allowed_gids; default: any]
+  --max-flows-per-process N
+                    flows (hint slots) one process may have connections in, 1..256; a
+                    registration past it that needs a new slot is answered status 1
+                    [env: MPIB_AGENT_MAX_FLOWS_PER_PROCESS; file: max_flows_per_process;
+                    default: 64]
+  --max-flows-per-user N
+                    flows the processes of one user may have connections in together, 1..256
+                    [env: MPIB_AGENT_MAX_FLOWS_PER_USER; file: max_flows_per_user; default: 192]
 
 Exit status: 0 stopped cleanly or command done, 1 failed, 2 bad arguments or configuration.";
 
@@ -145,6 +154,8 @@ fn parse(args: &[String]) -> Result<Action, String> {
             interval_ms: None,
             allowed_uids: env_ids("MPIB_AGENT_ALLOWED_UIDS", Kind::Users)?,
             allowed_gids: env_ids("MPIB_AGENT_ALLOWED_GIDS", Kind::Groups)?,
+            max_flows_per_process: env_flow_limit("MPIB_AGENT_MAX_FLOWS_PER_PROCESS")?,
+            max_flows_per_user: env_flow_limit("MPIB_AGENT_MAX_FLOWS_PER_USER")?,
         },
         command: None,
         positional: Vec::new(),
@@ -219,6 +230,12 @@ fn read_flag<'a>(args: &'a [String], i: &mut usize, flags: &mut Flags<'a>) -> Re
         "--allowed-gids" => {
             flags.options.allowed_gids = Some(flag_ids(value(args, i, arg)?, arg, Kind::Groups)?)
         }
+        "--max-flows-per-process" => {
+            flags.options.max_flows_per_process = Some(flow_limit(arg, value(args, i, arg)?)?)
+        }
+        "--max-flows-per-user" => {
+            flags.options.max_flows_per_user = Some(flow_limit(arg, value(args, i, arg)?)?)
+        }
         "--all" => flags.positional.push("all"),
         flag if flag.starts_with('-') && flag.len() > 1 && flag.parse::<i64>().is_err() => {
             return Err(format!("unknown flag {flag:?}"))
@@ -256,6 +273,24 @@ fn env_ids(name: &str, kind: Kind) -> Result<Option<BTreeSet<u32>>, String> {
         Ok(value) if !value.is_empty() => flag_ids(&value, name, kind).map(Some),
         _ => Ok(None),
     }
+}
+
+/// A flow limit from the variable `name`, if set and not empty.
+fn env_flow_limit(name: &str) -> Result<Option<usize>, String> {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => flow_limit(name, &value).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A flow limit given as `text` by the flag or variable `name`.
+fn flow_limit(name: &str, text: &str) -> Result<usize, String> {
+    let value = text.trim().parse::<usize>().map_err(|_| {
+        format!(
+            "{name} {text:?}: expected a number of flows, 1..256 (256 = no limit beyond the slots)"
+        )
+    })?;
+    check_flow_limit(name, value)
 }
 
 fn flag_ids(value: &str, name: &str, kind: Kind) -> Result<BTreeSet<u32>, String> {

@@ -147,7 +147,13 @@ fn serve_client(mut stream: UnixStream, shared: &Shared) {
         if !policies.access.allows(process.uid, gid) {
             return not_allowed(&mut stream, shared, header.msg_type, process, gid);
         }
-        let response = shared.lock().handle(process, request, &policies);
+        let (response, lines) = {
+            let mut state = shared.lock();
+            (state.handle(process, request, &policies), state.take_log())
+        };
+        for line in lines {
+            log::warn(&line);
+        }
         if stream.write_all(response.encode().as_bytes()).is_err() {
             return;
         }

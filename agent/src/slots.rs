@@ -81,6 +81,55 @@ impl Registered {
     }
 }
 
+/// Why a registration got no slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Every slot is held by another pair.
+    NoFreeSlots,
+    /// The process already has connections in [`FlowLimits::per_process`] flows.
+    ProcessLimit,
+    /// The process's user already has connections in [`FlowLimits::per_user`] flows.
+    UserLimit,
+    /// The process holds [`MAX_CONNECTIONS_PER_PROCESS`] connections.
+    TooManyConnections,
+}
+
+/// How many flows one process, and one user, may take a slot for: without them one client could
+/// register made-up pairs until every slot is its own, and every real job would run all-SOUT.
+///
+/// A flow counts for a process (and its user) while it has a connection in it. The limits apply
+/// to taking a free slot only: a connection of a pair that already has a slot always joins it,
+/// since that costs no slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// Flows one process may have connections in.
+    pub per_process: usize,
+    /// Flows the processes of one user may have connections in, together.
+    pub per_user: usize,
+}
+
+impl FlowLimits {
+    /// A quarter of the slots per process and three quarters per user: one process (a rank
+    /// talks to its ring and tree neighbours, a few flows per device) cannot take more than 64 of
+    /// the 256, and one user's job cannot starve every other user's, who keep at least 64.
+    pub const DEFAULT: FlowLimits = FlowLimits {
+        per_process: HINT_MAX_ENTRIES / 4,
+        per_user: HINT_MAX_ENTRIES * 3 / 4,
+    };
+
+    /// No limit beyond the table's size.
+    pub const NONE: FlowLimits = FlowLimits {
+        per_process: HINT_MAX_ENTRIES,
+        per_user: HINT_MAX_ENTRIES,
+    };
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        FlowLimits::DEFAULT
+    }
+}
+
 /// Connections one process may hold registered: the plugin's `conn_id` counter is 16 bits, so
 /// a well-behaved process never has more live at once; a client past it is refused rather than
 /// allowed to grow the table without bound.
@@ -94,6 +143,9 @@ pub struct SlotTable {
     /// Ordered by process then `conn_id`: a process's connections are one range.
     by_connection: BTreeMap<ConnectionKey, u32>,
     per_process: BTreeMap<Process, usize>,
+    /// Per process, and per user, the slots it has connections in and how many in each.
+    process_flows: BTreeMap<Process, BTreeMap<u32, usize>>,
+    user_flows: BTreeMap<u32, BTreeMap<u32, usize>>,
     /// Slots freed as a side effect of a registration (a key moved to another pair), for the
     /// caller to clear ([`SlotTable::take_freed`]).
     freed: Vec<u32>,
@@ -114,6 +166,8 @@ impl SlotTable {
             by_pair: BTreeMap::new(),
             by_connection: BTreeMap::new(),
             per_process: BTreeMap::new(),
+            process_flows: BTreeMap::new(),
+            user_flows: BTreeMap::new(),
             freed: Vec::new(),
             capacity: capacity.min(HINT_MAX_ENTRIES),
         }
@@ -143,13 +197,20 @@ impl SlotTable {
         true
     }
 
-    /// Registers a connection of `pair`; `None` when every slot is taken by another pair or the
-    /// process holds [`MAX_CONNECTIONS_PER_PROCESS`]. Registering a key again on the same pair
-    /// keeps it; on another pair moves it (a slot freed so is in [`SlotTable::take_freed`]).
-    pub fn register(&mut self, key: ConnectionKey, pair: Pair, sup: Pair) -> Option<Registered> {
+    /// Registers a connection of `pair`; refused when every slot is taken by another pair, when
+    /// a new flow would put the process or its user past `limits`, or when the process holds
+    /// [`MAX_CONNECTIONS_PER_PROCESS`]. Registering a key again on the same pair keeps it; on
+    /// another pair moves it (a slot freed so is in [`SlotTable::take_freed`]).
+    pub fn register(
+        &mut self,
+        key: ConnectionKey,
+        pair: Pair,
+        sup: Pair,
+        limits: FlowLimits,
+    ) -> Result<Registered, Refused> {
         match self.by_connection.get(&key) {
             Some(slot) if self.flows.get(slot).is_some_and(|f| f.pair == pair) => {
-                return Some(Registered::Joined(*slot));
+                return Ok(Registered::Joined(*slot));
             }
             Some(_) => {
                 if let Some((slot, true)) = self.deregister(key) {
@@ -159,17 +220,25 @@ impl SlotTable {
             None => {}
         }
         if self.per_process.get(&key.process).copied().unwrap_or(0) >= MAX_CONNECTIONS_PER_PROCESS {
-            return None;
+            return Err(Refused::TooManyConnections);
         }
         if let Some(&slot) = self.by_pair.get(&pair) {
-            let flow = self.flows.get_mut(&slot)?;
+            let flow = self.flows.get_mut(&slot).ok_or(Refused::NoFreeSlots)?;
             flow.connections.insert(key);
             flow.sup = sup;
             flow.recovered = false;
             self.index(key, slot);
-            return Some(Registered::Joined(slot));
+            return Ok(Registered::Joined(slot));
         }
-        let slot = (0..self.capacity as u32).find(|s| !self.flows.contains_key(s))?;
+        if self.process_flow_count(key.process) >= limits.per_process {
+            return Err(Refused::ProcessLimit);
+        }
+        if self.user_flow_count(key.process.uid) >= limits.per_user {
+            return Err(Refused::UserLimit);
+        }
+        let slot = (0..self.capacity as u32)
+            .find(|s| !self.flows.contains_key(s))
+            .ok_or(Refused::NoFreeSlots)?;
         self.by_pair.insert(pair, slot);
         self.index(key, slot);
         self.flows.insert(
@@ -182,12 +251,26 @@ impl SlotTable {
                 recovered: false,
             },
         );
-        Some(Registered::NewFlow(slot))
+        Ok(Registered::NewFlow(slot))
+    }
+
+    /// The flows `process` has connections in.
+    pub fn process_flow_count(&self, process: Process) -> usize {
+        self.process_flows.get(&process).map_or(0, BTreeMap::len)
+    }
+
+    /// The flows the processes of `uid` have connections in.
+    pub fn user_flow_count(&self, uid: u32) -> usize {
+        self.user_flows.get(&uid).map_or(0, BTreeMap::len)
     }
 
     fn index(&mut self, key: ConnectionKey, slot: u32) {
         self.by_connection.insert(key, slot);
         *self.per_process.entry(key.process).or_default() += 1;
+        let by_process = self.process_flows.entry(key.process).or_default();
+        *by_process.entry(slot).or_default() += 1;
+        let by_user = self.user_flows.entry(key.process.uid).or_default();
+        *by_user.entry(slot).or_default() += 1;
     }
 
     fn unindex(&mut self, key: &ConnectionKey) -> Option<u32> {
@@ -198,6 +281,8 @@ impl SlotTable {
                 self.per_process.remove(&key.process);
             }
         }
+        uncount(&mut self.process_flows, key.process, slot);
+        uncount(&mut self.user_flows, key.process.uid, slot);
         Some(slot)
     }
 
@@ -314,125 +399,23 @@ impl SlotTable {
     }
 }
 
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn pair(a: u8, b: u8) -> Pair {
-        Pair {
-            src: Ipv4Addr::new(10, 0, 0, a),
-            dst: Ipv4Addr::new(10, 0, 0, b),
+/// One connection fewer of `owner` in `slot`; entries reaching 0 are removed.
+fn uncount<K: Ord>(counts: &mut BTreeMap<K, BTreeMap<u32, usize>>, owner: K, slot: u32) {
+    let Some(slots) = counts.get_mut(&owner) else {
+        return;
+    };
+    if let Some(count) = slots.get_mut(&slot) {
+        *count -= 1;
+        if *count == 0 {
+            slots.remove(&slot);
         }
     }
-
-    fn key(pid: u32, id: u32) -> ConnectionKey {
-        ConnectionKey {
-            process: Process {
-                pid,
-                start_ticks: 1,
-                uid: 1000,
-            },
-            conn_id: id,
-        }
-    }
-
-    #[test]
-    fn one_slot_per_pair_freed_with_its_last_connection() {
-        let mut t = SlotTable::new(2);
-        assert_eq!(
-            t.register(key(1, 1), pair(1, 2), pair(5, 6)),
-            Some(Registered::NewFlow(0))
-        );
-        assert_eq!(
-            t.register(key(2, 1), pair(1, 2), pair(5, 6)),
-            Some(Registered::Joined(0))
-        );
-        assert_eq!(
-            t.register(key(1, 2), pair(1, 3), pair(5, 7)),
-            Some(Registered::NewFlow(1))
-        );
-        assert_eq!(t.register(key(1, 3), pair(1, 4), pair(5, 8)), None, "full");
-        assert_eq!(
-            t.register(key(2, 1), pair(1, 2), pair(5, 6)),
-            Some(Registered::Joined(0)),
-            "the same key again stays"
-        );
-        assert_eq!(t.connections(), 3);
-        // Key (1, 2) moves from pair 1->3 (its only connection) to 1->2: slot 1 is freed.
-        assert_eq!(
-            t.register(key(1, 2), pair(1, 2), pair(5, 6)),
-            Some(Registered::Joined(0))
-        );
-        assert_eq!(t.take_freed(), vec![1]);
-        assert_eq!(t.find(1, 2), Some(key(1, 2)));
-        assert_eq!(t.deregister(key(1, 2)), Some((0, false)));
-        assert_eq!(t.deregister(key(1, 1)), Some((0, false)));
-        assert_eq!(t.deregister(key(2, 1)), Some((0, true)));
-        assert_eq!(t.deregister(key(2, 1)), None, "twice");
-        assert_eq!(
-            t.register(key(1, 3), pair(1, 4), pair(5, 8)),
-            Some(Registered::NewFlow(0))
-        );
-        assert_eq!((t.used(), t.connections()), (1, 1));
-    }
-
-    #[test]
-    fn exited_processes_lose_their_connections() {
-        let mut t = SlotTable::new(4);
-        t.register(key(1, 1), pair(1, 2), pair(5, 6));
-        t.register(key(2, 1), pair(1, 2), pair(5, 6));
-        t.register(key(2, 2), pair(1, 3), pair(5, 7));
-        let gone: Vec<Process> = t.processes().into_iter().filter(|p| p.pid == 2).collect();
-        let (dropped, freed) = t.reclaim_exited(&gone);
-        assert_eq!((dropped, freed), (2, vec![1]));
-        assert_eq!(t.flow(0).unwrap().connections.len(), 1);
-    }
-
-    #[test]
-    fn recovered_flows_rejoin_or_are_freed_when_unused() {
-        let mut t = SlotTable::new(8);
-        t.recover(5, pair(1, 2));
-        t.recover(6, pair(1, 3));
-        assert_eq!(
-            t.register(key(9, 1), pair(1, 2), pair(5, 6)),
-            Some(Registered::Joined(5))
-        );
-        assert_eq!(
-            t.free_unused_recovered(&BTreeSet::from([6])),
-            Vec::<u32>::new()
-        );
-        assert_eq!(t.free_unused_recovered(&BTreeSet::new()), vec![6]);
-        assert!(!t.flow(5).unwrap().recovered);
-    }
-
-    proptest! {
-        /// Whatever the sequence, pairs and slots stay one-to-one and every connection is in
-        /// exactly the flow its index names.
-        #[test]
-        fn indexes_stay_consistent(ops in proptest::collection::vec((0u8..3, 1u32..6, 1u8..5), 0..200)) {
-            let mut t = SlotTable::new(3);
-            for (op, pid, b) in ops {
-                match op {
-                    0 => { t.register(key(pid, u32::from(b)), pair(1, b), pair(5, b)); }
-                    1 => { t.deregister(key(pid, u32::from(b))); }
-                    _ => {
-                        let gone: Vec<Process> = t.processes().into_iter().filter(|p| p.pid == pid).collect();
-                        t.reclaim_exited(&gone);
-                    }
-                }
-                let pairs: BTreeSet<Pair> = t.flows().map(|f| f.pair).collect();
-                prop_assert_eq!(pairs.len(), t.used());
-                prop_assert!(t.used() <= 3);
-                let total: usize = t.flows().map(|f| f.connections.len()).sum();
-                prop_assert_eq!(total, t.connections());
-                prop_assert_eq!(t.per_process.values().sum::<usize>(), t.connections());
-                prop_assert!(t.take_freed().iter().all(|s| t.flow(*s).is_none()));
-                for f in t.flows() {
-                    prop_assert!(!f.connections.is_empty());
-                }
-            }
-        }
+    if slots.is_empty() {
+        counts.remove(&owner);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+#[path = "slots_tests.rs"]
+mod tests;

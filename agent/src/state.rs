@@ -12,7 +12,7 @@ use crate::config::{Policies, Subnet};
 use crate::measure::FlowMeasurement;
 use crate::policy::{Adaptive, Decision, FlowPolicy, PolicyKind};
 use crate::shm::{HintFile, Opened};
-use crate::slots::{ConnectionKey, Pair, Process, Registered, SlotTable};
+use crate::slots::{ConnectionKey, FlowLimits, Pair, Process, Refused, Registered, SlotTable};
 
 /// One flow's agent-side state.
 #[derive(Clone, Debug)]
@@ -70,6 +70,36 @@ pub struct State {
     pub in_use: Option<BTreeSet<u32>>,
     /// Uids refused as not allowed so far: each is logged once, not once per connection.
     pub refused_uids: BTreeSet<u32>,
+    /// Registrations refused for a flow limit, logged at most once per [`LIMIT_LOG_EVERY`].
+    pub limit_refusals: RateLimited,
+    /// Lines for the caller to log once it has unlocked ([`State::take_log`]).
+    pub log: Vec<String>,
+}
+
+/// How often a refusal for a flow limit is logged at most: a client past its limit retries on
+/// every connection, and NCCL opens hundreds.
+pub const LIMIT_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Events logged at most once per period, each line with the count since the previous one.
+#[derive(Clone, Debug, Default)]
+pub struct RateLimited {
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RateLimited {
+    /// Counts one event at `now`; the count to log (this one included) when a line is due.
+    pub fn note(&mut self, now: Instant, every: std::time::Duration) -> Option<u64> {
+        self.unlogged += 1;
+        let due = self
+            .last_logged
+            .map_or(true, |at| now.saturating_duration_since(at) >= every);
+        if !due {
+            return None;
+        }
+        self.last_logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
 }
 
 impl Counters {
@@ -78,7 +108,13 @@ impl Counters {
     pub fn zeroed() -> Counters {
         let zeros = |keys: &[&'static str]| keys.iter().map(|k| (*k, 0)).collect();
         Counters {
-            registrations: zeros(&["ok", "no_free_slots", "invalid"]),
+            registrations: zeros(&[
+                "ok",
+                "no_free_slots",
+                "process_limit",
+                "user_limit",
+                "invalid",
+            ]),
             deregistrations: zeros(&["ok", "unknown"]),
             bad_clients: zeros(&[
                 "short",
@@ -132,6 +168,8 @@ impl State {
             started: Instant::now(),
             in_use: None,
             refused_uids: BTreeSet::new(),
+            limit_refusals: RateLimited::default(),
+            log: Vec::new(),
         };
         for (slot, entry) in state.hints.flows() {
             if entry.seq % 2 == 1 {
@@ -202,26 +240,33 @@ impl State {
                 hint_slot: 0,
             };
         }
-        let registered = self.slots.register(key, pair, sup).or_else(|| {
-            // Full: only now give up flows taken back after a restart that no live connection
-            // reads (freeing them early could hand a slot a running job still reads to another
-            // pair, should that job's probes be off).
-            let unused = self.slots.free_unused_recovered(self.in_use.as_ref()?);
-            for slot in &unused {
-                self.release(*slot);
-            }
-            self.reclaimed("orphan_unused", unused.len());
-            self.slots.register(key, pair, sup)
-        });
+        let limits = policies.flow_limits();
+        let registered = self
+            .slots
+            .register(key, pair, sup, limits)
+            .or_else(|refused| {
+                if refused != Refused::NoFreeSlots {
+                    return Err(refused);
+                }
+                // Full: only now give up flows taken back after a restart that no live connection
+                // reads (freeing them early could hand a slot a running job still reads to another
+                // pair, should that job's probes be off).
+                let Some(in_use) = self.in_use.as_ref() else {
+                    return Err(refused);
+                };
+                let unused = self.slots.free_unused_recovered(in_use);
+                for slot in &unused {
+                    self.release(*slot);
+                }
+                self.reclaimed("orphan_unused", unused.len());
+                self.slots.register(key, pair, sup, limits)
+            });
         for slot in self.slots.take_freed() {
             self.release(slot);
         }
-        let Some(registered) = registered else {
-            bump(&mut self.counters.registrations, "no_free_slots");
-            return AgentResponse::Register {
-                status: AgentStatus::NoFreeSlots,
-                hint_slot: 0,
-            };
+        let registered = match registered {
+            Ok(registered) => registered,
+            Err(refused) => return self.refuse_registration(key.process, refused, limits),
         };
         let slot = registered.slot();
         if let Registered::NewFlow(_) = registered {
@@ -237,6 +282,62 @@ impl State {
             status: AgentStatus::Success,
             hint_slot: slot,
         }
+    }
+
+    /// Answers a registration that got no slot: status 1 (no free slots), the plugin's answer
+    /// for "no slot for this connection" (it then runs it all-SOUT), counted by reason and,
+    /// for a flow limit, logged at most once per [`LIMIT_LOG_EVERY`] with the count.
+    fn refuse_registration(
+        &mut self,
+        process: Process,
+        refused: Refused,
+        limits: FlowLimits,
+    ) -> AgentResponse {
+        let (result, what) = match refused {
+            Refused::ProcessLimit => (
+                "process_limit",
+                format!(
+                    "pid {} has connections in {} flow(s), the per-process limit \
+                     (--max-flows-per-process, MPIB_AGENT_MAX_FLOWS_PER_PROCESS, \
+                     max_flows_per_process = {})",
+                    process.pid,
+                    self.slots.process_flow_count(process),
+                    limits.per_process
+                ),
+            ),
+            Refused::UserLimit => (
+                "user_limit",
+                format!(
+                    "{} (pid {}) has connections in {} flow(s), the per-user limit \
+                     (--max-flows-per-user, MPIB_AGENT_MAX_FLOWS_PER_USER, \
+                     max_flows_per_user = {})",
+                    crate::access::user_label(process.uid),
+                    process.pid,
+                    self.slots.user_flow_count(process.uid),
+                    limits.per_user
+                ),
+            ),
+            Refused::NoFreeSlots | Refused::TooManyConnections => ("no_free_slots", String::new()),
+        };
+        bump(&mut self.counters.registrations, result);
+        if !what.is_empty() {
+            if let Some(count) = self.limit_refusals.note(Instant::now(), LIMIT_LOG_EVERY) {
+                self.log.push(format!(
+                    "registration of a new flow refused: {what}; answered status 1 (no free \
+                     slots), the connection runs all-SOUT; {count} refusal(s) for a flow limit \
+                     since the last such line (mpib_agent_registrations_total{{result=\"{result}\"}})"
+                ));
+            }
+        }
+        AgentResponse::Register {
+            status: AgentStatus::NoFreeSlots,
+            hint_slot: 0,
+        }
+    }
+
+    /// The lines to log, for the caller to write once it has unlocked the state.
+    pub fn take_log(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.log)
     }
 
     fn deregister(&mut self, pid: u32, conn_id: u32) -> AgentResponse {

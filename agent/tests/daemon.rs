@@ -14,6 +14,14 @@ use std::time::{Duration, Instant};
 use common::{eventually, register, request, temp_dir, Agent};
 use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
 
+/// Flags that let one process take every slot, for the tests that fill the table.
+const NO_FLOW_LIMITS: [&str; 4] = [
+    "--max-flows-per-process",
+    "256",
+    "--max-flows-per-user",
+    "256",
+];
+
 fn slot_of(response: AgentResponse) -> u32 {
     match response {
         AgentResponse::Register {
@@ -79,7 +87,8 @@ fn one_slot_per_sout_pair_written_to_the_hint_file_and_freed_with_the_last_conne
 #[test]
 fn a_full_table_answers_no_free_slots() {
     let dir = temp_dir("full");
-    let agent = Agent::start(&dir, &[]);
+    // One process fills the table: no flow limit (bounds.rs tests the limits).
+    let agent = Agent::start(&dir, &NO_FLOW_LIMITS);
     let socket = agent.socket();
     let mut stream = UnixStream::connect(&socket).unwrap();
     // 256 pairs on one connection (the reference allows several messages per connection).
@@ -416,7 +425,14 @@ fn flows_taken_back_after_a_restart_are_given_up_only_when_the_table_is_full() {
     let agent = Agent::start(&dir, &["--policy", "static"]);
     assert_eq!(slot_of(request(&agent.socket(), register(1, 2))), 0);
     agent.kill();
-    let again = Agent::start(&dir, &["--policy", "static", "--interval-ms", "20"]);
+    let again = Agent::start(
+        &dir,
+        &[
+            &["--policy", "static", "--interval-ms", "20"],
+            &NO_FLOW_LIMITS[..],
+        ]
+        .concat(),
+    );
     std::thread::sleep(Duration::from_millis(100));
     let socket = again.socket();
     for i in 1..256u32 {

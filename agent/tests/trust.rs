@@ -6,13 +6,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{register, request, temp_dir, Agent};
+use common::{free_port, metrics, register, request, temp_dir, Agent};
 use mpib_driver::other_user::{other_user_or_skip, OtherUser};
 use mpib_proto::agent_wire::{AgentResponse, AgentStatus};
 
@@ -59,24 +57,6 @@ fn register_as(user: &OtherUser, client: &Path, agent: &Agent) -> String {
             )
         })
         .to_owned()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn metrics(port: u16) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
 }
 
 #[test]

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -64,6 +64,8 @@ impl Agent {
             .env_remove("MPIB_AGENT_CONFIG")
             .env_remove("MPIB_AGENT_ALLOWED_UIDS")
             .env_remove("MPIB_AGENT_ALLOWED_GIDS")
+            .env_remove("MPIB_AGENT_MAX_FLOWS_PER_PROCESS")
+            .env_remove("MPIB_AGENT_MAX_FLOWS_PER_USER")
             .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -204,4 +206,27 @@ pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A TCP port free a moment ago on 127.0.0.1 (for an agent's metrics endpoint).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /metrics` from the endpoint on `port`: the whole reply, head and body.
+pub fn metrics(port: u16) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text
 }

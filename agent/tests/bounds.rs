@@ -1,0 +1,111 @@
+//! What one client can take from the agent (docs/SECURITY.md, "The agent", issue 34): hint
+//! slots past its process's limit. Each case is a real agent process and real sockets.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+
+use common::{free_port, metrics, register, request, temp_dir, Agent};
+use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
+
+/// A register request for a made-up SOUT pair `10.9.X.Y -> 10.8.X.Y` numbered `n`.
+fn made_up(conn_id: u32, n: u32) -> AgentRequest {
+    let [_, _, x, y] = n.to_be_bytes();
+    AgentRequest::Register {
+        conn_id,
+        sout_src: [10, 9, x, y],
+        sout_dst: [10, 8, x, y],
+        sup_src: [10, 7, x, y],
+        sup_dst: [10, 6, x, y],
+    }
+}
+
+fn status_of(response: AgentResponse) -> AgentStatus {
+    match response {
+        AgentResponse::Register { status, .. } | AgentResponse::Deregister { status } => status,
+    }
+}
+
+/// Child side of `one_process_cannot_take_every_slot`: another process registers a new pair
+/// and exits 0 when it got a slot.
+#[test]
+fn child_registers_a_new_pair() {
+    let Ok(socket) = std::env::var("MPIB_AGENT_TEST_BOUNDS_SOCKET") else {
+        return;
+    };
+    let status = status_of(request(std::path::Path::new(&socket), register(5, 200)));
+    std::process::exit(if status == AgentStatus::Success { 0 } else { 1 });
+}
+
+/// The issue's first case: one process registers 300 made-up flows. It gets 64 slots (a
+/// quarter of the 256), the rest are answered status 1, counted `process_limit` and logged in
+/// one line, and another process still gets a slot.
+#[test]
+fn one_process_cannot_take_every_slot() {
+    let dir = temp_dir("process-limit");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let agent = Agent::start(&dir, &["--metrics-listen", &listen]);
+    let socket = agent.socket();
+    let mut served = 0;
+    for n in 0..300 {
+        match status_of(request(&socket, made_up(n, n))) {
+            AgentStatus::Success => served += 1,
+            AgentStatus::NoFreeSlots => {}
+            other => panic!("flow {n}: {other:?}"),
+        }
+    }
+    assert_eq!(served, 64, "{}", agent.status());
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_registers_a_new_pair", "--nocapture"])
+        .env("MPIB_AGENT_TEST_BOUNDS_SOCKET", &socket)
+        .status()
+        .unwrap();
+    assert!(
+        child.success(),
+        "another process got no slot: {}",
+        agent.status()
+    );
+    let text = metrics(port);
+    let refused = r#"mpib_agent_registrations_total{host="#;
+    let limited = text
+        .lines()
+        .find(|l| l.starts_with(refused) && l.contains(r#"result="process_limit""#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(limited, Some(236.0), "{text}");
+    let log = agent.log_text();
+    let lines = log.matches("registration of a new flow refused").count();
+    assert_eq!(lines, 1, "one line per 10 s, not one per refusal: {log}");
+    assert!(
+        log.contains("the per-process limit (--max-flows-per-process"),
+        "{log}"
+    );
+}
+
+/// The limit is a setting: with `--max-flows-per-process 256` one process takes every slot (as
+/// before the limit), with the variable at 2 it gets 2.
+#[test]
+fn the_process_limit_is_configurable() {
+    let dir = temp_dir("process-limit-set");
+    let agent = Agent::start(
+        &dir,
+        &[
+            "--max-flows-per-process",
+            "256",
+            "--max-flows-per-user",
+            "256",
+        ],
+    );
+    let served = (0..256)
+        .filter(|n| status_of(request(&agent.socket(), made_up(*n, *n))) == AgentStatus::Success)
+        .count();
+    assert_eq!(served, 256);
+    drop(agent);
+    let dir = temp_dir("process-limit-env");
+    let agent = Agent::start_with_env(&dir, &[], &[("MPIB_AGENT_MAX_FLOWS_PER_PROCESS", "2")]);
+    let served = (0..5)
+        .filter(|n| status_of(request(&agent.socket(), made_up(*n, *n))) == AgentStatus::Success)
+        .count();
+    assert_eq!(served, 2);
+}
