@@ -88,8 +88,9 @@ specs! {
     /// Malformed or silent clients.
     BAD_CLIENTS = "mpib_agent_bad_clients_total", Counter, REASON_LABELS,
         "Client connections closed for bad input: short, wrong_magic, wrong_type, wrong_length, \
-         silent, busy (past the client cap), no_credentials, not_allowed (a uid and gid \
-         outside --allowed-uids and --allowed-gids).";
+         silent, busy (closed before its first whole message to make room: more clients open \
+         than the socket keeps), no_credentials, not_allowed (a uid and gid outside \
+         --allowed-uids and --allowed-gids).";
     /// Slots freed without a deregistration.
     RECLAIMED = "mpib_agent_reclaimed_total", Counter, REASON_LABELS,
         "Registrations dropped without a deregistration: process_exited (connections of a process \

@@ -6,6 +6,7 @@
 //! are its clients.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use crate::log;
 use crate::server::Shared;
 use crate::status;
+use crate::wake::{poll, poll_entry};
 
 /// A command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,13 +70,24 @@ impl Command {
     }
 }
 
-/// Serves the control socket until stop.
+/// Serves the control socket until stop, one command at a time (only the agent's user can
+/// connect), waiting on the socket rather than polling it.
 pub fn serve(listener: UnixListener, shared: Shared, describe: String) {
     let _ = listener.set_nonblocking(true);
     while !shared.stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => answer(stream, &shared, &describe),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        let mut entries = [
+            poll_entry(shared.stopping.fd(), libc::POLLIN),
+            poll_entry(listener.as_raw_fd(), libc::POLLIN),
+        ];
+        if let Err(e) = poll(&mut entries, None) {
+            log::error(&format!("control socket: poll failed, stopping: {e}"));
+            return;
+        }
+        if entries[1].revents == 0 {
+            continue;
+        }
+        if let Ok((stream, _)) = listener.accept() {
+            answer(stream, &shared, &describe);
         }
     }
 }

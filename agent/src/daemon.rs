@@ -18,7 +18,8 @@ use crate::server::Shared;
 use crate::shm::{create_private_dir, HintFile, Opened};
 use crate::slots::Process;
 use crate::state::State;
-use crate::{control, log, metrics, server};
+use crate::wake::Wake;
+use crate::{control, http, log, server};
 
 /// Everything `run` needs.
 #[derive(Clone, Debug)]
@@ -99,10 +100,13 @@ pub fn run(options: &Options) -> Result<(), String> {
             state.slots.used()
         ));
     }
+    let wake = |what: &str| Wake::new().map_err(|e| format!("cannot make the {what}: {e}"));
     let shared = Shared {
         state: Arc::new(Mutex::new(state)),
         policies: Arc::new(ArcSwap::from_pointee(policies)),
         stop: Arc::new(AtomicBool::new(false)),
+        stopping: Arc::new(wake("stop channel")?),
+        policy_wake: Arc::new(wake("policy loop's wake-up channel")?),
     };
     let reload = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -133,11 +137,12 @@ pub fn run(options: &Options) -> Result<(), String> {
     if let Some(listener) = metrics_listener {
         let (s, host) = (shared.clone(), host_name());
         threads.push(spawn("mpib-agent-http", move || {
-            metrics::serve(listener, s, host)
+            http::serve(listener, s, host)
         })?);
     }
     policy_loop(options, &shared, &reload);
     shared.stop.store(true, Ordering::Relaxed);
+    shared.stopping.notify();
     for thread in threads {
         let _ = thread.join();
     }

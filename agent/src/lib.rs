@@ -7,9 +7,11 @@
 
 pub mod access;
 pub mod catalog;
+pub mod clients;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod http;
 pub mod log;
 pub mod measure;
 pub mod metrics;
@@ -19,3 +21,4 @@ pub mod shm;
 pub mod slots;
 pub mod state;
 pub mod status;
+pub mod wake;

@@ -1,19 +1,12 @@
 //! The agent's own Prometheus endpoint: `GET /metrics` in the text exposition format, rendered
 //! from the state under the lock, only families of [`crate::catalog`].
-//!
-//! A plain blocking listener on its own thread: one scrape at a time is what Prometheus does,
-//! and a client that stalls is cut off by the socket timeouts.
+//! [`crate::http`] serves it.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use crate::catalog::{self, MetricSpec};
 use crate::config::Policies;
 use crate::policy::{SOUT, SUP};
-use crate::server::Shared;
 use crate::state::State;
 
 struct Family<'a> {
@@ -139,40 +132,5 @@ fn render_flows(o: &mut String, state: &State, host: &str) {
                 rates.sample(&[a, b, c, name], r);
             }
         }
-    }
-}
-
-/// Serves `GET /metrics` until stop.
-pub fn serve(listener: TcpListener, shared: Shared, host: String) {
-    let _ = listener.set_nonblocking(true);
-    while !shared.stop.load(Ordering::Relaxed) {
-        let Ok((mut stream, _)) = listener.accept() else {
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        };
-        let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-        let mut request = [0u8; 1024];
-        let n = stream.read(&mut request).unwrap_or(0);
-        let head = String::from_utf8_lossy(&request[..n]);
-        let reply = if head.starts_with("GET /metrics ") || head.starts_with("GET /metrics?") {
-            let body = {
-                let policies = shared.policies.load();
-                render(&shared.lock(), &policies, &host)
-            };
-            format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: \
-                 {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-        } else {
-            let body = "mpib-agent: GET /metrics\n";
-            format!(
-                "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-        };
-        let _ = stream.write_all(reply.as_bytes());
     }
 }

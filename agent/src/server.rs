@@ -1,14 +1,19 @@
 //! The registration socket: the reference agent interface (`include/mpib_agent.h`) on a Unix
-//! stream socket, one thread per client with a cap, every read and write bounded in time.
+//! stream socket, every client served by one thread that waits on them all ([`crate::clients`]),
+//! every message bounded in time.
 //!
-//! Why a thread per client with timeouts: a client that connects and says nothing, or sends half
-//! a message, must never stall the others (plugins register from NCCL's proxy thread with a
-//! 500 ms budget). Each message must arrive whole within [`CLIENT_TIMEOUT`] (a deadline per
-//! message, not per read, so a byte every 0.9 s does not hold a thread), and an idle client is
-//! closed after the same time. Past [`MAX_CLIENTS`] at once, new ones wait in the socket's
-//! backlog until a thread is free (NCCL's batched setup registers hundreds of connections of
-//! a process at once; refusing them left their transfers all-SOUT). Bad input is answered with status 2
-//! (invalid request) where a response shape is known, and the connection is closed.
+//! Why one waiting thread: a client that connects and says nothing, or sends half a message,
+//! must never stall the others (plugins register from NCCL's proxy thread with a 500 ms
+//! budget). With a thread per client and 64 threads, 70 idle connections kept real
+//! registrations unanswered; here an idle client costs a table entry until its deadline. Each
+//! message must arrive whole within [`CLIENT_TIMEOUT`] (a deadline per message, not per read,
+//! so a byte every 0.9 s does not hold a client open), and an idle client is closed after the
+//! same time. At most [`MAX_CLIENTS`] are open at once; past that the oldest that has had
+//! [`crate::clients::EVICTABLE_AFTER`] to speak is closed (counted `busy` when it had sent
+//! nothing), and when none has, newcomers wait in the socket's backlog (NCCL's batched setup
+//! registers hundreds of connections of a process at once; refusing them left their transfers
+//! all-SOUT). Bad input is answered with status 2 (invalid request) where a response shape is
+//! known, and the connection is closed.
 //!
 //! The client's pid comes from the socket's peer credentials (`SO_PEERCRED`), not from the
 //! `conn_id`, whose pid bits are truncated: it is what ties a connection to a process that may
@@ -17,9 +22,9 @@
 //! status 2 like bad input, counted `not_allowed`, and logged once per uid.
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,16 +34,20 @@ use mpib_proto::agent_wire::{
 };
 
 use crate::access::user_label;
+use crate::clients::{self, Accepted, Client};
 use crate::config::Policies;
 use crate::log;
 use crate::measure::start_ticks;
 use crate::slots::Process;
 use crate::state::State;
+use crate::wake::Wake;
 
 /// How long a client may take to send each whole message (and may stay idle between two).
 pub const CLIENT_TIMEOUT: Duration = Duration::from_millis(1000);
-/// Clients served at once.
-pub const MAX_CLIENTS: usize = 64;
+/// Clients open at once: far more than a batch of NCCL's registrations keeps open (each is
+/// answered within a round of the loop), few enough that the descriptors stay well inside the
+/// usual limit of 1,024 with the metrics endpoint's.
+pub const MAX_CLIENTS: usize = 256;
 
 /// What the server threads share.
 #[derive(Clone)]
@@ -47,8 +56,12 @@ pub struct Shared {
     pub state: Arc<Mutex<State>>,
     /// The current configuration.
     pub policies: Arc<ArcSwap<Policies>>,
-    /// Set to stop.
+    /// Set to stop; [`Shared::stopping`] is then notified.
     pub stop: Arc<AtomicBool>,
+    /// Notified once when stopping (and never drained): every serving thread polls it.
+    pub stopping: Arc<Wake>,
+    /// Wakes the policy loop: a registration, a signal.
+    pub policy_wake: Arc<Wake>,
 }
 
 impl Shared {
@@ -61,103 +74,199 @@ impl Shared {
     }
 }
 
-/// Accepts clients until `shared.stop`; each is served on its own thread.
+/// Serves clients until `shared.stop`.
 pub fn serve(listener: UnixListener, shared: Shared) {
-    let active = Arc::new(AtomicUsize::new(0));
     if let Err(e) = listener.set_nonblocking(true) {
         log::error(&format!(
             "registration socket: cannot set non-blocking: {e}"
         ));
         return;
     }
-    while !shared.stop.load(Ordering::Relaxed) {
-        // Only this thread adds to `active`, so a client accepted below always has a thread.
-        if active.load(Ordering::Acquire) >= MAX_CLIENTS {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
+    let accept = || match listener.accept() {
+        Ok((stream, _)) => {
+            stream.set_nonblocking(true)?;
+            Ok(Accepted::Client(Registrant::new(stream, shared.clone())))
         }
-        let stream = match listener.accept() {
-            Ok((stream, _)) => stream,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(e) => {
-                log::warn(&format!("registration socket: accept: {e}"));
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        active.fetch_add(1, Ordering::AcqRel);
-        let (client_shared, client_active) = (shared.clone(), Arc::clone(&active));
-        let spawned = std::thread::Builder::new()
-            .name("mpib-agent-client".into())
-            .spawn(move || {
-                serve_client(stream, &client_shared);
-                client_active.fetch_sub(1, Ordering::AcqRel);
-            });
-        if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::AcqRel);
-            log::warn(&format!(
-                "registration socket: cannot start a client thread: {e}"
-            ));
-        }
-    }
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Accepted::None),
+        Err(e) => Err(e),
+    };
+    clients::serve(
+        "registration socket",
+        listener.as_raw_fd(),
+        &shared.stop,
+        shared.stopping.fd(),
+        MAX_CLIENTS,
+        accept,
+    );
 }
 
-/// Serves one client's messages until it closes, misbehaves or stalls.
-fn serve_client(mut stream: UnixStream, shared: &Shared) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
-    let peer = peer_process(&stream);
-    let mut messages = 0u64;
-    loop {
-        let mut buffer = [0u8; MAX_MESSAGE_LEN];
-        let deadline = Instant::now() + CLIENT_TIMEOUT;
-        match read_full(&mut stream, &mut buffer[..HEADER_LEN], deadline) {
-            Ok(0) if messages > 0 => return,
-            Ok(0) => return shared.lock().bad_client("silent"),
-            Ok(n) if n < HEADER_LEN => return shared.lock().bad_client("short"),
-            Ok(_) => {}
-            // Idle after a good message: an ordinary close, not a bad client.
-            Err(_) if messages > 0 => return,
-            Err(_) => return shared.lock().bad_client("silent"),
+/// One client of the registration socket: the message it is receiving and its deadline.
+struct Registrant {
+    stream: UnixStream,
+    shared: Shared,
+    peer: Option<(Process, u32)>,
+    buffer: [u8; MAX_MESSAGE_LEN],
+    /// Bytes of the current message received.
+    filled: usize,
+    /// The current message's length, once its header is in.
+    expected: Option<usize>,
+    deadline: Instant,
+    /// Messages answered.
+    messages: u64,
+}
+
+impl Registrant {
+    fn new(stream: UnixStream, shared: Shared) -> Registrant {
+        let peer = peer_process(&stream);
+        Registrant {
+            stream,
+            shared,
+            peer,
+            buffer: [0; MAX_MESSAGE_LEN],
+            filled: 0,
+            expected: None,
+            deadline: Instant::now() + CLIENT_TIMEOUT,
+            messages: 0,
         }
-        let header = match Header::decode(&buffer[..HEADER_LEN]) {
-            Ok(header) => header,
-            Err(_) => return refuse(&mut stream, shared, 0, "wrong_magic"),
+    }
+
+    /// Reads what has arrived; false when the client is done (closed, refused or failed).
+    fn receive(&mut self) -> bool {
+        loop {
+            let wanted = self.expected.unwrap_or(HEADER_LEN);
+            match self.stream.read(&mut self.buffer[self.filled..wanted]) {
+                Ok(0) => return self.closed(),
+                Ok(n) => self.filled += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return self.closed(),
+            }
+            if self.filled < wanted {
+                continue;
+            }
+            if self.expected.is_none() {
+                match self.check_header() {
+                    Ok(length) => self.expected = Some(length),
+                    Err(()) => return false,
+                }
+                continue;
+            }
+            if !self.answer() {
+                return false;
+            }
+            self.filled = 0;
+            self.expected = None;
+            self.messages += 1;
+            self.deadline = Instant::now() + CLIENT_TIMEOUT;
+        }
+    }
+
+    /// The client closed (or its socket failed): an ordinary end after a whole message, else
+    /// a bad client.
+    fn closed(&mut self) -> bool {
+        match (self.filled, self.messages) {
+            (0, 0) => self.shared.lock().bad_client("silent"),
+            (0, _) => {}
+            _ => self.shared.lock().bad_client("short"),
+        }
+        false
+    }
+
+    /// The whole message's length from its header, or the client refused.
+    fn check_header(&mut self) -> Result<usize, ()> {
+        let Ok(header) = Header::decode(&self.buffer[..HEADER_LEN]) else {
+            refuse(&mut self.stream, &self.shared, 0, "wrong_magic");
+            return Err(());
         };
         let Some(expected) = Header::request_len(header.msg_type) else {
-            return refuse(&mut stream, shared, header.msg_type, "wrong_type");
+            refuse(
+                &mut self.stream,
+                &self.shared,
+                header.msg_type,
+                "wrong_type",
+            );
+            return Err(());
         };
         if usize::from(header.msg_len) != expected {
-            return refuse(&mut stream, shared, header.msg_type, "wrong_length");
+            refuse(
+                &mut self.stream,
+                &self.shared,
+                header.msg_type,
+                "wrong_length",
+            );
+            return Err(());
         }
-        match read_full(&mut stream, &mut buffer[HEADER_LEN..expected], deadline) {
-            Ok(n) if n == expected - HEADER_LEN => {}
-            _ => return shared.lock().bad_client("short"),
-        }
-        let Ok(request) = AgentRequest::decode(&buffer[..expected]) else {
-            return refuse(&mut stream, shared, header.msg_type, "wrong_length");
+        Ok(expected)
+    }
+
+    /// Answers the whole message in the buffer; false when the client is to be closed.
+    fn answer(&mut self) -> bool {
+        let message = &self.buffer[..self.filled];
+        let msg_type = Header::decode(message).map_or(0, |h| h.msg_type);
+        let Ok(request) = AgentRequest::decode(message) else {
+            refuse(&mut self.stream, &self.shared, msg_type, "wrong_length");
+            return false;
         };
-        let Some((process, gid)) = peer else {
-            return refuse(&mut stream, shared, header.msg_type, "no_credentials");
+        let Some((process, gid)) = self.peer else {
+            refuse(&mut self.stream, &self.shared, msg_type, "no_credentials");
+            return false;
         };
-        let policies = shared.policies.load();
+        let policies = self.shared.policies.load();
         if !policies.access.allows(process.uid, gid) {
-            return not_allowed(&mut stream, shared, header.msg_type, process, gid);
+            not_allowed(&mut self.stream, &self.shared, msg_type, process, gid);
+            return false;
         }
         let (response, lines) = {
-            let mut state = shared.lock();
+            let mut state = self.shared.lock();
             (state.handle(process, request, &policies), state.take_log())
         };
         for line in lines {
             log::warn(&line);
         }
-        if stream.write_all(response.encode().as_bytes()).is_err() {
-            return;
+        if let AgentResponse::Register {
+            status: AgentStatus::Success,
+            ..
+        } = response
+        {
+            // The policy loop samples the probes only while flows exist: let it look again.
+            self.shared.policy_wake.notify();
         }
-        messages += 1;
+        // A response is at most 16 bytes into an empty socket buffer: a write that would block
+        // is a client that does not read its answers, closed.
+        self.stream.write_all(response.encode().as_bytes()).is_ok()
+    }
+}
+
+impl Client for Registrant {
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    fn events(&self) -> i16 {
+        libc::POLLIN
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn ready(&mut self) -> bool {
+        self.receive()
+    }
+
+    fn timed_out(&mut self) {
+        match (self.filled, self.messages) {
+            // Idle after a good message: an ordinary close, not a bad client.
+            (0, 0) => self.shared.lock().bad_client("silent"),
+            (0, _) => {}
+            _ => self.shared.lock().bad_client("short"),
+        }
+    }
+
+    fn evicted(&mut self) {
+        if self.filled > 0 || self.messages == 0 {
+            self.shared.lock().bad_client("busy");
+        }
     }
 }
 
@@ -193,34 +302,6 @@ fn not_allowed(stream: &mut UnixStream, shared: &Shared, msg_type: u8, process: 
         ));
     }
     refuse(stream, shared, msg_type, "not_allowed");
-}
-
-/// Reads until `buffer` is full, EOF, an error or `deadline`; returns the bytes read (an error
-/// only when nothing was read).
-fn read_full(
-    stream: &mut UnixStream,
-    buffer: &mut [u8],
-    deadline: Instant,
-) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            if filled == 0 {
-                return Err(ErrorKind::TimedOut.into());
-            }
-            break;
-        }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if filled == 0 => return Err(e),
-            Err(_) => break,
-        }
-    }
-    Ok(filled)
 }
 
 /// The connecting process and its gid from `SO_PEERCRED` (as they were at `connect`).

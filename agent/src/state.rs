@@ -124,6 +124,7 @@ impl Counters {
                 "silent",
                 "no_credentials",
                 "not_allowed",
+                "busy",
             ]),
             reclaimed: zeros(&["process_exited", "orphan_unused"]),
             reloads: zeros(&["ok", "error"]),

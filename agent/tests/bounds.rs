@@ -1,10 +1,16 @@
 //! What one client can take from the agent (docs/SECURITY.md, "The agent", issue 34): hint
-//! slots past its process's limit. Each case is a real agent process and real sockets.
+//! slots past its process's limit, and the registration socket or metrics endpoint by holding
+//! idle connections. Each case is a real agent process and real sockets; the timing bounds are
+//! liveness bounds (the plugin's 500 ms registration budget, a 2 s scrape), not measurements.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use std::io::Read;
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::{free_port, metrics, register, request, temp_dir, Agent};
 use mpib_proto::agent_wire::{AgentRequest, AgentResponse, AgentStatus};
@@ -108,4 +114,69 @@ fn the_process_limit_is_configurable() {
         .filter(|n| status_of(request(&agent.socket(), made_up(*n, *n))) == AgentStatus::Success)
         .count();
     assert_eq!(served, 2);
+}
+
+/// The issue's second case, past the cap: 300 idle connections to the registration socket
+/// (more than the 256 it keeps open), then real registrations, each answered within the
+/// plugin's 500 ms budget. Before, 64 idle connections held every client thread for a second.
+#[test]
+fn idle_connections_do_not_stop_a_registration() {
+    let dir = temp_dir("idle-registration");
+    let agent = Agent::start(&dir, &[]);
+    let socket = agent.socket();
+    let idle: Vec<UnixStream> = (0..300)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    // Old enough to be evicted (100 ms), younger than their deadline (1 s).
+    std::thread::sleep(Duration::from_millis(300));
+    for n in 0..3 {
+        let started = Instant::now();
+        let status = status_of(request(&socket, register(n, 2)));
+        let waited = started.elapsed();
+        assert_eq!(status, AgentStatus::Success);
+        assert!(
+            waited < Duration::from_millis(500),
+            "registration {n} answered after {waited:?}, past the plugin's budget"
+        );
+    }
+    drop(idle);
+    let status = agent.status();
+    assert!(status.contains("slots 1/256"), "{status}");
+}
+
+/// The issue's third case: 130 idle connections to the metrics port (more than the 64 it keeps
+/// open), then a scrape answered within 2 s; the oldest idle connection was closed to make room.
+/// Before, connections were served one at a time with a 2 s read timeout: the scrape took 6 s.
+#[test]
+fn idle_connections_do_not_stop_a_scrape() {
+    let dir = temp_dir("idle-metrics");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let agent = Agent::start(&dir, &["--metrics-listen", &listen]);
+    let mut idle: Vec<TcpStream> = (0..130)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = Instant::now();
+        let text = metrics(port);
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_secs(2),
+            "scrape answered after {waited:?}"
+        );
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(text.contains("\nmpib_agent_slots_total{"), "{text}");
+    }
+    let oldest = &mut idle[0];
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        oldest.read(&mut byte).unwrap(),
+        0,
+        "the oldest idle connection is closed to make room"
+    );
+    drop(agent);
 }

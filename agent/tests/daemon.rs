@@ -216,31 +216,6 @@ fn bad_input_gets_status_2_or_a_close_and_never_stalls_other_clients() {
     assert!(agent.child.id() > 0);
 }
 
-/// With every client thread taken (64 silent clients), the next client waits in the socket's
-/// backlog and is answered once a thread is free (a silent client is closed after 1 s); it is
-/// not closed unread, which left a batch of NCCL's connections past the 64th all-SOUT.
-#[test]
-fn a_client_past_the_64_served_waits_and_is_answered() {
-    let dir = temp_dir("backlog");
-    let agent = Agent::start(&dir, &[]);
-    let socket = agent.socket();
-    let silent: Vec<UnixStream> = (0..64)
-        .map(|_| UnixStream::connect(&socket).unwrap())
-        .collect();
-    // Every one of them has its thread before the 65th comes.
-    std::thread::sleep(Duration::from_millis(200));
-    let started = Instant::now();
-    slot_of(request(&socket, register(9, 2)));
-    let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(500),
-        "answered after {waited:?}: not behind the 64"
-    );
-    drop(silent);
-    let status = agent.status();
-    assert!(status.contains("slots 1/256"), "{status}");
-}
-
 /// Child side of `a_process_that_exits_without_deregistering_loses_its_connections`.
 #[test]
 fn child_registers_and_exits() {
