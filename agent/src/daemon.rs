@@ -18,7 +18,7 @@ use crate::server::Shared;
 use crate::shm::{create_private_dir, HintFile, Opened};
 use crate::slots::Process;
 use crate::state::State;
-use crate::wake::Wake;
+use crate::wake::{sleep_until, Wake};
 use crate::{control, http, log, server};
 
 /// Everything `run` needs.
@@ -110,7 +110,15 @@ pub fn run(options: &Options) -> Result<(), String> {
     };
     let reload = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // The flag first: signal-hook runs a signal's actions in order, so the policy loop,
+        // woken by the second, finds it set.
         signal_hook::flag::register(signal, Arc::clone(&shared.stop))
+            .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
+        let writer = shared
+            .policy_wake
+            .writer()
+            .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
+        signal_hook::low_level::pipe::register(signal, writer)
             .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
     }
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
@@ -169,11 +177,10 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
     let mut measurer = Measurer::new(&paths.probes_dir, &paths.sysfs_root);
     let mut last = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        let interval = shared.policies.load().interval();
-        // Between measurements, sample the flows' parts in flight (their busy time, measure.rs).
-        while last.elapsed() < interval && !shared.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(interval.saturating_sub(last.elapsed()).min(SAMPLE_EVERY));
-            measurer.sample();
+        let interval_end = last + shared.policies.load().interval();
+        wait_for_interval(shared, &mut measurer, interval_end);
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
         }
         if reload.swap(false, Ordering::Relaxed) {
             reload_policies(options, shared);
@@ -212,6 +219,45 @@ fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
                 gone.len()
             ));
         }
+    }
+}
+
+/// Waits for the interval's end, sampling the flows' parts in flight meanwhile (their busy time,
+/// measure.rs) only while [`sampling_wanted`]; a registration or a stop signal wakes it early.
+fn wait_for_interval(shared: &Shared, measurer: &mut Measurer, interval_end: Instant) {
+    let flows = shared.lock().slots.used();
+    let mut sampling = sampling_wanted(flows, measurer.files);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= interval_end {
+            return;
+        }
+        if sleep_until(&shared.policy_wake, next_wake(now, interval_end, sampling)) {
+            shared.policy_wake.drain();
+            // A new flow may have come: sample from now on if it is one to sample.
+            let flows = shared.lock().slots.used();
+            sampling = sampling_wanted(flows, measurer.files);
+        }
+        if sampling {
+            measurer.sample();
+        }
+    }
+}
+
+/// Whether to sample the probes files between measurements: only while a flow is registered
+/// and a live probes file could hold its connections. An agent with no job (or only jobs in
+/// vanilla mode, which never register) then wakes once per interval, not 2,000 times a second.
+pub fn sampling_wanted(flows: usize, live_probes_files: usize) -> bool {
+    flows > 0 && live_probes_files > 0
+}
+
+/// When the policy loop wakes next: for the next sample while sampling, else at the interval's
+/// end.
+pub fn next_wake(now: Instant, interval_end: Instant, sampling: bool) -> Instant {
+    if sampling {
+        (now + SAMPLE_EVERY).min(interval_end)
+    } else {
+        interval_end
     }
 }
 
@@ -321,4 +367,27 @@ pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// With no flow, or no probes file to read, the loop sleeps until the interval's end; with
+    /// both, it wakes for each sample, never past the interval's end.
+    #[test]
+    fn the_loop_samples_only_while_flows_and_probes_files_exist() {
+        let now = Instant::now();
+        let end = now + Duration::from_millis(100);
+        for (flows, files) in [(0, 0), (0, 3), (5, 0)] {
+            let sampling = sampling_wanted(flows, files);
+            assert!(!sampling, "{flows} flows, {files} files");
+            assert_eq!(next_wake(now, end, sampling), end);
+        }
+        assert!(sampling_wanted(1, 1));
+        assert_eq!(next_wake(now, end, true), now + SAMPLE_EVERY);
+        let near_end = end - Duration::from_micros(100);
+        assert_eq!(next_wake(near_end, end, true), end);
+    }
 }
