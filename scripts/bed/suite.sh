@@ -17,6 +17,8 @@
 #     connection, which runs over the SOUT address.
 #   flap: a rail's link down 2.5 s with the default retries (34 s): every byte arrives.
 #   killed: one side SIGKILLed mid-run: the survivor's call returns the plugin's error.
+#   ring: mpib-ranks, a ring all-reduce over 4 rank processes, 2 per host, every result checked
+#     on every rank; and with SUP's link down mid-collective, exact over SOUT (failover).
 #   stranger: a third host (namespace _c, linked to host B alone) scans, floods and sends forged
 #     hellos to the receiver's ports mid-run: every byte still arrives, a few throttled WARNs.
 # Every side that passes its cases then unloads the plugin as NCCL does (dlclose, with no
@@ -72,7 +74,7 @@ if [ "${1-}" = --build ]; then
 fi
 bin=${BED_BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 [[ $bin == /* ]] || bin=$root/$bin
-for f in mpib-xfer libnccl_net_mpib.so; do
+for f in mpib-xfer mpib-ranks libnccl_net_mpib.so; do
   [ -f "$bin/$f" ] || die "$bin/$f missing: build first (cargo build --release -p mpib -p mpib-driver) or pass --build"
 done
 
@@ -444,6 +446,50 @@ stranger() {
   verdict "$name" "$d" "$how"
 }
 
+# ring NAME RANKS DEV: a ring all-reduce over RANKS rank processes (mpib-ranks), even ranks on
+# host A and odd ones on host B so that every connection crosses between the hosts, 2 channels,
+# vanilla intra-island (every byte on SUP), sizes 4 B to 8 MiB, each result checked on every
+# rank. With DEV, 30 all-reduces of 4 MiB whose rail DEV goes down 3 s in and stays down: they
+# must still end exact on every rank (failover), and the ranks' logs say they failed it over.
+ring() {
+  local name=$1 ranks=$2 dev=${3:-} rank ns host pids=() rc=0 how
+  local sizes=(--min-size 4 --max-size 8M --step-factor 8 --iters 3)
+  [ -z "$dev" ] || sizes=(--min-size 4M --max-size 4M --iters 30)
+  wanted "$name" || return 0
+  newcase "$name"
+  mkdir -p "$tmp/ring"
+  fault_rates
+  for ((rank = 0; rank < ranks; rank++)); do
+    if ((rank % 2 == 0)); then ns=$NA host=("${A[@]}"); else ns=$NB host=("${B[@]}"); fi
+    # shellcheck disable=SC2086  # $every_case is a list of K=V words
+    ip netns exec "$ns" env "${host[@]}" $every_case MPIB_ISLAND_PREFIX_LEN=24 MPIB_IB_TIMEOUT=14 \
+      MPIB_IB_RETRY_CNT=6 timeout -k 5 "$pair_timeout" "$bin/mpib-ranks" --plugin "$plugin" \
+      --ranks "$ranks" --rank "$rank" --rendezvous "$tmp/ring" --channels 2 "${sizes[@]}" \
+      --timeout 40 > "$d/rank$rank.log" 2>&1 9>&- &
+    pids+=($!)
+  done
+  if [ -n "$dev" ]; then
+    # The ring is up within a second (every handle written, then connect and accept); the cut
+    # lands a few all-reduces into the 30 of 4 MiB (about 15 s at the fault rates).
+    sleep 3
+    cut "$dev" down
+  fi
+  for rank in "${!pids[@]}"; do wait "${pids[$rank]}" || rc=$((rc + 1)); done
+  [ -z "$dev" ] || cut "$dev" up
+  how="$(grep -l 'PASS' "$d"/rank*.log 2> /dev/null | wc -l) of $ranks rank(s) exact on every size"
+  how+=", largest: $(awk '$3 == "uint32" { line = $1 " B " $6 " GB/s algbw, " $7 " GB/s busbw" } END { print line }' "$d/rank0.log")"
+  if [ -n "$dev" ]; then
+    local over
+    over=$(grep -l 'rail alone (failover)' "$d"/rank*.log 2> /dev/null | wc -l)
+    how+=", $over rank(s) failed the cut rail over"
+    [ "$over" -gt 0 ] || rc=$((rc + 1))
+  fi
+  # verdict's pair variables: every rank's status folded into the two it reads.
+  rr=$rc sr=0
+  cp "$d/rank0.log" "$d/recv.log"; cp "$d/rank1.log" "$d/send.log"
+  verdict "$name" "$d" "$how"
+}
+
 # killed NAME ROLE: SIGKILL the ROLE process (recv: host B, send: host A) of an advanced pair at
 # sup_bw=512 with the default timeout once the sender has passed its first case. The survivor's
 # calls must return the plugin's error (its sockets closed by the kernel, or the peer's control
@@ -546,6 +592,8 @@ flap "v12 flap: SOUT link down 2.5 s, default retries (veth_a0)" veth_a0 2.5
 failback "v12 failback: SUP link down 1 s, back while cases go on (veth_a1)" veth_a1 down
 failback "v12 failback: SOUT link down 1 s, control connection on it (veth_a0)" veth_a0 down
 failback "v12 failback: SUP packets dropped 1 s, no port event (veth_a1)" veth_a1 drop
+ring "v12 ring all-reduce: 4 ranks, 2 per host, 2 channels" 4
+ring "v12 ring all-reduce: 4 ranks, SUP link down mid-collective (veth_a1)" 4 veth_a1
 stranger "v12 stranger: a third host scans, floods and forges hellos at the receiver's ports mid-run"
 killed "v12 killed: receiver process SIGKILLed mid-run" recv
 killed "v12 killed after failover: SOUT link down (the control connection's), then the sender SIGKILLed" \
