@@ -1,13 +1,13 @@
-//! `mpib-ranks`: a ring all-reduce over N ranks through the built plugin, driven the way NCCL's
-//! transport layer drives a net plugin (`mpib_driver::ranks`: NCCL's batch setup order, one
-//! proxy loop, per-connection buffers in Simple-protocol slices, `setNetAttr` per operation on
-//! v11+, no `finalize` before v11, `dlclose` at the end), every result checked word by word.
-//! Prints a table like nccl-tests' `all_reduce_perf`.
+//! `mpib-ranks`: a collective over N ranks through the built plugin (ring all-reduce, all-to-all
+//! or send/recv), driven the way NCCL's transport layer drives a net plugin
+//! (`mpib_driver::ranks`: NCCL's batch setup order, one proxy loop, per-connection buffers in
+//! Simple-protocol slices, `setNetAttr` per operation on v11+, no `finalize` before v11,
+//! `dlclose` at the end), every result checked word by word. Prints a table like nccl-tests'.
 //!
 //! ```text
-//! mpib-ranks --ranks N [--rank R --rendezvous DIR] [--channels C] [--min-size B] [--max-size B]
-//!            [--step-factor F] [--iters N] [--warmup N] [--version v12|v8|...] [--plugin PATH]
-//!            [--dev N] [--timeout S]
+//! mpib-ranks --ranks N [--op allreduce|alltoall|sendrecv] [--rank R --rendezvous DIR]
+//!            [--channels C] [--min-size B] [--max-size B] [--step-factor F] [--iters N]
+//!            [--warmup N] [--version v12|v8|...] [--plugin PATH] [--dev N] [--timeout S]
 //! ```
 //!
 //! Without `--rank`, this process runs every rank (one proxy loop for all, any fabric; the
@@ -21,12 +21,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use mpib_driver::plugin::current_profile;
-use mpib_driver::ranks::schedule::Steps;
+use mpib_driver::ranks::op::Op;
 use mpib_driver::ranks::{self, Options, Row};
 use mpib_driver::units::parse_bytes;
 use mpib_driver::{locate_built_plugin, Plugin, Version};
 
-const USAGE: &str = "usage: mpib-ranks --ranks N [--rank R --rendezvous DIR] [--channels C] \
+const USAGE: &str = "usage: mpib-ranks --ranks N [--op allreduce|alltoall|sendrecv] \
+[--rank R --rendezvous DIR] [--channels C] \
 [--min-size B] [--max-size B] [--step-factor F] [--iters N] [--warmup N] [--version v12|v8|...] \
 [--plugin PATH] [--dev N] [--timeout S]";
 
@@ -48,7 +49,7 @@ fn parse_args() -> Result<Args, String> {
         ranks: 0,
         channels: 2,
         dev: 0,
-        steps: Steps::NCCL,
+        op: Op::AllReduce,
         sizes: Vec::new(),
         iterations: 5,
         warmup: 1,
@@ -71,6 +72,10 @@ fn parse_args() -> Result<Args, String> {
         };
         match flag.as_str() {
             "--ranks" => options.ranks = number(&flag, &value)?,
+            "--op" => {
+                options.op = Op::parse(&value)
+                    .ok_or_else(|| format!("--op {value:?}: allreduce, alltoall or sendrecv"))?
+            }
             "--rank" => rank = Some(number(&flag, &value)?),
             "--rendezvous" => rendezvous = Some(PathBuf::from(value)),
             "--channels" => options.channels = number(&flag, &value)?,
@@ -185,7 +190,7 @@ fn run(args: &Args, who: &str) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&rendezvous);
     }
     for row in &rows {
-        print_row(row);
+        print_row(row, args.options.op);
     }
     // The plugin is unloaded here (dlclose), as NCCL does when its last communicator goes.
     drop(plugin);
@@ -194,7 +199,7 @@ fn run(args: &Args, who: &str) -> Result<(), String> {
         None => "on every rank".to_string(),
     };
     println!(
-        "{who}: PASS {} size(s), every all-reduce exact {whose}",
+        "{who}: PASS {} size(s), every result exact {whose}",
         rows.len()
     );
     Ok(())
@@ -202,12 +207,14 @@ fn run(args: &Args, who: &str) -> Result<(), String> {
 
 fn header(args: &Args, who: &str, version: Version) {
     let options = &args.options;
+    let steps = options.op.steps();
     println!(
-        "# {who}: ring all-reduce (uint32 sum), {} channel(s), ncclNetPlugin_{version}, Simple \
-         protocol steps of {} KiB, slices of {} KiB, {} iteration(s) after {} warmup",
+        "# {who}: {}, {} channel(s), ncclNetPlugin_{version}, Simple protocol steps of {} KiB, \
+         slices of {} KiB, {} iteration(s) after {} warmup",
+        options.op.name(),
         options.channels,
-        options.steps.step >> 10,
-        options.steps.slice() >> 10,
+        steps.step >> 10,
+        steps.slice() >> 10,
         options.iterations,
         options.warmup
     );
@@ -217,13 +224,14 @@ fn header(args: &Args, who: &str, version: Version) {
     );
 }
 
-fn print_row(row: &Row) {
+fn print_row(row: &Row, op: Op) {
+    let redop = if op == Op::AllReduce { "sum" } else { "none" };
     println!(
         "  {:>12} {:>12} {:>7} {:>6} {:>11.1} {:>12.3} {:>12.3} {:>7}",
         row.bytes,
         row.bytes / 4,
         "uint32",
-        "sum",
+        redop,
         row.time.as_secs_f64() * 1e6,
         row.algorithm_gbps,
         row.bus_gbps,

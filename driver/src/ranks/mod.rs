@@ -10,6 +10,8 @@
 //! word by word on every rank; at the end the comms close and the contexts are finalized, and
 //! the caller drops the plugin (`dlclose`), with no `finalize` before v11, as NCCL does.
 
+mod lane;
+pub mod op;
 pub mod rank;
 pub mod schedule;
 
@@ -18,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::net::Net;
-use rank::{until, Rank};
-use schedule::{Steps, ELEMENT};
+use op::Op;
+use rank::Rank;
+use schedule::ELEMENT;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -30,8 +33,8 @@ pub struct Options {
     pub channels: usize,
     /// The plugin's device.
     pub dev: i32,
-    /// The Simple protocol's step sizes.
-    pub steps: Steps,
+    /// The collective.
+    pub op: Op,
     /// Bytes per all-reduce, one row each.
     pub sizes: Vec<usize>,
     /// Timed all-reduces per size (after `warmup` untimed ones).
@@ -54,14 +57,6 @@ pub struct Row {
     pub bus_gbps: f64,
 }
 
-/// The word rank `rank` starts with at `word` in iteration `iteration` (distinct per rank, word
-/// and iteration, so a word landed in the wrong place or left from before shows).
-pub fn initial(rank: usize, word: usize, iteration: usize) -> u32 {
-    (word as u32).wrapping_mul(2_654_435_761)
-        ^ (rank as u32 + 1).wrapping_mul(40_503)
-        ^ (iteration as u32).wrapping_mul(0x9E37_79B9)
-}
-
 /// Runs `local` (the ranks this process drives; all of them in one process) on `net`, meeting
 /// the others through `rendezvous`. Every rank's result is checked; the first wrong word fails.
 pub fn run(
@@ -73,14 +68,8 @@ pub fn run(
     let mut ranks = Vec::with_capacity(local.len());
     for &rank in local {
         let who = (options.ranks, rank);
-        ranks.push(Rank::listen(
-            net,
-            who,
-            options.channels,
-            options.dev,
-            options.steps,
-            rendezvous,
-        )?);
+        let what = (options.op, options.channels);
+        ranks.push(Rank::listen(net, who, what, options.dev, rendezvous)?);
     }
     let outcome = run_with(&mut ranks, options, rendezvous);
     let closed: Vec<Result<()>> = ranks.into_iter().map(Rank::close).collect();
@@ -100,57 +89,56 @@ fn run_with(ranks: &mut [Rank<'_, '_>], options: &Options, rendezvous: &Path) ->
         }
         Ok(up)
     })?;
-    let largest = options.sizes.iter().copied().max().unwrap_or(0) / ELEMENT;
-    let mut data: Vec<Vec<u32>> = ranks.iter().map(|_| vec![0u32; largest]).collect();
+    let largest = options.sizes.iter().copied().max().unwrap_or(0);
+    let words = options.op.words(options.op.fit(largest, options.ranks));
+    let mut data: Vec<Vec<u32>> = ranks.iter().map(|_| vec![0u32; words]).collect();
     let mut rows = Vec::with_capacity(options.sizes.len());
-    for &bytes in &options.sizes {
+    for &size in &options.sizes {
+        let bytes = options.op.fit(size, options.ranks);
         let mut timed = Duration::ZERO;
         for iteration in 0..options.warmup + options.iterations {
-            let took = all_reduce(ranks, &mut data, bytes, iteration, options)?;
+            let took = one_op(ranks, &mut data, bytes, iteration, options)?;
             if iteration >= options.warmup {
                 timed += took;
             }
         }
         let time = timed / options.iterations.max(1) as u32;
         let algorithm_gbps = bytes as f64 / time.as_secs_f64().max(1e-9) / 1e9;
-        let n = options.ranks as f64;
         rows.push(Row {
             bytes,
             time,
             algorithm_gbps,
-            bus_gbps: algorithm_gbps * 2.0 * (n - 1.0) / n,
+            bus_gbps: algorithm_gbps * options.op.bus_factor(options.ranks),
         });
     }
     Ok(rows)
 }
 
-/// One all-reduce of `bytes` on every local rank, checked; its duration.
-fn all_reduce(
+/// One op of `bytes` on every local rank, checked; its duration.
+fn one_op(
     ranks: &mut [Rank<'_, '_>],
     data: &mut [Vec<u32>],
     bytes: usize,
     iteration: usize,
     options: &Options,
 ) -> Result<Duration> {
-    let words = bytes / ELEMENT;
+    let op = options.op;
     for (rank, buffer) in ranks.iter_mut().zip(data.iter_mut()) {
-        for (word, value) in buffer[..words].iter_mut().enumerate() {
-            *value = initial(rank.rank, word, iteration);
-        }
-        rank.start_all_reduce(bytes)?;
+        op.fill(buffer, (options.ranks, rank.rank), bytes, iteration);
+        rank.start(bytes)?;
     }
     let started = Instant::now();
-    let what = format!("the all-reduce of {bytes} bytes (iteration {iteration})");
+    let what = format!("the {} of {bytes} bytes (iteration {iteration})", op.name());
     until(options.data_deadline, &what, || {
         let mut done = true;
         for (rank, buffer) in ranks.iter_mut().zip(data.iter_mut()) {
-            done &= rank.progress(&mut buffer[..words])?;
+            done &= rank.progress(buffer)?;
         }
         Ok(done)
     })?;
     let took = started.elapsed();
     for (rank, buffer) in ranks.iter().zip(data.iter()) {
-        check(buffer, words, options.ranks, iteration).map_err(|e| {
+        check(op, buffer, (options.ranks, rank.rank), bytes, iteration).map_err(|e| {
             e.context(format!(
                 "rank {} of {}, {bytes} bytes",
                 rank.rank, options.ranks
@@ -160,21 +148,37 @@ fn all_reduce(
     Ok(took)
 }
 
-/// Every word must be the sum of every rank's start.
-fn check(buffer: &[u32], words: usize, ranks: usize, iteration: usize) -> Result<()> {
-    let wrong = (0..words).filter(|&word| {
-        let sum = (0..ranks).fold(0u32, |sum, rank| {
-            sum.wrapping_add(initial(rank, word, iteration))
-        });
-        buffer[word] != sum
-    });
+/// Every word of the result must be what the op makes of every rank's start.
+fn check(
+    op: Op,
+    buffer: &[u32],
+    who: (usize, usize),
+    bytes: usize,
+    iteration: usize,
+) -> Result<()> {
+    let range = op.result(bytes);
+    let (start, words) = (range.start, range.len());
+    let wrong =
+        (0..words).filter(|&word| buffer[start + word] != op.expected(who, words, word, iteration));
     let mut wrong = wrong.peekable();
     let Some(&first) = wrong.peek() else {
         return Ok(());
     };
     Err(Error::Mismatch(format!(
-        "{} of {words} words wrong, the first at word {first} (byte {})",
+        "{} of {words} words of the result wrong, the first at word {first} (byte {})",
         wrong.count(),
         first * ELEMENT
     )))
+}
+
+/// Polls `round` until it says done, at most `limit`.
+fn until(limit: Duration, what: &str, mut round: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while !round()? {
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(format!("{what} not done within {limit:?}")));
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
 }

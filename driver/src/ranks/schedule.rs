@@ -139,6 +139,32 @@ fn one_loop(
     }
 }
 
+/// A point-to-point transfer of `[from, from + length)`, one send per slice, none waiting.
+pub fn sends(from: usize, length: usize, steps: Steps) -> Vec<Send> {
+    let to_send = |(offset, length)| Send {
+        offset: from + offset,
+        length,
+        after: None,
+    };
+    slices(length, steps.slice())
+        .into_iter()
+        .map(to_send)
+        .collect()
+}
+
+/// Its receiving side, copied into `[into, into + length)`.
+pub fn receives(into: usize, length: usize, steps: Steps) -> Vec<Receive> {
+    let to_receive = |(offset, length)| Receive {
+        offset: into + offset,
+        length,
+        reduce: false,
+    };
+    slices(length, steps.slice())
+        .into_iter()
+        .map(to_receive)
+        .collect()
+}
+
 /// `(offset, length)` of the slices of `bytes`; an empty chunk still travels as one empty
 /// transfer, as NCCL's steps do (the peer expects it).
 fn slices(bytes: usize, slice: usize) -> Vec<(usize, usize)> {
