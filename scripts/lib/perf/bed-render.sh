@@ -90,6 +90,27 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
     echo "different times (up to 1.25 × the rails' sum, or no rows at all in the window, a failed case)."
     echo
   fi
+  if grep -q '^bed-ranks' "$medians"; then
+    echo "A collective the way NCCL's transport layer drives the plugin: \`mpib-ranks\`, a ring all-reduce"
+    echo "(uint32 sum, every result checked on both ranks) of 2 ranks, one per host, 2 channels, NCCL's"
+    echo "Simple protocol (4 MiB connection buffers, 1 MiB slices, 4 in flight), in advanced mode through"
+    echo "\`mpib-agent\` with the capacity policy told the rails' rates (the split 683); bus bandwidth as"
+    echo "nccl-tests reports it (for 2 ranks: what each rank sends per second, both ways at once) against"
+    echo "Σ = $sum GB/s, the two rails alone summed, as above (target ≥ 0.9 × Σ at ≥ 16 MiB). Between two"
+    echo "all-reduces the ranks wait for each other, and tbf's bucket (10 ms at the rate) refills meanwhile:"
+    echo "an all-reduce that fits in the buckets (1 MiB) reads far above the wire, one of tens of"
+    echo "milliseconds up to a fifth above it; the largest size is the fair comparison:"
+    echo
+    echo "| size | busbw GB/s | × Σ | verdict |"
+    echo "|---:|---:|---:|---|"
+    awk -F'\t' '$1 == "bed-ranks" { print $3 "\t" $4 }' "$medians" | sort -n |
+      while IFS=$'\t' read -r size gbps; do
+        r=$(ratio "$gbps" "$sum")
+        v=$([ "$size" -ge 16777216 ] && verdict "$r" 0.9 || echo "-")
+        echo "| $((size / 1048576)) MiB | $gbps | $r | $v |"
+      done
+    echo
+  fi
   if grep -q '^bed-failover' "$medians"; then
     # lost HOW: "N P50 MAX" of the time lost to the cuts made that way.
     lost() {

@@ -12,6 +12,9 @@
 #   converge  (first repetition) one pair through a fresh mpib-agent, SUP slowed from 2 to 0.5
 #             Gbit/s 12 s in: the share the agent asks (its status, 4 times a second), the share
 #             the bytes took and the throughput over time, plotted (WORK/bed-converge.png)
+#   ranks     the same rails, mpib-ranks' ring all-reduce of 2 ranks (one per host, advanced mode
+#             through mpib-agent's capacity policy told the rails' rates): its bus bandwidth per size
+#             against the sum of the two rails alone (target ≥ 0.9 at ≥ 16 MiB)
 #   failover  the same rails at the split 683, SUP cut about 2 s into a run, 4 times a repetition
 #             each way (MPIB_IB_TIMEOUT=14 with 6 retries: a 0.47 s retry budget): its link set
 #             down (a port event) or every packet host A sends on it dropped (tbf; no event, the
@@ -220,6 +223,38 @@ start_agent() {
 }
 stop_agent() { kill "$agent" 2> /dev/null; wait "$agent" 2> /dev/null; rm -f "$tmp/agent.sock"; }
 
+# ranks REP: mpib-ranks, a ring all-reduce of 2 ranks (rank 0 on host A, rank 1 on host B, 2
+# channels) in advanced mode through one mpib-agent whose capacity policy knows the rails' rates
+# (SOUT 1 and SUP 2 Gbit/s: the split 683); records the bus bandwidth per size (for 2 ranks the
+# bytes each rank sends per second, each way at once).
+ranks_all_reduce() {
+  local rep=$1 rank ns host pids=() dir=$tmp/ranks-$rep ok=yes
+  mkdir -p "$dir"
+  printf 'default = "capacity"\n[rates]\nsout_gbps = 1.0\nsup_gbps = 2.0\n' > "$tmp/capacity.toml"
+  ip netns exec "$NA" "$bin/mpib-agent" --config "$tmp/capacity.toml" --hint-path "$tmp/hints" \
+    --socket "$tmp/agent.sock" --probes-dir "$tmp/probes" --metrics-listen off \
+    > "$work/ranks-agent-$rep.log" 2>&1 &
+  agent=$!
+  for _ in $(seq 100); do [ -S "$tmp/agent.sock" ] && break; sleep 0.1; done
+  for rank in 0 1; do
+    if [ "$rank" = 0 ]; then ns=$NA host=("${A[@]}"); else ns=$NB host=("${B[@]}"); fi
+    ip netns exec "$ns" env "${host[@]}" MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_PROBES=1 \
+      MPIB_PROBES_DIR="$tmp/probes" timeout 300 "$bin/mpib-ranks" --ranks 2 --rank "$rank" \
+      --rendezvous "$dir" --channels 2 "${ranks_sizes[@]}" --warmup 2 --timeout 120 \
+      > "$work/ranks-$rep-$rank.log" 2>&1 &
+    pids+=($!)
+  done
+  for rank in 0 1; do
+    wait "${pids[$rank]}" || { why "all-reduce rank $rank failed: $(tail -n 2 "$work/ranks-$rep-$rank.log")"; ok=no; }
+  done
+  stop_agent
+  awk -F'\t' -v r="$rep" -v ok="$ok" '{ n = split($0, f, " ") }
+    n == 8 && f[3] == "uint32" { printf "bed-ranks\tall-reduce busbw, 2 ranks\t%s\t%s\t%s\t-\t-\n", f[1], r, (ok == "yes" ? f[7] : "fail") }' \
+    "$work/ranks-$rep-0.log" >> "$work/records.tsv"
+}
+ranks_sizes=(--min-size 1M --max-size 64M --step-factor 4 --iters 5)
+[ -z "$quick" ] || ranks_sizes=(--min-size 4M --max-size 16M --step-factor 4 --iters 3)
+
 # converge: one pair through a fresh agent; SUP slowed 12 s in (the balance moves from 683 to 341).
 converge() {
   local extra="MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24 MPIB_PROBES=1 MPIB_PROBES_DIR=$tmp/probes"
@@ -249,12 +284,21 @@ record() {
 
 # Iterations: mpib-perf's own choice (about 256 MiB per size), so every row lasts a second or more.
 perf_args=(--min-size "${sizes[0]}" --max-size "${sizes[-1]}" --step-factor 4 --warmup 4)
-# PERF_ONLY=agent or failover: those cases alone (a development shortcut, as in
+# PERF_ONLY=agent, ranks or failover: those cases alone (a development shortcut, as in
 # scripts/lib/perf/rig.sh).
 only=${PERF_ONLY:-}
 for ((rep = 1; rep <= reps; rep++)); do
   if [ "$only" = failover ]; then
     shape 0 1gbit && shape 1 2gbit && failover "$rep"
+    continue
+  fi
+  if [ "$only" = ranks ]; then
+    shape 0 1gbit && shape 1 2gbit || exit 1
+    perf "$work/split-$rep.csv" "MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24" --min-size 4194304 \
+      --max-size 4194304 --warmup 4 --iters 64 --sup-bw 0,1024 || exit 1
+    record bed-split "sup_bw" "$work/split-$rep.csv" "$rep"
+    mkdir -p "$tmp/probes"
+    ranks_all_reduce "$rep"
     continue
   fi
   for section in rail ceiling; do
@@ -278,6 +322,7 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
   stop_agent
   [ "$rep" != 1 ] || converge
+  [ "$only" = failover ] || ranks_all_reduce "$rep"
   [ "$only" = agent ] || failover "$rep"
   echo "bed perf: repetition $rep of $reps done"
 done
