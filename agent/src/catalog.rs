@@ -88,8 +88,8 @@ specs! {
     /// Malformed or silent clients.
     BAD_CLIENTS = "mpib_agent_bad_clients_total", Counter, REASON_LABELS,
         "Client connections closed for bad input: short, wrong_magic, wrong_type, wrong_length, \
-         silent, busy (closed before its first whole message to make room: more clients open \
-         than the socket keeps), no_credentials, not_allowed (a uid and gid outside \
+         silent, busy (closed having sent nothing, to make room for a newcomer: more clients \
+         open than the socket keeps), no_credentials, not_allowed (a uid and gid outside \
          --allowed-uids and --allowed-gids).";
     /// Slots freed without a deregistration.
     RECLAIMED = "mpib_agent_reclaimed_total", Counter, REASON_LABELS,

@@ -82,8 +82,8 @@ pub struct Policies {
     /// Flows one process may have connections in (flag `--max-flows-per-process`): past it, a
     /// registration that needs a new slot is answered "no free slots" (slots.rs, `FlowLimits`).
     pub max_flows_per_process: usize,
-    /// Flows the processes of one user may have connections in, together (flag
-    /// `--max-flows-per-user`).
+    /// Flows the processes of one user may have connections in, together, while another user
+    /// has connections (flag `--max-flows-per-user`; slots.rs, `FlowLimits`).
     pub max_flows_per_user: usize,
     /// The two lists resolved to ids, with the flags applied (`Options::load_policies`).
     #[serde(skip)]

@@ -22,7 +22,9 @@ use crate::server::Shared;
 
 /// How long a scraper may take to send its request, and then to take the answer.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections open at once; past it the oldest idle one is closed ([`crate::clients`]).
+/// Connections open at once; a newcomer past it takes the place of the oldest idle one
+/// ([`crate::clients`]). A scraper that has sent part of a request keeps its place until its
+/// deadline: a request line with no blank line after it is never answered and closed then.
 pub const MAX_SCRAPERS: usize = 64;
 /// The longest request head read; a longer one is answered 431 and closed.
 const MAX_REQUEST: usize = 8192;
@@ -164,6 +166,15 @@ impl Client for Scraper {
 
     fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// Nothing of a request yet: a scraper mid-request or mid-reply is not evicted.
+    fn idle(&self) -> bool {
+        self.request.is_empty() && self.reply.is_empty()
+    }
+
+    fn answering(&self) -> bool {
+        !self.reply.is_empty()
     }
 
     fn ready(&mut self) -> bool {

@@ -49,7 +49,9 @@ usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--i
                     [env: MPIB_AGENT_MAX_FLOWS_PER_PROCESS; file: max_flows_per_process;
                     default: 64]
   --max-flows-per-user N
-                    flows the processes of one user may have connections in together, 1..256
+                    flows the processes of one user may have connections in together while
+                    another user has connections too (a user alone is held to the
+                    per-process limit only), 1..256
                     [env: MPIB_AGENT_MAX_FLOWS_PER_USER; file: max_flows_per_user; default: 192]
 
 Exit status: 0 stopped cleanly or command done, 1 failed, 2 bad arguments or configuration.";

@@ -8,11 +8,13 @@
 //! registrations unanswered; here an idle client costs a table entry until its deadline. Each
 //! message must arrive whole within [`CLIENT_TIMEOUT`] (a deadline per message, not per read,
 //! so a byte every 0.9 s does not hold a client open), and an idle client is closed after the
-//! same time. At most [`MAX_CLIENTS`] are open at once; past that the oldest that has had
-//! [`crate::clients::EVICTABLE_AFTER`] to speak is closed (counted `busy` when it had sent
-//! nothing), and when none has, newcomers wait in the socket's backlog (NCCL's batched setup
-//! registers hundreds of connections of a process at once; refusing them left their transfers
-//! all-SOUT). Bad input is answered with status 2 (invalid request) where a response shape is
+//! same time. At most [`MAX_CLIENTS`] are open at once; a newcomer past that takes the place of
+//! the oldest idle client (between messages) that has had [`crate::clients::EVICTABLE_AFTER`] to
+//! speak (counted `busy` when it had sent nothing), and when none may give its place, newcomers
+//! wait in the socket's backlog (NCCL's batched setup registers hundreds of connections of a
+//! process at once; refusing them left their transfers all-SOUT). A client is answered one
+//! message per round of the loop, so one that pipelines requests is served in turn with the
+//! others. Bad input is answered with status 2 (invalid request) where a response shape is
 //! known, and the connection is closed.
 //!
 //! The client's pid comes from the socket's peer credentials (`SO_PEERCRED`), not from the
@@ -130,7 +132,11 @@ impl Registrant {
         }
     }
 
-    /// Reads what has arrived; false when the client is done (closed, refused or failed).
+    /// Reads what has arrived and answers at most one whole message, then returns: one thread
+    /// serves every client, and one that pipelines requests faster than they are answered would
+    /// otherwise keep it from the others (poll is level-triggered: what is left is read on the
+    /// next round, after the other clients). False when the client is done (closed, refused or
+    /// failed).
     fn receive(&mut self) -> bool {
         loop {
             let wanted = self.expected.unwrap_or(HEADER_LEN);
@@ -158,6 +164,7 @@ impl Registrant {
             self.expected = None;
             self.messages += 1;
             self.deadline = Instant::now() + CLIENT_TIMEOUT;
+            return true;
         }
     }
 
@@ -216,12 +223,13 @@ impl Registrant {
             not_allowed(&mut self.stream, &self.shared, msg_type, process, gid);
             return false;
         }
-        let (response, lines) = {
+        let (response, refusals) = {
             let mut state = self.shared.lock();
             (state.handle(process, request, &policies), state.take_log())
         };
-        for line in lines {
-            log::warn(&line);
+        // Written unlocked: a user limit's line names the user, which runs getent.
+        for refusal in refusals {
+            log::warn(&refusal.line());
         }
         if let AgentResponse::Register {
             status: AgentStatus::Success,
@@ -250,6 +258,11 @@ impl Client for Registrant {
         self.deadline
     }
 
+    /// Between messages (an answer is written whole when its request is complete).
+    fn idle(&self) -> bool {
+        self.filled == 0
+    }
+
     fn ready(&mut self) -> bool {
         self.receive()
     }
@@ -264,6 +277,8 @@ impl Client for Registrant {
     }
 
     fn evicted(&mut self) {
+        // Only an idle client is evicted: one that has said nothing is counted, one between two
+        // messages ends as ordinarily as at its idle deadline.
         if self.filled > 0 || self.messages == 0 {
             self.shared.lock().bad_client("busy");
         }
@@ -290,7 +305,11 @@ fn refuse(stream: &mut UnixStream, shared: &Shared, msg_type: u8, reason: &'stat
 /// Refuses a client whose uid and gid the allowed lists leave out; WARNs once per uid (a job
 /// retries on every connection: one line per connection would flood the log).
 fn not_allowed(stream: &mut UnixStream, shared: &Shared, msg_type: u8, process: Process, gid: u32) {
-    let first = shared.lock().refused_uids.insert(process.uid);
+    let first = {
+        let mut state = shared.lock();
+        state.refused_uids.insert(process.uid)
+    };
+    // Unlocked: naming the user runs getent (once per uid, on this thread).
     if first {
         log::warn(&format!(
             "registration refused: {} (pid {}, gid {gid}) is not allowed by --allowed-uids / \
@@ -333,4 +352,73 @@ fn peer_process(stream: &UnixStream) -> Option<(Process, u32)> {
         uid: credentials.uid,
     };
     Some((process, credentials.gid))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::shm::HintFile;
+    use mpib_proto::agent_wire::AgentRequest;
+
+    /// A registrant on one end of a socket pair, the other end for the test.
+    fn registrant() -> (Registrant, UnixStream) {
+        let dir = std::env::temp_dir().join(format!("mpib-agent-server-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (hints, _) = HintFile::open(&dir.join("hints")).unwrap();
+        let policies = Policies::default();
+        let shared = Shared {
+            state: Arc::new(Mutex::new(State::new(hints, &policies))),
+            policies: Arc::new(ArcSwap::from_pointee(policies)),
+            stop: Arc::new(AtomicBool::new(false)),
+            stopping: Arc::new(Wake::new().unwrap()),
+            policy_wake: Arc::new(Wake::new().unwrap()),
+        };
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        (Registrant::new(ours, shared), theirs)
+    }
+
+    /// How many whole responses of `len` bytes wait to be read.
+    fn answers(client: &mut UnixStream, len: usize) -> usize {
+        let mut buffer = vec![0u8; 4096];
+        let mut total = 0;
+        loop {
+            match client.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(total % len, 0, "whole responses");
+        total / len
+    }
+
+    /// A client that pipelines requests is answered one per readiness, so that the loop goes
+    /// round the other clients between two of its requests; the rest wait in its socket.
+    #[test]
+    fn one_answer_per_readiness() {
+        let (mut registrant, mut client) = registrant();
+        let request = AgentRequest::Deregister { conn_id: 7 };
+        let mut pipelined = Vec::new();
+        for _ in 0..5 {
+            pipelined.extend_from_slice(request.encode().as_bytes());
+        }
+        client.write_all(&pipelined).unwrap();
+        let len = request.response_len();
+        for round in 1..=5 {
+            assert!(registrant.ready(), "round {round}: kept open");
+            assert_eq!(answers(&mut client, len), 1, "round {round}");
+            assert!(registrant.idle());
+        }
+        assert!(registrant.ready(), "nothing left: waits for more");
+        assert_eq!(answers(&mut client, len), 0);
+        let unknown = registrant.shared.lock().counters.deregistrations["unknown"];
+        assert_eq!(unknown, 5);
+        client.write_all(&pipelined[..3]).unwrap();
+        assert!(registrant.ready());
+        assert!(!registrant.idle(), "mid-message");
+    }
 }

@@ -88,7 +88,8 @@ pub enum Refused {
     NoFreeSlots,
     /// The process already has connections in [`FlowLimits::per_process`] flows.
     ProcessLimit,
-    /// The process's user already has connections in [`FlowLimits::per_user`] flows.
+    /// The process's user already has connections in [`FlowLimits::per_user`] flows while
+    /// another user has connections too.
     UserLimit,
     /// The process holds [`MAX_CONNECTIONS_PER_PROCESS`] connections.
     TooManyConnections,
@@ -99,7 +100,9 @@ pub enum Refused {
 ///
 /// A flow counts for a process (and its user) while it has a connection in it. The limits apply
 /// to taking a free slot only: a connection of a pair that already has a slot always joins it,
-/// since that costs no slot.
+/// since that costs no slot. The per-user limit applies only while another user has connections:
+/// it is there so that one user cannot starve another, and with a single user on the node it
+/// would cost that user slots for nobody (a 32-node all-to-all over 8 rails needs about 248).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowLimits {
     /// Flows one process may have connections in.
@@ -111,7 +114,8 @@ pub struct FlowLimits {
 impl FlowLimits {
     /// A quarter of the slots per process and three quarters per user: one process (a rank
     /// talks to its ring and tree neighbours, a few flows per device) cannot take more than 64 of
-    /// the 256, and one user's job cannot starve every other user's, who keep at least 64.
+    /// the 256, and while two users share the node neither takes a new flow past 192, so the
+    /// other keeps the rest as flows end (a user alone may take every slot).
     pub const DEFAULT: FlowLimits = FlowLimits {
         per_process: HINT_MAX_ENTRIES / 4,
         per_user: HINT_MAX_ENTRIES * 3 / 4,
@@ -198,7 +202,8 @@ impl SlotTable {
     }
 
     /// Registers a connection of `pair`; refused when every slot is taken by another pair, when
-    /// a new flow would put the process or its user past `limits`, or when the process holds
+    /// a new flow would put the process past its limit or its user past its own while another
+    /// user has connections ([`FlowLimits`]), or when the process holds
     /// [`MAX_CONNECTIONS_PER_PROCESS`]. Registering a key again on the same pair keeps it; on
     /// another pair moves it (a slot freed so is in [`SlotTable::take_freed`]).
     pub fn register(
@@ -233,7 +238,9 @@ impl SlotTable {
         if self.process_flow_count(key.process) >= limits.per_process {
             return Err(Refused::ProcessLimit);
         }
-        if self.user_flow_count(key.process.uid) >= limits.per_user {
+        if self.user_flow_count(key.process.uid) >= limits.per_user
+            && self.another_user_present(key.process.uid)
+        {
             return Err(Refused::UserLimit);
         }
         let slot = (0..self.capacity as u32)
@@ -262,6 +269,12 @@ impl SlotTable {
     /// The flows the processes of `uid` have connections in.
     pub fn user_flow_count(&self, uid: u32) -> usize {
         self.user_flows.get(&uid).map_or(0, BTreeMap::len)
+    }
+
+    /// Whether a user other than `uid` has connections (flows taken back after a restart have
+    /// none, so they name no user).
+    pub fn another_user_present(&self, uid: u32) -> bool {
+        self.user_flows.keys().any(|other| *other != uid)
     }
 
     fn index(&mut self, key: ConnectionKey, slot: u32) {

@@ -48,6 +48,11 @@ fn one_process_or_user_cannot_take_every_slot() {
         }
     }
     assert_eq!((taken, t.used()), (4, 4), "the process stops at its limit");
+    // The per-user limit holds while another user has connections.
+    assert_eq!(
+        t.register(user_key(1001, 4, 1), pair(4, 1), pair(8, 1), limits),
+        Ok(Registered::NewFlow(4))
+    );
     for b in 101..=110u8 {
         let result = t.register(
             user_key(1000, 2, u32::from(b)),
@@ -63,12 +68,12 @@ fn one_process_or_user_cannot_take_every_slot() {
     assert_eq!(t.user_flow_count(1000), 6, "the user stops at its limit");
     assert_eq!(
         t.register(user_key(1001, 3, 1), pair(2, 1), pair(6, 1), limits),
-        Ok(Registered::NewFlow(6)),
+        Ok(Registered::NewFlow(7)),
         "another user still gets a slot"
     );
     assert_eq!(
         t.register(user_key(1000, 1, 500), pair(2, 1), pair(6, 1), limits),
-        Ok(Registered::Joined(6)),
+        Ok(Registered::Joined(7)),
         "joining a flow with a slot costs none"
     );
     assert_eq!(t.process_flow_count(user_key(1000, 1, 0).process), 5);
@@ -96,6 +101,57 @@ fn one_process_or_user_cannot_take_every_slot() {
         Err(Refused::UserLimit),
         "the user's flows: 3 of process 1, 2 of process 2 and the shared one"
     );
+}
+
+/// A user alone on the node is held to the per-process limit only: its processes together take
+/// slots past the per-user limit (the limit would keep slots for nobody). Once another user has
+/// a connection, the first takes no new flow while past its limit; once that user is gone, it
+/// may again. Flows taken back after a restart name no user.
+#[test]
+fn a_lone_user_is_held_to_the_process_limit_only() {
+    let limits = FlowLimits {
+        per_process: 4,
+        per_user: 6,
+    };
+    let mut t = SlotTable::new(16);
+    t.recover(15, pair(9, 9));
+    let new_flow = |t: &mut SlotTable, uid: u32, pid: u32, b: u8| {
+        t.register(
+            user_key(uid, pid, u32::from(b)),
+            pair(1, b),
+            pair(5, b),
+            limits,
+        )
+    };
+    for b in 1..=12u8 {
+        let pid = u32::from(b - 1) / 4 + 1;
+        assert!(
+            matches!(new_flow(&mut t, 1000, pid, b), Ok(Registered::NewFlow(_))),
+            "flow {b} of process {pid}"
+        );
+    }
+    assert_eq!(new_flow(&mut t, 1000, 1, 13), Err(Refused::ProcessLimit));
+    assert_eq!(t.user_flow_count(1000), 12, "past the per-user limit of 6");
+    assert!(matches!(
+        new_flow(&mut t, 1001, 7, 20),
+        Ok(Registered::NewFlow(_))
+    ));
+    assert_eq!(
+        new_flow(&mut t, 1000, 4, 14),
+        Err(Refused::UserLimit),
+        "another user is present"
+    );
+    assert_eq!(
+        t.register(user_key(1000, 4, 99), pair(1, 20), pair(5, 20), limits),
+        Ok(Registered::Joined(12)),
+        "joining costs no slot, even past the limit"
+    );
+    t.deregister(user_key(1001, 7, 20));
+    assert!(!t.another_user_present(1000));
+    assert!(matches!(
+        new_flow(&mut t, 1000, 4, 14),
+        Ok(Registered::NewFlow(_))
+    ));
 }
 
 #[test]

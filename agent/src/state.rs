@@ -72,8 +72,66 @@ pub struct State {
     pub refused_uids: BTreeSet<u32>,
     /// Registrations refused for a flow limit, logged at most once per [`LIMIT_LOG_EVERY`].
     pub limit_refusals: RateLimited,
-    /// Lines for the caller to log once it has unlocked ([`State::take_log`]).
-    pub log: Vec<String>,
+    /// Refusals for the caller to log once it has unlocked ([`State::take_log`]).
+    pub log: Vec<LimitRefusal>,
+}
+
+/// A registration refused for a flow limit, due to be logged: the facts only. The line is
+/// written by [`LimitRefusal::line`] after the state is unlocked, since naming the user runs
+/// `getent` (a child process, NSS perhaps over the network) and the lock is on the path of every
+/// registration and of the policy loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitRefusal {
+    /// [`Refused::ProcessLimit`] or [`Refused::UserLimit`].
+    pub refused: Refused,
+    /// The refused process.
+    pub process: Process,
+    /// The flows the process (or its user) had connections in.
+    pub flows: usize,
+    /// The limit it reached.
+    pub limit: usize,
+    /// Refusals for a flow limit since the previous line, this one included.
+    pub count: u64,
+}
+
+impl LimitRefusal {
+    /// The WARN line (a user limit names the user: call without the state locked).
+    pub fn line(&self) -> String {
+        let LimitRefusal {
+            process,
+            flows,
+            limit,
+            count,
+            ..
+        } = *self;
+        let (result, what) = if self.refused == Refused::UserLimit {
+            (
+                "user_limit",
+                format!(
+                    "{} (pid {}) has connections in {flows} flow(s), the per-user limit while \
+                     another user has connections (--max-flows-per-user, \
+                     MPIB_AGENT_MAX_FLOWS_PER_USER, max_flows_per_user = {limit})",
+                    crate::access::user_label(process.uid),
+                    process.pid,
+                ),
+            )
+        } else {
+            (
+                "process_limit",
+                format!(
+                    "pid {} has connections in {flows} flow(s), the per-process limit \
+                     (--max-flows-per-process, MPIB_AGENT_MAX_FLOWS_PER_PROCESS, \
+                     max_flows_per_process = {limit})",
+                    process.pid,
+                ),
+            )
+        };
+        format!(
+            "registration of a new flow refused: {what}; answered status 1 (no free slots), the \
+             connection runs all-SOUT; {count} refusal(s) for a flow limit since the last such \
+             line (mpib_agent_registrations_total{{result=\"{result}\"}})"
+        )
+    }
 }
 
 /// How often a refusal for a flow limit is logged at most: a client past its limit retries on
@@ -287,57 +345,49 @@ impl State {
 
     /// Answers a registration that got no slot: status 1 (no free slots), the plugin's answer
     /// for "no slot for this connection" (it then runs it all-SOUT), counted by reason and,
-    /// for a flow limit, logged at most once per [`LIMIT_LOG_EVERY`] with the count.
+    /// for a flow limit, queued for the log at most once per [`LIMIT_LOG_EVERY`] with the count.
+    /// The rate limit is asked first: a refused client retries on every connection, and a line
+    /// not due costs nothing to build.
     fn refuse_registration(
         &mut self,
         process: Process,
         refused: Refused,
         limits: FlowLimits,
     ) -> AgentResponse {
-        let (result, what) = match refused {
-            Refused::ProcessLimit => (
-                "process_limit",
-                format!(
-                    "pid {} has connections in {} flow(s), the per-process limit \
-                     (--max-flows-per-process, MPIB_AGENT_MAX_FLOWS_PER_PROCESS, \
-                     max_flows_per_process = {})",
-                    process.pid,
-                    self.slots.process_flow_count(process),
-                    limits.per_process
-                ),
-            ),
-            Refused::UserLimit => (
-                "user_limit",
-                format!(
-                    "{} (pid {}) has connections in {} flow(s), the per-user limit \
-                     (--max-flows-per-user, MPIB_AGENT_MAX_FLOWS_PER_USER, \
-                     max_flows_per_user = {})",
-                    crate::access::user_label(process.uid),
-                    process.pid,
-                    self.slots.user_flow_count(process.uid),
-                    limits.per_user
-                ),
-            ),
-            Refused::NoFreeSlots | Refused::TooManyConnections => ("no_free_slots", String::new()),
-        };
-        bump(&mut self.counters.registrations, result);
-        if !what.is_empty() {
-            if let Some(count) = self.limit_refusals.note(Instant::now(), LIMIT_LOG_EVERY) {
-                self.log.push(format!(
-                    "registration of a new flow refused: {what}; answered status 1 (no free \
-                     slots), the connection runs all-SOUT; {count} refusal(s) for a flow limit \
-                     since the last such line (mpib_agent_registrations_total{{result=\"{result}\"}})"
-                ));
-            }
-        }
-        AgentResponse::Register {
+        let answer = AgentResponse::Register {
             status: AgentStatus::NoFreeSlots,
             hint_slot: 0,
-        }
+        };
+        let (result, limit) = match refused {
+            Refused::ProcessLimit => ("process_limit", Some(limits.per_process)),
+            Refused::UserLimit => ("user_limit", Some(limits.per_user)),
+            Refused::NoFreeSlots | Refused::TooManyConnections => ("no_free_slots", None),
+        };
+        bump(&mut self.counters.registrations, result);
+        let Some(limit) = limit else {
+            return answer;
+        };
+        let Some(count) = self.limit_refusals.note(Instant::now(), LIMIT_LOG_EVERY) else {
+            return answer;
+        };
+        let flows = if refused == Refused::UserLimit {
+            self.slots.user_flow_count(process.uid)
+        } else {
+            self.slots.process_flow_count(process)
+        };
+        self.log.push(LimitRefusal {
+            refused,
+            process,
+            flows,
+            limit,
+            count,
+        });
+        answer
     }
 
-    /// The lines to log, for the caller to write once it has unlocked the state.
-    pub fn take_log(&mut self) -> Vec<String> {
+    /// The refusals to log, for the caller to write ([`LimitRefusal::line`]) once it has
+    /// unlocked the state.
+    pub fn take_log(&mut self) -> Vec<LimitRefusal> {
         std::mem::take(&mut self.log)
     }
 
@@ -536,26 +586,6 @@ pub fn choose(policies: &Policies, pair: Pair, intra: Option<bool>) -> FlowPolic
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{apply_configured_rates, FlowMeasurement};
-
-    /// A configured SUP rate on a NIC two flows share is split like the NIC's own speed;
-    /// a rate not configured keeps the measured one.
-    #[test]
-    fn a_configured_rate_is_shared_like_the_nics_speed() {
-        let mut measurement = FlowMeasurement {
-            sharers: [1, 2],
-            ..FlowMeasurement::default()
-        };
-        measurement.sample.link_rate = [1e9, 1e9];
-        apply_configured_rates(&mut measurement, [0.0, 4e9]);
-        assert_eq!(measurement.sample.link_rate, [1e9, 2e9]);
-        let mut unknown = FlowMeasurement::default();
-        apply_configured_rates(&mut unknown, [3e9, 0.0]);
-        assert_eq!(
-            unknown.sample.link_rate,
-            [3e9, 0.0],
-            "no sharers known: the whole rate"
-        );
-    }
-}
+#[allow(clippy::unwrap_used)]
+#[path = "state_tests.rs"]
+mod tests;
