@@ -408,11 +408,6 @@ fn abis_and_flags_it_cannot_take_are_named() {
     assert!(help.stdout.contains("usage: mpib-perf"));
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 fn port_of(line: &str) -> u16 {
     let rest = line.split("127.0.0.1:").nth(1).expect("an address");
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -421,7 +416,7 @@ fn port_of(line: &str) -> u16 {
 
 #[test]
 fn two_processes_time_out_clearly_without_a_peer() {
-    let port = free_port().to_string();
+    let port = mpib_testkit::free_port().to_string();
     let peer = perf(&["--peer", &format!("127.0.0.1:{port}"), "--timeout", "1"]);
     assert_eq!(peer.code, Some(1), "{}", peer.describe());
     assert!(peer

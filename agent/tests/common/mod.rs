@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,29 +10,12 @@ use std::time::{Duration, Instant};
 
 use mpib_proto::agent_wire::{AgentRequest, AgentResponse};
 use mpib_proto::hint::{entry_offset, HINT_FILE_LEN};
+#[allow(unused_imports)] // each test binary uses some of them
+pub use mpib_testkit::{eventually, free_port, workspace_binary};
 
-/// A fresh directory under the temp dir.
+/// A fresh directory under the temp dir, with `probes/` in it.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mpib-agent-it-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("probes")).expect("create the test directory");
-    dir
-}
-
-/// A built binary of the workspace (the agent's own, or one of another package: `cargo test
-/// --workspace` builds every binary before it runs a test).
-pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable");
-    for dir in exe.ancestors().skip(1).take(3) {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{name} not found next to {}: build the workspace first (cargo build --workspace)",
-        exe.display()
-    );
+    mpib_testkit::temp_dir("agent", name)
 }
 
 /// A running agent.
@@ -192,29 +175,6 @@ pub fn register(conn_id: u32, dst: u8) -> AgentRequest {
         sup_src: [10, 1, 0, 1],
         sup_dst: [10, 1, 0, dst],
     }
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A TCP port free a moment ago on 127.0.0.1 (for an agent's metrics endpoint).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET /metrics` from the endpoint on `port`: the whole reply, head and body.

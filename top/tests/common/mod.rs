@@ -4,41 +4,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use mpib_testkit::{eventually, workspace_binary};
 
 /// A fresh directory under the temp dir, with `probes/` in it.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mpib-top-it-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("probes")).expect("create the test directory");
-    dir
-}
-
-/// A built binary of the workspace (`cargo test --workspace` builds every binary first).
-pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable");
-    for dir in exe.ancestors().skip(1).take(3) {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "{name} not found next to {}: build the workspace first (cargo build --workspace)",
-        exe.display()
-    );
-}
-
-/// Polls `check` every 50 ms until it holds or `limit` passes.
-pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    check()
+    mpib_testkit::temp_dir("top", name)
 }
 
 /// A child killed on drop.
