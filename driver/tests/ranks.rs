@@ -197,6 +197,42 @@ fn ranks_in_their_own_processes_over_the_tcp_fabric_are_exact() {
     }
 }
 
+/// 10 ranks' all-to-all in one process on the tcp fabric: 90 connections of 6 QPs reach the two
+/// rails' ports at once (180 and 360 QP connections), far more than a rail keeps waiting for
+/// their hellos (64). They wait in the
+/// listener's backlog until places free; pushing the oldest out as they came dropped real ones,
+/// and those QPs' transfers hung (issue 34's review).
+#[test]
+fn a_burst_of_qp_connections_past_the_rails_unclaimed_places_all_connect() {
+    let args = [
+        "--op",
+        "alltoall",
+        "--ranks",
+        "10",
+        "--channels",
+        "1",
+        "--min-size",
+        "64K",
+        "--max-size",
+        "64K",
+        "--iters",
+        "1",
+        "--timeout",
+        "60",
+    ];
+    let output = finish(
+        command(&TCP, &args).spawn().unwrap(),
+        LIMIT,
+        "10 ranks on tcp",
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("dropped a connection"),
+        "no real connection dropped: {}",
+        text(&output)
+    );
+}
+
 /// A rank killed while the ring runs: every other rank's next call returns the plugin's error
 /// (its peer's sockets closed by the kernel), well before its own deadline, and no rank hangs.
 #[test]

@@ -21,7 +21,7 @@ use super::shared::{Notice, Shared};
 use super::socket::{self, Accepted};
 use super::unclaimed::{Outcome, Unclaimed};
 use super::worker::{PeerAddress, Worker};
-use crate::fabric::{AsyncEvent, QpSettings};
+use crate::fabric::AsyncEvent;
 use crate::log::Throttle;
 use crate::proto::tcp_wire::Hello;
 
@@ -49,8 +49,13 @@ struct Engine {
     unclaimed: Unclaimed,
     /// The WARN about dropped connections to the rail's port.
     strangers: Throttle,
-    /// When `accept` is to be tried again after it failed (`None`: when the listener is readable).
+    /// When `accept` is to be tried again after it failed or the unclaimed connections had no
+    /// place (`None`: when the listener is readable).
     accept_retry: Option<Instant>,
+    /// Connections wait in the backlog for a place among the unclaimed ones.
+    accept_waiting: bool,
+    /// The WARN about `accept` failing (the rail's own trouble, not a stranger's).
+    accept_failures: Throttle,
     notices: VecDeque<Notice>,
     posted: VecDeque<crate::fabric::WorkRequest>,
     /// The interface's link, the rail's port (`None`: it cannot be watched here).
@@ -86,6 +91,8 @@ impl Engine {
             unclaimed: Unclaimed::new(),
             strangers: Throttle::new(STRANGER_WARN_INTERVAL),
             accept_retry: None,
+            accept_waiting: false,
+            accept_failures: Throttle::new(STRANGER_WARN_INTERVAL),
             notices: VecDeque::new(),
             posted: VecDeque::new(),
             link: None,
@@ -145,6 +152,10 @@ impl Engine {
             }
             if !self.unclaimed.is_empty() {
                 self.claim(now);
+                // Claims freed places: the connections a full table left in the backlog.
+                if self.accept_waiting && self.unclaimed.has_room() {
+                    self.accept_all(now);
+                }
             }
             busy = false;
             for worker in self.workers.values_mut() {
@@ -251,9 +262,8 @@ impl Engine {
             qpn: peer.qpn,
         };
         let connected = worker.connect(&self.shared, address, peer.socket, peer.user_timeout_ms);
-        if let Err(why) = connected {
+        if let Err((sender, why)) = connected {
             // The passive connection it held was not its peer's: dropped, the QP waits on.
-            let sender = Ipv4Addr::from(address.address.ip().octets());
             self.dropped(sender, &why);
         }
         if let Some(fd) = active {
@@ -266,23 +276,30 @@ impl Engine {
         }
     }
 
-    /// Accepts every waiting connection into the unclaimed ones (pushing out the oldest past
-    /// their cap).
+    /// Accepts the waiting connections into the unclaimed ones while they have a place (one
+    /// pushed out for it once it had its time: src/fabric/tcp/unclaimed.rs); the others wait in
+    /// the backlog, tried again when claims free places or the oldest may be pushed out.
     fn accept_all(&mut self, now: Instant) {
-        self.accept_retry = None;
+        (self.accept_retry, self.accept_waiting) = (None, false);
         loop {
+            match self.unclaimed.make_room(now) {
+                Ok(None) => {}
+                Ok(Some(Outcome::Dropped { sender, why })) => self.dropped(sender, &why),
+                Ok(Some(Outcome::Hello { .. })) => {}
+                Err(when) => {
+                    (self.accept_retry, self.accept_waiting) = (Some(when), true);
+                    return;
+                }
+            }
             match socket::accept(self.listener.as_raw_fd()) {
                 Ok(Accepted::Connection(socket, sender)) => {
                     let fd = socket.as_raw_fd();
-                    let (token, pushed_out) = self.unclaimed.admit(socket, sender, now);
+                    let token = self.unclaimed.admit(socket, sender, now);
                     if let Err(e) = watch_fd(&self.epoll, fd, token) {
                         warn!(
                             crate::log::NET,
                             "tcp {}: epoll for an accepted connection: {e}", self.shared.device
                         );
-                    }
-                    if let Some(Outcome::Dropped { sender, why }) = pushed_out {
-                        self.dropped(sender, &why);
                     }
                 }
                 Ok(Accepted::Again) => {}
@@ -290,10 +307,11 @@ impl Engine {
                 Err(e) => {
                     // Out of descriptors, most likely: the connection waits in the backlog, the
                     // rail goes on, and accepting is tried again shortly.
-                    if self.strangers.note(now).is_some() {
+                    if let Some(count) = self.accept_failures.note(now) {
                         warn!(
                             crate::log::NET,
-                            "tcp {}: accept on the rail's port: {e}; trying again every {} ms",
+                            "tcp {}: accept on the rail's port: {e} ({count} time(s) since the \
+                             last such warning); trying again every {} ms",
                             self.shared.device,
                             ACCEPT_RETRY.as_millis()
                         );
@@ -310,6 +328,9 @@ impl Engine {
     fn claim(&mut self, now: Instant) {
         let mut outcomes = Vec::new();
         self.unclaimed.pass(now, &mut outcomes);
+        // A hello read now was sent after its QP was created: the notice of that creation is
+        // queued by now, so take it before looking the QP up.
+        self.take_notices();
         for outcome in outcomes {
             match outcome {
                 Outcome::Dropped { sender, why } => self.dropped(sender, &why),
@@ -336,12 +357,7 @@ impl Engine {
         };
         worker.admits(&hello, sender)?;
         let fd = socket.as_raw_fd();
-        // Until `connect` gives the QP's own: RC's default budget.
-        worker.attach(
-            socket,
-            hello,
-            super::device::user_timeout_ms(&QpSettings::default()),
-        );
+        worker.attach(socket, hello);
         // The QP's socket is watched under the QP's token.
         if let Err(e) = rewatch_fd(&self.epoll, fd, u64::from(hello.target_qpn)) {
             warn!(

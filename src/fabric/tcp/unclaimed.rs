@@ -5,8 +5,12 @@
 //! 2,000 idle ones doubled the thread's CPU and cut the rail's throughput by a third, and enough
 //! of them ran the process out of descriptors (issue 34). A real peer writes its hello right
 //! after its connect completes, so it needs neither many places nor long: at most
-//! [`MAX_UNCLAIMED`] wait at once (a new one pushes the oldest out), each for at most
-//! [`HELLO_DEADLINE`], and only those epoll reported readable are read.
+//! [`MAX_UNCLAIMED`] wait at once, each for at most [`HELLO_DEADLINE`], and only those epoll
+//! reported readable are read. A full table takes a new connection only in the place of the
+//! oldest, and only once that one has had [`PUSH_OUT_AFTER`] to say its hello: a burst of real
+//! connections (a connection's QPs and its peers' all connecting at once, more than the table
+//! holds) waits in the listener's backlog until the ones ahead are claimed, rather than pushing
+//! each other out before their hellos were read.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
@@ -22,6 +26,9 @@ use crate::proto::tcp_wire::{Hello, HELLO_LEN};
 pub(super) const MAX_UNCLAIMED: usize = 64;
 /// How long a connection may take to send its whole hello.
 pub(super) const HELLO_DEADLINE: Duration = Duration::from_secs(2);
+/// How long a connection keeps its place against newer ones: time enough for a real peer's
+/// hello, which its rail thread writes as soon as its connect completes.
+pub(super) const PUSH_OUT_AFTER: Duration = Duration::from_millis(250);
 /// The epoll tokens of unclaimed connections: above every QP number (a `u32`), below the rail
 /// thread's own tokens (src/fabric/tcp/thread.rs, from `u64::MAX` down).
 const FIRST_TOKEN: u64 = 1 << 32;
@@ -76,22 +83,32 @@ impl Unclaimed {
         self.entries.is_empty()
     }
 
-    /// Takes in a connection from `sender`: its epoll token, and, when [`MAX_UNCLAIMED`] were
-    /// already waiting, the oldest of them, dropped.
-    pub(super) fn admit(
-        &mut self,
-        socket: OwnedFd,
-        sender: Ipv4Addr,
-        now: Instant,
-    ) -> (u64, Option<Outcome>) {
-        let pushed_out = match self.entries.len() >= MAX_UNCLAIMED {
-            true => self.oldest().map(|(token, sender)| {
-                self.entries.remove(&token);
-                let why = format!("the oldest of {MAX_UNCLAIMED} connections without a hello");
-                Outcome::Dropped { sender, why }
-            }),
-            false => None,
+    /// Makes a place for one more connection at `now`: `Ok(None)` when there is one,
+    /// `Ok(Some)` the oldest pushed out for it, `Err(when)` none before `when` (every waiting
+    /// one is younger than [`PUSH_OUT_AFTER`]).
+    pub(super) fn make_room(&mut self, now: Instant) -> Result<Option<Outcome>, Instant> {
+        if self.entries.len() < MAX_UNCLAIMED {
+            return Ok(None);
+        }
+        let Some((token, sender)) = self.oldest() else {
+            return Ok(None);
         };
+        let since = self.entries.get(&token).map_or(now, |entry| entry.since);
+        if now.saturating_duration_since(since) < PUSH_OUT_AFTER {
+            return Err(since + PUSH_OUT_AFTER);
+        }
+        self.entries.remove(&token);
+        let why = format!("the oldest of {MAX_UNCLAIMED} connections without a hello");
+        Ok(Some(Outcome::Dropped { sender, why }))
+    }
+
+    /// Whether [`Unclaimed::make_room`] need push anyone out.
+    pub(super) fn has_room(&self) -> bool {
+        self.entries.len() < MAX_UNCLAIMED
+    }
+
+    /// Takes in a connection from `sender` (after [`Unclaimed::make_room`]): its epoll token.
+    pub(super) fn admit(&mut self, socket: OwnedFd, sender: Ipv4Addr, now: Instant) -> u64 {
         let token = self.next_token;
         self.next_token = match token + 1 {
             next if next < LAST_TOKEN => next,
@@ -108,7 +125,7 @@ impl Unclaimed {
         self.arrivals.push_back(token);
         // Bytes that came with the connection raise no edge of their own: read once now.
         self.readable.push(token);
-        (token, pushed_out)
+        token
     }
 
     /// epoll said `token`'s connection has bytes (or closed).

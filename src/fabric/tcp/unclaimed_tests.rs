@@ -34,8 +34,9 @@ fn a_hello_in_pieces_is_handed_on_once_whole() {
     let mut unclaimed = Unclaimed::new();
     let (near, mut far) = connection();
     let now = Instant::now();
-    let (token, pushed_out) = unclaimed.admit(near, SENDER, now);
-    assert!(pushed_out.is_none() && Unclaimed::owns(token));
+    assert!(matches!(unclaimed.make_room(now), Ok(None)));
+    let token = unclaimed.admit(near, SENDER, now);
+    assert!(Unclaimed::owns(token));
     let bytes = hello().encode();
     far.write_all(&bytes[..10]).unwrap();
     let mut out = Vec::new();
@@ -58,8 +59,10 @@ fn a_hello_in_pieces_is_handed_on_once_whole() {
     assert!(unclaimed.is_empty());
 }
 
+/// A full table keeps young connections (a burst of real ones waits for their hellos to be
+/// read) and pushes the oldest out once it had its time.
 #[test]
-fn past_the_cap_the_oldest_connection_is_pushed_out() {
+fn past_the_cap_the_oldest_connection_is_pushed_out_once_it_had_its_time() {
     let mut unclaimed = Unclaimed::new();
     let now = Instant::now();
     let mut far_ends = Vec::new();
@@ -67,10 +70,19 @@ fn past_the_cap_the_oldest_connection_is_pushed_out() {
         let (near, far) = connection();
         far_ends.push(far);
         let sender = Ipv4Addr::new(10, 0, 0, index as u8);
-        assert!(unclaimed.admit(near, sender, now).1.is_none());
+        assert!(matches!(unclaimed.make_room(now), Ok(None)));
+        unclaimed.admit(near, sender, now);
     }
+    assert!(!unclaimed.has_room());
+    let early = now + PUSH_OUT_AFTER / 2;
+    assert_eq!(
+        unclaimed.make_room(early).err(),
+        Some(now + PUSH_OUT_AFTER),
+        "too young"
+    );
+    let pushed_out = unclaimed.make_room(now + PUSH_OUT_AFTER).unwrap();
     let (near, _far) = connection();
-    let (_, pushed_out) = unclaimed.admit(near, SENDER, now);
+    unclaimed.admit(near, SENDER, now + PUSH_OUT_AFTER);
     match pushed_out {
         Some(Outcome::Dropped { sender, why }) => {
             assert_eq!(sender, Ipv4Addr::new(10, 0, 0, 0), "the oldest");

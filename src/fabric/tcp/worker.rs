@@ -199,14 +199,15 @@ impl Worker {
 
     /// `connect` named the peer. `socket` is this side's connection when it is the active one.
     /// `Err` when the passive connection taken before is not from that peer: it is dropped,
-    /// and the QP waits for its peer's (the reason is for the thread's throttled WARN).
+    /// and the QP waits for its peer's (where it came from and why, for the thread's throttled
+    /// WARN).
     pub(super) fn connect(
         &mut self,
         shared: &Shared,
         peer: PeerAddress,
         socket: Option<OwnedFd>,
         user_timeout_ms: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), (std::net::Ipv4Addr, String)> {
         self.peer = Some(peer);
         self.answer_timeout = Duration::from_millis(u64::from(user_timeout_ms));
         self.loopback = peer.qpn == self.qpn && peer.address.port() == shared.port;
@@ -227,7 +228,7 @@ impl Worker {
             if let Err(why) = self.is_from_peer(&hello) {
                 self.socket = None;
                 self.hello = None;
-                return Err(why);
+                return Err((hello.source_addr.into(), why));
             }
         }
         Ok(())
@@ -269,8 +270,13 @@ impl Worker {
         Ok(())
     }
 
-    /// The passive side's connection arrived with `hello`, which [`Worker::admits`] took.
-    pub(super) fn attach(&mut self, socket: OwnedFd, hello: Hello, timeout: u32) {
+    /// The passive side's connection arrived with `hello`, which [`Worker::admits`] took. Its
+    /// user timeout is the QP's once `connect` gave it, RC's default budget until then.
+    pub(super) fn attach(&mut self, socket: OwnedFd, hello: Hello) {
+        let timeout = match self.peer {
+            Some(_) => self.answer_timeout.as_millis().min(u128::from(u32::MAX)) as u32,
+            None => super::device::user_timeout_ms(&crate::fabric::QpSettings::default()),
+        };
         socket::set_user_timeout(socket.as_raw_fd(), timeout);
         self.socket = Some(socket);
         self.hello = Some(hello);
@@ -292,6 +298,7 @@ impl Worker {
             return false;
         }
         let Some(fd) = self.socket_fd() else {
+            self.unconnected_too_long(shared);
             return false;
         };
         if self.connecting {
@@ -350,6 +357,25 @@ impl Worker {
         }
         let since = *self.waiting_since.get_or_insert_with(Instant::now);
         since.elapsed() > self.answer_timeout
+    }
+
+    /// A passive QP whose peer's connection never came (lost on the way, or the peer gone before
+    /// its connect) while requests wait to go: as on RC, whose unanswered request fails once
+    /// the retry budget is spent, the oldest fails then, naming why, rather than waiting forever.
+    fn unconnected_too_long(&mut self, shared: &Shared) {
+        if self.queue.is_empty() {
+            self.waiting_since = None;
+            return;
+        }
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > self.answer_timeout {
+            let why = format!(
+                "QP {}: its peer's connection never arrived while requests waited {} ms",
+                self.qpn,
+                self.answer_timeout.as_millis()
+            );
+            self.fail(shared, CompletionStatus::RetryExceeded, why);
+        }
     }
 
     /// The QP is being destroyed: send the acknowledgement of what was executed (a peer's last
