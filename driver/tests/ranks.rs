@@ -249,8 +249,14 @@ fn a_rank_killed_mid_collective_fails_the_others_and_none_hangs() {
         "60",
     ];
     let mut children = start_ranks(3, &rendezvous, &extra);
-    // Connected and moving: the handles are written at once, give the ring a moment past that.
-    std::thread::sleep(Duration::from_secs(3));
+    // Every rank connected (then moving): each marks it in the rendezvous directory.
+    let up = |rank: usize| rendezvous.join(format!("rank-{rank}.connected")).exists();
+    let started = Instant::now();
+    while !(0..3).all(up) {
+        assert!(started.elapsed() < LIMIT, "the ring never came up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     children[1].kill().unwrap();
     let _ = children[1].wait();
     let survivors = children

@@ -13,7 +13,7 @@
 //! Without `--rank`, this process runs every rank (one proxy loop for all, any fabric; the
 //! rendezvous is a fresh temporary directory). With `--rank R`, it is rank R alone and meets the
 //! others through handle files in DIR (a directory every rank sees: the bed's namespaces share
-//! the file system). Exit status 0 when every all-reduce was exact, 1 on the first failure (the
+//! the file system), and writes DIR/rank-R.connected once its connections are up. Exit status 0 when every all-reduce was exact, 1 on the first failure (the
 //! message names the rank, channel, call and size), 2 on bad arguments.
 
 use std::path::PathBuf;
@@ -184,7 +184,14 @@ fn run(args: &Args, who: &str) -> Result<(), String> {
     let rows = {
         let net = plugin.net(version).map_err(|e| e.to_string())?;
         header(args, who, version);
-        ranks::run(&net, &args.options, &local, &rendezvous).map_err(|e| e.to_string())?
+        // With --rank, DIR/rank-R.connected says this rank's ring is up (tests wait on it).
+        let mut connected = || {
+            if let Some(rank) = args.rank {
+                let _ = std::fs::write(rendezvous.join(format!("rank-{rank}.connected")), b"");
+            }
+        };
+        ranks::run(&net, &args.options, &local, &rendezvous, &mut connected)
+            .map_err(|e| e.to_string())?
     };
     if args.rendezvous.is_none() {
         let _ = std::fs::remove_dir_all(&rendezvous);

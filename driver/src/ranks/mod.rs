@@ -59,11 +59,14 @@ pub struct Row {
 
 /// Runs `local` (the ranks this process drives; all of them in one process) on `net`, meeting
 /// the others through `rendezvous`. Every rank's result is checked; the first wrong word fails.
+/// `connected` is called once every local connection is up (the binary marks it in the
+/// rendezvous directory, for whoever waits on the ring to be running).
 pub fn run(
     net: &Net<'_>,
     options: &Options,
     local: &[usize],
     rendezvous: &Path,
+    connected: &mut dyn FnMut(),
 ) -> Result<Vec<Row>> {
     let mut ranks = Vec::with_capacity(local.len());
     for &rank in local {
@@ -71,14 +74,19 @@ pub fn run(
         let what = (options.op, options.channels);
         ranks.push(Rank::listen(net, who, what, options.dev, rendezvous)?);
     }
-    let outcome = run_with(&mut ranks, options, rendezvous);
+    let outcome = run_with(&mut ranks, options, rendezvous, connected);
     let closed: Vec<Result<()>> = ranks.into_iter().map(Rank::close).collect();
     let rows = outcome?;
     closed.into_iter().collect::<Result<Vec<()>>>()?;
     Ok(rows)
 }
 
-fn run_with(ranks: &mut [Rank<'_, '_>], options: &Options, rendezvous: &Path) -> Result<Vec<Row>> {
+fn run_with(
+    ranks: &mut [Rank<'_, '_>],
+    options: &Options,
+    rendezvous: &Path,
+    connected: &mut dyn FnMut(),
+) -> Result<Vec<Row>> {
     for rank in ranks.iter_mut() {
         rank.learn_peers(rendezvous, options.connect_deadline)?;
     }
@@ -89,6 +97,7 @@ fn run_with(ranks: &mut [Rank<'_, '_>], options: &Options, rendezvous: &Path) ->
         }
         Ok(up)
     })?;
+    connected();
     let largest = options.sizes.iter().copied().max().unwrap_or(0);
     let words = options.op.words(options.op.fit(largest, options.ranks));
     let mut data: Vec<Vec<u32>> = ranks.iter().map(|_| vec![0u32; words]).collect();

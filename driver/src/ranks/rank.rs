@@ -68,8 +68,7 @@ impl<'n, 'p> Rank<'n, 'p> {
         dev: i32,
         rendezvous: &Path,
     ) -> Result<Rank<'n, 'p>> {
-        let comm_id = 0x5241_4E4B_0000_0000 | (u64::from(std::process::id()) << 16) | rank as u64;
-        let ctx = net.init(comm_id)?;
+        let ctx = net.init(communicator_id(rendezvous))?;
         let (to, from) = op.peers(ranks, rank);
         let mut listens = Vec::with_capacity(from.len() * channels);
         for &peer in &from {
@@ -320,6 +319,15 @@ impl<'n, 'p> Rank<'n, 'p> {
         }
         outcome
     }
+}
+
+/// The communicator's id, the same on every rank (NCCL passes its `commHash` to each rank's
+/// `init`): FNV-1a of the rendezvous directory's path, which every rank of a run names alike.
+fn communicator_id(rendezvous: &Path) -> u64 {
+    let bytes = rendezvous.as_os_str().as_encoded_bytes();
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
 }
 
 /// Where the rank that receives publishes the handle of its listen for `sender`'s connection
