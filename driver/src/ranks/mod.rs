@@ -3,12 +3,13 @@
 //! one rank per process (ranks meet through handle files in a shared directory, as `mpib-xfer`'s
 //! pair does).
 //!
-//! Setup follows `ncclTransportP2pSetup` (NCCL's `src/transport.cc`): every rank `listen`s once
-//! per channel and publishes its handles, reads its next rank's, then polls `connect` and
-//! `accept` round-robin until every connection is up, closing each listen comm once its `accept`
-//! returned. A ring all-reduce then runs per size (src/ranks/schedule.rs), its result checked
-//! word by word on every rank; at the end the comms close and the contexts are finalized, and
-//! the caller drops the plugin (`dlclose`), with no `finalize` before v11, as NCCL does.
+//! Setup follows `ncclTransportP2pSetup` (NCCL's `nccl/src/transport.cc`): every rank
+//! `listen`s for each connection it receives on (per peer and channel) and publishes the
+//! handles, reads the handles of the ranks it sends to, then polls `connect` and `accept`
+//! round-robin until every connection is up, closing each listen comm once its `accept`
+//! returned. The op then runs per size (op.rs, schedule.rs), its result checked word by word on
+//! every rank; at the end the comms close and the contexts are finalized, and the caller drops
+//! the plugin (`dlclose`), with no `finalize` before v11, as NCCL does.
 
 mod lane;
 pub mod op;

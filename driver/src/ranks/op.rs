@@ -18,7 +18,7 @@ pub enum Op {
     SendRecv,
 }
 
-/// `ncclFunc_t` values (NCCL's `src/include/nccl_common.h`).
+/// `ncclFunc_t` values (NCCL's `nccl/src/include/nccl_common.h`).
 const FUNCTION_ALL_REDUCE: u32 = 4;
 const FUNCTION_SEND: u32 = 6;
 const FUNCTION_RECEIVE: u32 = 7;

@@ -2,7 +2,7 @@
 //! and a receive comm from each it receives from, per channel), set up in NCCL's order and moved
 //! by one proxy loop.
 //!
-//! As NCCL's proxy (`src/transport/net.cc`, `sendProxyProgress` / `recvProxyProgress`): every
+//! As NCCL's proxy (`nccl/src/transport/net.cc`, `sendProxyProgress` / `recvProxyProgress`): every
 //! connection has one registered buffer of NCCL_STEPS steps (`regMr` once, after connect and
 //! accept); a slice goes out with one `isend` tagged with the sender's rank from its slot of that
 //! buffer, at most NCCL_STEPS / slice-steps of them in flight; the receive side keeps as many
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::net::{ListenComm, Net, NetCtx, RecvComm, SendComm};
 use crate::xfer::{wait_for_handle, write_handle};
 
-/// Algorithm and protocol bits of NCCL's ring and Simple (`src/include/plugin/nccl_tuner.h`).
+/// Algorithm and protocol bits of NCCL's ring and Simple (`nccl/src/include/plugin/nccl_tuner.h`).
 const ALGORITHM_RING: u32 = 1 << 1;
 const PROTOCOL_SIMPLE: u32 = 1 << 2;
 /// NCCL_ALGO_UNDEF and NCCL_PROTO_UNDEF (-1), as NCCL leaves them for point-to-point.

@@ -1,15 +1,15 @@
 //! What one rank of a ring all-reduce sends and receives on one channel, in order: pure, so the
 //! order and the data each transfer carries are tested apart from any plugin.
 //!
-//! NCCL's ring all-reduce (`src/device/all_reduce.h` `runRing`, Simple protocol) walks a
+//! NCCL's ring all-reduce (`nccl/src/device/all_reduce.h` `runRing`, Simple protocol) walks a
 //! channel's part of the buffer in loops of `nranks` chunks: per loop, `nranks - 1` steps of
 //! reduce-scatter (send a chunk, receive the previous rank's partial sum of the next one and add
 //! it in), then `nranks - 1` steps of all-gather (send the fully reduced chunk on, receive the
 //! next and keep it). The chunk is `ALLREDUCE_CHUNKSTEPS` (4) steps of the connection buffer and
 //! travels in slices of `ALLREDUCE_SLICESTEPS` (2) steps, one `isend` each: with NCCL_STEPS = 8,
-//! four slices are in flight per connection (`src/include/collectives.h`, `src/transport/net.cc`
-//! `sendProxyProgress`). A slice sent at step k + 1 carries what the slice received at step k
-//! left in the buffer, so it waits for that receive.
+//! four slices are in flight per connection (`nccl/src/include/collectives.h`,
+//! `nccl/src/transport/net.cc` `sendProxyProgress`). A slice sent at step k + 1 carries what the
+//! slice received at step k left in the buffer, so it waits for that receive.
 
 /// One `isend`: `length` bytes of the rank's buffer from `offset`, once the receive `after`
 /// (an index into [`Schedule::receives`]) has completed.
