@@ -215,7 +215,7 @@ pub struct CommConfig {
 
 /// `ncclNetCommAttr` (v11+).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CommAttr {
     pub max_concurrent_peers: i32,
     pub min_concurrent_peers: i32,
@@ -225,7 +225,7 @@ pub struct CommAttr {
 
 /// `ncclNetAttr_v11_t` = `_v12_t` (44 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NetAttr {
     pub send_comm_attr: CommAttr,
     pub recv_comm_attr: CommAttr,

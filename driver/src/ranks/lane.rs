@@ -9,6 +9,23 @@ use crate::abi::NCCL_PTR_HOST;
 use crate::error::{Error, Result};
 use crate::net::{DataComm, MemHandle, Net, RecvBuf, RecvComm, Request, SendComm};
 
+/// A comm that can be closed on its own (a send or a receive comm).
+pub trait Closable: Sized {
+    fn close(self, net: &Net<'_>) -> Result<()>;
+}
+
+impl Closable for SendComm {
+    fn close(self, net: &Net<'_>) -> Result<()> {
+        net.close_send(self)
+    }
+}
+
+impl Closable for RecvComm {
+    fn close(self, net: &Net<'_>) -> Result<()> {
+        net.close_recv(self)
+    }
+}
+
 /// A connection, its buffer and where its transfers stand.
 pub struct Lane<C, T> {
     comm: C,
@@ -22,13 +39,24 @@ pub struct Lane<C, T> {
 }
 
 impl<C: DataComm, T: Copy> Lane<C, T> {
-    /// `comm` with its buffer of NCCL_STEPS steps, registered on it.
-    pub fn new(net: &Net<'_>, comm: C, steps: Steps) -> Result<Lane<C, T>> {
+    /// `comm` with its buffer of NCCL_STEPS steps, registered on it; a failed registration
+    /// closes `comm` (its error is the registration's).
+    pub fn new(net: &Net<'_>, comm: C, steps: Steps) -> Result<Lane<C, T>>
+    where
+        C: Closable,
+    {
         let mut bytes = vec![0u8; steps.step * 8];
         let (data, size) = (bytes.as_mut_ptr(), bytes.len());
         // SAFETY: the buffer lives in the lane until `close` deregisters it first (or leaks it
         // while requests may still point into it).
-        let handle = unsafe { net.reg_mr(&comm, data.cast(), size, NCCL_PTR_HOST) }?;
+        let registered = unsafe { net.reg_mr(&comm, data.cast(), size, NCCL_PTR_HOST) };
+        let handle = match registered {
+            Ok(handle) => handle,
+            Err(error) => {
+                let _ = comm.close(net);
+                return Err(error);
+            }
+        };
         Ok(Lane {
             comm,
             bytes,
@@ -71,13 +99,12 @@ impl<C: DataComm, T: Copy> Lane<C, T> {
             .ok_or_else(|| Error::Contract("the lane's buffer is not registered".into()))
     }
 
-    /// Deregisters the buffer and closes the comm with `closer`. A buffer requests may still
-    /// point into is leaked, never freed.
-    pub fn close(
-        mut self,
-        net: &Net<'_>,
-        closer: impl FnOnce(&Net<'_>, C) -> Result<()>,
-    ) -> Result<()> {
+    /// Deregisters the buffer and closes the comm. A buffer requests may still point into is
+    /// leaked, never freed.
+    pub fn close(mut self, net: &Net<'_>) -> Result<()>
+    where
+        C: Closable,
+    {
         if !self.requests.is_empty() {
             std::mem::forget(std::mem::take(&mut self.bytes));
         }
@@ -85,7 +112,7 @@ impl<C: DataComm, T: Copy> Lane<C, T> {
             Some(handle) => net.dereg_mr(&self.comm, handle),
             None => Ok(()),
         };
-        let closed = closer(net, self.comm);
+        let closed = self.comm.close(net);
         deregistered.and(closed)
     }
 }

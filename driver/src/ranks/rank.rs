@@ -123,8 +123,10 @@ impl<'n, 'p> Rank<'n, 'p> {
         self.set_attributes(attributes)
     }
 
+    /// `setNetAttr` with `attributes`, unless they are the ones last set (NCCL's
+    /// `setXferNetAttrs` calls it only on a change).
     fn set_attributes(&mut self, attributes: NetAttr) -> Result<()> {
-        if !self.net.version().has_context() {
+        if !self.net.version().has_context() || self.attributes == Some(attributes) {
             return Ok(());
         }
         let ctx = self
@@ -188,17 +190,30 @@ impl<'n, 'p> Rank<'n, 'p> {
         Ok(up)
     }
 
-    /// Every connection up: one buffer registered per connection, as NCCL registers its.
+    /// Every connection up: one buffer registered per connection, as NCCL registers its. A
+    /// registration that fails closes its comm and leaves the rest in `setup` for `close`.
     fn register(&mut self) -> Result<()> {
-        let Some(setup) = self.setup.take() else {
+        let Some(mut setup) = self.setup.take() else {
             return Ok(());
         };
         let steps = self.op.steps();
-        for send in setup.sends.into_iter().flatten() {
-            self.sends.push(Lane::new(self.net, send, steps)?);
+        let outcome = self.register_each(&mut setup, steps);
+        if outcome.is_err() {
+            self.setup = Some(setup);
         }
-        for receive in setup.receives.into_iter().flatten() {
-            self.receives.push(Lane::new(self.net, receive, steps)?);
+        outcome
+    }
+
+    fn register_each(&mut self, setup: &mut Setup, steps: super::schedule::Steps) -> Result<()> {
+        for send in &mut setup.sends {
+            if let Some(comm) = send.take() {
+                self.sends.push(Lane::new(self.net, comm, steps)?);
+            }
+        }
+        for receive in &mut setup.receives {
+            if let Some(comm) = receive.take() {
+                self.receives.push(Lane::new(self.net, comm, steps)?);
+            }
         }
         Ok(())
     }
@@ -309,10 +324,10 @@ impl<'n, 'p> Rank<'n, 'p> {
                 .for_each(|r| keep(self.net.close_recv(r)));
         }
         for lane in self.sends.drain(..) {
-            keep(lane.close(self.net, |net, comm| net.close_send(comm)));
+            keep(lane.close(self.net));
         }
         for lane in self.receives.drain(..) {
-            keep(lane.close(self.net, |net, comm| net.close_recv(comm)));
+            keep(lane.close(self.net));
         }
         if let Some(ctx) = self.ctx.take() {
             keep(self.net.finalize(ctx));
