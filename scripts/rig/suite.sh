@@ -18,6 +18,8 @@
 #   impaired               1 % loss, 1 % corruption, 10 ms delay on either rail: every byte arrives
 #   devices                two NIC pairs per host (rxe_a2 + rxe_a3 beside the first two): device 1,
 #                          then device 0, each seen only in its own NICs' hardware packet counters
+#   ranks                  mpib-ranks: ring all-reduce and all-to-all over 4 rank processes, 2 per
+#                          host, every result checked on every rank
 # plus the verbs device tests (tests/verbs_device.rs, `fabric::verbs` lib tests marked ignored)
 # and the main job, `mpib-demo --fabric verbs`. Each side checks the bytes per rail from its probes
 # file against the split rule, so SRQ receives and WRITE_WITH_IMM really happen on both rails.
@@ -573,6 +575,34 @@ if [ "${1-}" = --guest ]; then
     impaired "v12 impaired: 10 ms delay on $label (veth_a$rail)" "veth_a$rail" delay 10ms
   done
   devices "v12 devices: two NIC pairs per host, each device's traffic on its own NICs"
+  # ranks NAME OP: mpib-ranks, OP over 4 rank processes on the rxe NICs (even ranks with host A's,
+  # odd ones with host B's), 2 channels, vanilla intra-island, every result checked on every rank.
+  ranks() {
+    local name=$1 op=$2 s d rank host pids=() rc=0 t
+    wanted "$name" || return 0
+    s=$(slug "$name") t=$(now)
+    d=$W/$s
+    mkdir -p "$d" "/tmp/rig/$s"
+    ip neigh flush all
+    for rank in 0 1 2 3; do
+      host=("${A[@]}")
+      ((rank % 2 == 0)) || host=("${B[@]}")
+      env "${host[@]}" MPIB_ISLAND_PREFIX_LEN=24 timeout -k 5 "$pair_timeout" "$bin/mpib-ranks" \
+        --plugin "$bin/libnccl-net-mpib.so" --op "$op" --ranks 4 --rank "$rank" \
+        --rendezvous "/tmp/rig/$s" --channels 2 --min-size 4K --max-size 4M --step-factor 32 \
+        --iters 2 --timeout 120 > "$d/rank$rank.log" 2>&1 &
+      pids+=($!)
+    done
+    for rank in 0 1 2 3; do wait "${pids[$rank]}" || rc=$((rc + 1)); done
+    if [ "$rc" = 0 ]; then
+      record PASS "$name" "4 of 4 ranks exact on every size; largest: $(awk '$3 == "uint32" { l = $1 " B, busbw " $7 " GB/s" } END { print l }' "$d/rank0.log"), $(since "$t") s"
+    else
+      record FAIL "$name" "$rc of 4 rank(s) failed: $(grep -h -m1 'FAILED' "$d"/rank*.log | head -n 1)"
+      for rank in 0 1 2 3; do show_tail "rank $rank" "$d/rank$rank.log"; done
+    fi
+  }
+  ranks "v12 ranks: ring all-reduce over 4 rank processes, 2 per host" allreduce
+  ranks "v12 ranks: all-to-all over 4 rank processes, 2 per host" alltoall
   name="mpib-demo --fabric verbs (the main job)"
   if wanted "$name"; then
     t=$(now)
