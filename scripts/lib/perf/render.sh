@@ -85,6 +85,7 @@ agent_verdicts() {
   a=$(amed comms8 steady) b=$(amed comms8 sum_single) r=$(ratio "$a" "$b")
   echo "| 8 connections in one process through one agent, 2 + 4 GB/s: aggregate after 2 s vs the single rails summed (8 connections each) | $(gbs "$a") vs $(gbs "$b") | $r | ≥ 0.95 | $(verdict "$r" 0.95) |"
   device_verdicts
+  ranks_verdicts
   [ -n "$(amed rig-adaptive steady)" ] || return 0
   # The rig's agent cases run at the smallest size (rig.sh: rows of about a second).
   local z; z=$(sizes_of both | head -n 1)
@@ -121,6 +122,17 @@ device_verdicts() {
   echo "| … agent \`adaptive\` (each flow's loop on its own measured rates), vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
   a=$(amed shared static683) r=$(ratio "$a" "$b")
   echo "| … the split each device's rails alone would give (683), vs the same | $(gbs "$a") vs $(gbs "$b") | $r | (reported) | |"
+}
+
+# Collectives over many ranks in one process (scripts/lib/perf/ranks.sh): the bytes all ranks sent
+# per second against the SUP rail they all share (vanilla intra-island), reported.
+ranks_verdicts() {
+  local a r
+  [ -n "$(amed ranks-alltoall12 wire)" ] || return 0
+  a=$(amed ranks-alltoall12 wire) r=$(ratio "$a" 4)
+  echo "| \`mpib-ranks\` all-to-all over 12 ranks in one process (132 connections each way, set up in one batch), loopback: the bytes all ranks sent per second vs the SUP rail (4 GB/s) they share | $(gbs "$a") vs 4.000 GB/s | $r | (reported) | |"
+  a=$(amed ranks-allreduce8 wire) r=$(ratio "$a" 4)
+  echo "| … ring all-reduce over 8 ranks, 2 channels, the same | $(gbs "$a") vs 4.000 GB/s | $r | (reported) | |"
 }
 
 agent_table() {
