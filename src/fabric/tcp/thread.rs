@@ -284,8 +284,7 @@ impl Engine {
         loop {
             match self.unclaimed.make_room(now) {
                 Ok(None) => {}
-                Ok(Some(Outcome::Dropped { sender, why })) => self.dropped(sender, &why),
-                Ok(Some(Outcome::Hello { .. })) => {}
+                Ok(Some((sender, why))) => self.dropped(sender, &why),
                 Err(when) => {
                     (self.accept_retry, self.accept_waiting) = (Some(when), true);
                     return;

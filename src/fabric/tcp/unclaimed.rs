@@ -84,9 +84,12 @@ impl Unclaimed {
     }
 
     /// Makes a place for one more connection at `now`: `Ok(None)` when there is one,
-    /// `Ok(Some)` the oldest pushed out for it, `Err(when)` none before `when` (every waiting
-    /// one is younger than [`PUSH_OUT_AFTER`]).
-    pub(super) fn make_room(&mut self, now: Instant) -> Result<Option<Outcome>, Instant> {
+    /// `Ok(Some((sender, why)))` the oldest pushed out for it, `Err(when)` none before `when`
+    /// (every waiting one is younger than [`PUSH_OUT_AFTER`]).
+    pub(super) fn make_room(
+        &mut self,
+        now: Instant,
+    ) -> Result<Option<(Ipv4Addr, String)>, Instant> {
         if self.entries.len() < MAX_UNCLAIMED {
             return Ok(None);
         }
@@ -99,7 +102,7 @@ impl Unclaimed {
         }
         self.entries.remove(&token);
         let why = format!("the oldest of {MAX_UNCLAIMED} connections without a hello");
-        Ok(Some(Outcome::Dropped { sender, why }))
+        Ok(Some((sender, why)))
     }
 
     /// Whether [`Unclaimed::make_room`] need push anyone out.

@@ -84,7 +84,7 @@ fn past_the_cap_the_oldest_connection_is_pushed_out_once_it_had_its_time() {
     let (near, _far) = connection();
     unclaimed.admit(near, SENDER, now + PUSH_OUT_AFTER);
     match pushed_out {
-        Some(Outcome::Dropped { sender, why }) => {
+        Some((sender, why)) => {
             assert_eq!(sender, Ipv4Addr::new(10, 0, 0, 0), "the oldest");
             assert!(why.contains("oldest of 64"), "{why}");
         }
