@@ -1,14 +1,16 @@
-//! Numbers a stranger must not guess: listen ids, connection secrets (docs/SECURITY.md).
+//! Numbers a stranger must not guess (listen ids, connection secrets, the tcp fabric's QP
+//! numbers and keys: docs/SECURITY.md) and numbers processes must not share (the process number
+//! of the control links), all drawn here.
 //!
-//! Why `getrandom(2)` straight, with no fallback: the kernel's generator is what every other
-//! secret on the host comes from, and a guessable value here would let whoever reaches a port
-//! into a listen comm or a QP. A kernel without it fails the call that needed one, saying so.
+//! Why `getrandom(2)` straight, with no fallback for secrets: the kernel's generator is what
+//! every other secret on the host comes from, and a guessable value would let whoever reaches a
+//! port into a listen comm or a QP. A kernel without it fails the call that needed one, saying so;
+//! only numbers that must merely differ fall back to [`clock_and_pid`].
 
 use crate::error::{Error, Result};
 
-/// A uniformly drawn 64-bit number, never 0 (0 means "none" in the handshakes); `what` names
-/// it in the error.
-pub(crate) fn unguessable(what: &str) -> Result<u64> {
+/// A uniformly drawn 64-bit number, never 0 (0 means "none" in the handshakes).
+pub(crate) fn draw() -> std::io::Result<u64> {
     let mut bytes = [0u8; 8];
     loop {
         // SAFETY: `bytes` is writable for its length.
@@ -22,9 +24,23 @@ pub(crate) fn unguessable(what: &str) -> Result<u64> {
         }
         let error = std::io::Error::last_os_error();
         if error.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::system(format!("{what}: getrandom: {error}")));
+            return Err(error);
         }
     }
+}
+
+/// [`draw`], its failure an error naming `what`.
+pub(crate) fn unguessable(what: &str) -> Result<u64> {
+    draw().map_err(|error| Error::system(format!("{what}: getrandom: {error}")))
+}
+
+/// When there is no entropy: the clock and the pid, which still differ between processes of a
+/// host (guessable at a stretch; never 0).
+pub(crate) fn clock_and_pid() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    ((u64::from(std::process::id()) << 32) ^ nanos) | 1
 }
 
 #[cfg(test)]

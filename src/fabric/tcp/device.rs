@@ -38,24 +38,15 @@ static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
 pub(super) fn random_starts() -> (u32, u32) {
     static STARTS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
     *STARTS.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        // SAFETY: `bytes` is writable for its length.
-        let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        let drawn = if got == 8 {
-            u64::from_le_bytes(bytes)
-        } else {
+        let drawn = crate::random::draw().unwrap_or_else(|error| {
             // No entropy (a kernel without getrandom): the clock and pid, guessable at a
             // stretch, and said so.
             warn!(
                 crate::log::NET,
-                "tcp fabric: getrandom failed ({}); QP numbers and memory keys start from the clock",
-                std::io::Error::last_os_error()
+                "tcp fabric: getrandom failed ({error}); QP numbers and memory keys start from the clock"
             );
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            nanos ^ u64::from(std::process::id()).rotate_left(32)
-        };
+            crate::random::clock_and_pid()
+        });
         let qpn = 0x100 + (drawn as u32 & 0x3FFF_FFFF);
         let key = (0x10 + ((drawn >> 32) as u32 & 0x3FFF_FFFF)) & !1;
         (qpn, key)

@@ -77,20 +77,7 @@ pub(crate) enum Heard {
 /// on two hosts) tell their links apart.
 pub(crate) fn process_id() -> u64 {
     static ID: OnceLock<u64> = OnceLock::new();
-    *ID.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        // SAFETY: `bytes` is writable for its length.
-        let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        let drawn = u64::from_le_bytes(bytes);
-        if got == 8 && drawn != 0 {
-            return drawn;
-        }
-        // No entropy: the pid and the clock still differ between processes of one host.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        (u64::from(std::process::id()) << 32 ^ nanos) | 1
-    })
+    *ID.get_or_init(|| crate::random::draw().unwrap_or_else(|_| crate::random::clock_and_pid()))
 }
 
 /// A name never used before in this process (comm names and link identifiers; never 0).
