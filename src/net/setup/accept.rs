@@ -369,14 +369,8 @@ impl Acceptance {
     ) -> Stage {
         let settings = &ctx.settings;
         let sizing = receiver_sizing(settings, layout, reply.class, reply.failover);
-        let secret = request.secret;
-        match QueueBuilder::new(
-            layout,
-            sizing,
-            &self.device.budgets,
-            settings.force_flush,
-            secret,
-        ) {
+        let (budgets, flush) = (&self.device.budgets, settings.force_flush);
+        match QueueBuilder::new(layout, sizing, budgets, flush, request.secret) {
             Ok(builder) => Stage::Building(builder, Box::new(request), reply),
             Err(error) => self.refuse(reply, error),
         }
