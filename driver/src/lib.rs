@@ -17,6 +17,7 @@
 //! * [`env`]: environment changes serialised with every `init`.
 //! * [`testing`]: helpers shared by the integration tests.
 //! * [`other_user`]: a second local user for the trust tests.
+//! * [`harness`]: the cross-process cases over every topology (`mpib-harness`).
 
 pub mod abi;
 pub mod agent;
@@ -25,6 +26,7 @@ pub mod cases;
 pub mod child;
 pub mod env;
 pub mod error;
+pub mod harness;
 pub mod net;
 pub mod other_user;
 pub mod pattern;

@@ -1,8 +1,6 @@
-//! `mpib-ranks` as a user runs it: a ring all-reduce over several ranks, exact on every rank, for
-//! every ABI in one process on the loopback fabric and across processes on the tcp fabric;
-//! all-to-all and send/recv likewise, all-to-all over many ranks' connections; a rank killed
-//! mid-collective fails the others and none hangs; a rail cut mid-collective fails over with
-//! exact results, or fails every rank with `MPIB_FAILOVER=0`.
+//! `mpib-ranks` as a user runs it: the harness's loopback cases (every ABI in one process, a rail
+//! cut failed over or not), and across processes on the tcp fabric on this host: several ABIs,
+//! a burst of connections, a rank killed mid-collective fails the others and none hangs.
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -66,79 +64,45 @@ fn rows(output: &Output) -> usize {
 
 const SIZES: [&str; 6] = ["--min-size", "4", "--max-size", "4M", "--step-factor", "16"];
 
-/// Runs `op` over 4 ranks in one process on the loopback fabric through table `version`: every
-/// size's result exact on every rank, a row each.
-fn in_one_process(op: &str, version: &str) {
-    let mut args = vec![
-        "--op",
-        op,
-        "--ranks",
-        "4",
-        "--channels",
-        "2",
-        "--iters",
-        "2",
-    ];
-    args.extend(["--version", version]);
-    args.extend(SIZES);
-    let child = command(&[("MPIB_FABRIC", "loopback")], &args)
-        .spawn()
+/// The harness's loopback cases (driver/src/harness/catalog.rs): a ring all-reduce over 4 ranks
+/// in one process for every ABI, all-to-all and send/recv, 12 ranks' all-to-all (132 + 132
+/// connections in one batch), and the loopback's SUP rail cut mid all-reduce, failed over exactly
+/// or, with `MPIB_FAILOVER=0`, failing every rank. Every case must pass and say so.
+#[test]
+fn every_loopback_case_of_the_harness_passes() {
+    let plugin = mpib_driver::locate_built_plugin(&current_profile())
+        .unwrap_or_else(|e| panic!("build the plugin first (cargo build -p mpib): {e}"));
+    let bin = Path::new(env!("CARGO_BIN_EXE_mpib-ranks"))
+        .parent()
         .unwrap();
-    let output = finish(child, LIMIT, &format!("{op} {version}"));
-    assert!(output.status.success(), "{op} {version}: {}", text(&output));
-    assert_eq!(
-        rows(&output),
-        6,
-        "{op} {version}: a row per size: {}",
-        text(&output)
-    );
-}
-
-#[test]
-fn a_ring_all_reduce_is_exact_on_every_abi_in_one_process() {
-    for version in ["v7", "v8", "v9", "v10", "v11", "v12"] {
-        in_one_process("allreduce", version);
-    }
-}
-
-#[test]
-fn all_to_all_and_send_recv_are_exact_in_one_process() {
-    for (op, version) in [
-        ("alltoall", "v12"),
-        ("alltoall", "v8"),
-        ("sendrecv", "v12"),
-        ("sendrecv", "v7"),
-    ] {
-        in_one_process(op, version);
-    }
-}
-
-/// 12 ranks in one process: 132 send and 132 receive connections, set up in one batch (every
-/// listen first) and driven from one loop, as NCCL's proxy drives an all-to-all's.
-#[test]
-fn an_all_to_all_over_many_ranks_connections_is_exact() {
-    let args = [
-        "--op",
-        "alltoall",
-        "--ranks",
-        "12",
-        "--channels",
-        "1",
-        "--min-size",
-        "48K",
-        "--max-size",
-        "3M",
-        "--step-factor",
-        "64",
-        "--iters",
-        "1",
-    ];
-    let child = command(&[("MPIB_FABRIC", "loopback")], &args)
-        .spawn()
-        .unwrap();
-    let output = finish(child, LIMIT, "12 ranks");
+    let work = mpib_driver::temp_dir("mpib-harness-loopback").unwrap();
+    let mut harness = Command::new(env!("CARGO_BIN_EXE_mpib-harness"));
+    harness
+        .args(["--topology", "loopback", "--bin"])
+        .arg(bin)
+        .arg("--plugin")
+        .arg(plugin)
+        .arg("--work")
+        .arg(&work)
+        .args(["--prefix", &format!("mpib_test_{}", std::process::id())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let output = finish(harness.spawn().unwrap(), LIMIT * 2, "the harness");
+    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", text(&output));
-    assert_eq!(rows(&output), 2, "{}", text(&output));
+    let passed = stdout.lines().filter(|l| l.starts_with("PASS ")).count();
+    assert!(passed >= 13, "13 loopback cases or more: {}", text(&output));
+    let records = std::fs::read_to_string(work.join("results.jsonl")).unwrap();
+    assert_eq!(
+        records.lines().count(),
+        passed,
+        "one record per case: {records}"
+    );
+    assert!(
+        records.lines().all(|l| l.contains("\"verdict\":\"pass\"")),
+        "{records}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
 }
 
 /// The tcp fabric's environment for a rank on this host: two rails on loopback addresses.
@@ -288,49 +252,4 @@ fn a_rank_killed_mid_collective_fails_the_others_and_none_hangs() {
         );
     }
     let _ = std::fs::remove_dir_all(&rendezvous);
-}
-
-/// The loopback fabric's SUP rail cut after 40 transfers on it: with failover (the default) the
-/// all-reduces complete exactly over SOUT; with `MPIB_FAILOVER=0` every rank fails, none hangs.
-#[test]
-fn a_rail_cut_mid_collective_fails_over_exactly_or_fails_every_rank() {
-    let args = [
-        "--ranks",
-        "3",
-        "--channels",
-        "2",
-        "--min-size",
-        "1M",
-        "--max-size",
-        "4M",
-        "--iters",
-        "3",
-    ];
-    let cut = [
-        ("MPIB_FABRIC", "loopback"),
-        ("MPIB_LOOPBACK_FAULTS", "cut=sup:40"),
-    ];
-    let output = finish(command(&cut, &args).spawn().unwrap(), LIMIT, "failover");
-    assert!(output.status.success(), "failover: {}", text(&output));
-    assert!(
-        String::from_utf8_lossy(&output.stderr)
-            .contains("sup rail failed; going on over the sout rail alone"),
-        "the plugin says it failed the rail over: {}",
-        text(&output)
-    );
-    let mut off = cut.to_vec();
-    off.push(("MPIB_FAILOVER", "0"));
-    let output = finish(command(&off, &args).spawn().unwrap(), LIMIT, "no failover");
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "MPIB_FAILOVER=0: {}",
-        text(&output)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains("FAILED") && stdout.contains("ncclRemoteError"),
-        "{}",
-        text(&output)
-    );
 }

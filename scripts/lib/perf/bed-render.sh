@@ -19,7 +19,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0) ? a / b : 0 }'
 {
   echo "## The tcp fabric on the two-host bed"
   echo
-  echo "\`MPIB_FABRIC=tcp\` between two network namespaces joined by two veth pairs (scripts/bed/lib.sh),"
+  echo "\`MPIB_FABRIC=tcp\` between two network namespaces joined by two veth pairs (\`mpib-bed\`, driver/src/harness/bed.rs),"
   echo "sender and receiver in separate processes (\`mpib-perf --listen/--peer\`), shaped by \`tc tbf\`;"
   echo "GB/s = 1e9 B/s, medians of $reps repetitions, each row measured side by side in one run"
   echo "(\`scripts/lib/perf/bed.sh\`, run by \`scripts/perf\`). Both processes share this machine's 2 cores."

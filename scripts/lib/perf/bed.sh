@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/lib/perf/bed.sh WORK BIN REPS [quick]: the tcp fabric's figures on the two-host bed of
-# network namespaces (scripts/bed/lib.sh), medians of REPS repetitions, side by side in one run:
+# network namespaces (mpib-bed: the harness's bed, driver/src/harness/bed.rs), medians of REPS repetitions, side by side in one run:
 #   rail      one rail (SOUT) shaped to 2 Gbit/s by tbf: mpib-perf (inter-island: every byte on
 #             SOUT, over its 2 QPs) vs iperf3 with as many streams, at 1, 4 and 16 MiB
 #   ceiling   the same unshaped: the fabric's own ceiling against iperf3's on this machine
@@ -29,8 +29,10 @@ work=$1 bin=$2 reps=$3 quick=${4:-}
 here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 NA=mpib_perf_a NB=mpib_perf_b
-# shellcheck source=scripts/bed/lib.sh
-. "$root/scripts/bed/lib.sh"
+# The bed is the harness's (two hosts back to back, prefix mpib_perf: namespaces $NA and $NB).
+bed() { "$bin/mpib-bed" --prefix mpib_perf "$@"; }
+teardown() { bed down; }
+shape() { bed shape "$1" "${2:-0}"; } # shape RAIL RATE: tbf on both ends; empty or 0: unshaped
 mkdir -p "$work"
 : > "$work/records.tsv"
 rm -f "$work/failures.log"
@@ -38,7 +40,7 @@ tmp=$(mktemp -d /tmp/mpib_perf.XXXXXX)
 cleanup() { teardown; rm -rf "$tmp"; }
 trap cleanup EXIT
 teardown
-build_bed || { echo "bed perf: cannot build the bed (root, iproute2?)" >&2; exit 1; }
+bed up || { echo "bed perf: cannot build the bed (root, iproute2?)" >&2; exit 1; }
 for v in $(compgen -e); do [[ $v != MPIB_* ]] || unset "$v"; done
 common=(MPIB_FABRIC=tcp MPIB_PROBES=0 MPIB_AGENT_SOCKET=$tmp/agent.sock MPIB_HINT_PATH=$tmp/hints)
 A=("${common[@]}" MPIB_HCA_SOUT=veth_a0 MPIB_HCA_SUP=veth_a1 MPIB_OOB_ADDR=10.100.0.1)
@@ -158,17 +160,17 @@ failover_cut() {
   port=$((port + 1))
   if [ "$how" = down ]; then
     label="link down"
-    ( sleep 2; ip -n "$NA" link set veth_a1 down ) &
+    ( sleep 2; bed cut 1 down ) &
   else
     label="packets dropped"
     [ "$how" = drop ] || { label="packets dropped, watchdog"; env+=" MPIB_FAILOVER_WATCHDOG_MS=100"; }
-    ( sleep 2; tc -n "$NA" qdisc replace dev veth_a1 root tbf rate 8bit burst 16 limit 1 ) &
+    ( sleep 2; bed cut 1 one-way ) &
   fi
   cutter=$!
   series "$csv" "$port" "$env" --min-size 4194304 --max-size 4194304 --iters 2 \
     --warmup 0 --repeat "$failover_rows" --sup-bw 683 || echo "bed perf: failover run $rep.$i failed" >&2
   wait "$cutter"
-  ip -n "$NA" link set veth_a1 up
+  bed restore 1
   shape 1 2gbit
   # Rows of 8 MiB: the longest one spans the cut; the rows two past it run on SOUT alone.
   awk -F, -v r="$rep.$i" -v how="$label" 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next }
