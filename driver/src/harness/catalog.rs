@@ -329,22 +329,47 @@ fn ranks(name: &str, on: &'static [Kind], hosts: Option<usize>, ranks: RanksCase
 
 /// The collectives over rank processes, spread over the bed's and the rig's hosts.
 fn across_hosts() -> Vec<Case> {
+    let mut cases = every_table_across_hosts();
+    cases.extend(faults_across_hosts());
+    cases
+}
+
+/// A ring all-reduce over rank processes through every table: on the bed all of them, on the
+/// rig those it runs in full (v12, v8). Each process unloads as NCCL does (no `finalize` before
+/// v11).
+fn every_table_across_hosts() -> Vec<Case> {
+    let mut cases = vec![ranks(
+        "v12 ranks: all-to-all over 4 rank processes, 2 per host",
+        BOTH,
+        Some(2),
+        RanksCase::new("alltoall", 4),
+    )];
+    for version in ["v12", "v11", "v10", "v9", "v8", "v7"] {
+        let on = if matches!(version, "v12" | "v8") {
+            BOTH
+        } else {
+            BED
+        };
+        let name = format!("{version} ranks: ring all-reduce over 4 rank processes, 2 per host");
+        cases.push(ranks(
+            &name,
+            on,
+            Some(2),
+            RanksCase {
+                version,
+                ..RanksCase::new("allreduce", 4)
+            },
+        ));
+    }
+    cases
+}
+
+/// Collectives with something done to them, and across more than two hosts.
+fn faults_across_hosts() -> Vec<Case> {
     let cut: &'static [&'static str] = &["--min-size", "4M", "--max-size", "4M", "--iters", "10"];
     let long: &'static [&'static str] =
         &["--min-size", "16M", "--max-size", "16M", "--iters", "1000"];
     vec![
-        ranks(
-            "v12 ranks: ring all-reduce over 4 rank processes, 2 per host",
-            BOTH,
-            Some(2),
-            RanksCase::new("allreduce", 4),
-        ),
-        ranks(
-            "v12 ranks: all-to-all over 4 rank processes, 2 per host",
-            BOTH,
-            Some(2),
-            RanksCase::new("alltoall", 4),
-        ),
         ranks(
             "v12 ranks: ring all-reduce over 4 rank processes, SUP link down mid-collective",
             BED,
