@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::topology::{run_command, Cut, Host, Kind, Timing, Topology};
+use super::topology::{run_command, Cut, Host, Kind, Shared, Timing, Topology};
 use super::Settings;
 
 /// What the bed is built from.
@@ -44,9 +44,7 @@ pub struct BedOptions {
 /// A built bed; dropping it tears it down.
 pub struct Bed {
     options: BedOptions,
-    hosts: Vec<Host>,
-    base: Settings,
-    timing: Timing,
+    shared: Shared,
     stranger_built: Cell<bool>,
     /// Torn down when dropped (a bed left up for a script is not).
     owned: bool,
@@ -59,6 +57,17 @@ fn letter(index: usize) -> char {
 
 fn ip(args: &[&str]) -> Result<(), String> {
     run_command("ip", args)
+}
+
+/// A veth pair: `name` in `namespace`, its peer `peer` in `peer_namespace` (created inside
+/// them, so the names never exist in the caller's namespace).
+fn veth(name: &str, namespace: &str, peer: &str, peer_namespace: &str) -> Result<(), String> {
+    let words = [
+        "link", "add", name, "netns", namespace, "type", "veth", "peer", "name", peer,
+    ];
+    let mut words = words.to_vec();
+    words.extend(["netns", peer_namespace]);
+    ip(&words)
 }
 
 /// Kills every process in the namespaces named `PREFIX_*` and deletes them (their veth ends, and
@@ -169,11 +178,17 @@ impl Bed {
                 "3",
             ],
         };
-        Bed {
-            options,
+        let bin = options.bin.clone();
+        let shared = Shared {
+            kind: Kind::Bed,
             hosts,
             base,
+            bin,
             timing,
+        };
+        Bed {
+            options,
+            shared,
             stranger_built: Cell::new(false),
             owned: true,
         }
@@ -208,11 +223,11 @@ impl Bed {
     }
 
     fn wire(&self) -> Result<(), String> {
-        for index in 0..self.hosts.len() {
+        for index in 0..self.shared.hosts.len() {
             ip(&["netns", "add", &self.namespace(index)])?;
             ip(&["-n", &self.namespace(index), "link", "set", "lo", "up"])?;
         }
-        let switched = self.hosts.len() > 2;
+        let switched = self.shared.hosts.len() > 2;
         if switched {
             ip(&["netns", "add", &self.switch()])?;
         }
@@ -230,26 +245,13 @@ impl Bed {
                 ])?;
                 ip(&["-n", &self.switch(), "link", "set", &bridge, "up"])?;
             }
-            for (index, host) in self.hosts.iter().enumerate() {
+            for (index, host) in self.shared.hosts.iter().enumerate() {
                 let namespace = self.namespace(index);
                 let wire = &host.wires[rail];
                 if switched {
                     let port = format!("{}{rail}", letter(index));
-                    ip(&[
-                        "link",
-                        "add",
-                        wire,
-                        "netns",
-                        &namespace,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        &port,
-                        "netns",
-                        &self.switch(),
-                    ])?;
-                    ip(&[
+                    veth(wire, &namespace, &port, &self.switch())?;
+                    let master = [
                         "-n",
                         &self.switch(),
                         "link",
@@ -257,24 +259,15 @@ impl Bed {
                         &port,
                         "master",
                         &bridge,
-                        "up",
-                    ])?;
+                    ];
+                    ip(&[&master[..], &["up"]].concat())?;
                 } else if index == 0 {
-                    let peer = &self.hosts[1].wires[rail];
-                    ip(&[
-                        "link",
-                        "add",
+                    veth(
                         wire,
-                        "netns",
                         &namespace,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        peer,
-                        "netns",
+                        &self.shared.hosts[1].wires[rail],
                         &self.namespace(1),
-                    ])?;
+                    )?;
                 }
                 let address = format!("{}/24", host.addresses[rail]);
                 ip(&["-n", &namespace, "addr", "add", &address, "dev", wire])?;
@@ -288,7 +281,7 @@ impl Bed {
     /// other host answered.
     fn check_reachable(&self) -> Result<(), String> {
         for rail in 0..2 {
-            for (index, host) in self.hosts.iter().enumerate().skip(1) {
+            for (index, host) in self.shared.hosts.iter().enumerate().skip(1) {
                 let target = format!("{}:9", host.addresses[rail]);
                 let answer = self
                     .command(0, Path::new("python3"))
@@ -320,12 +313,17 @@ impl Bed {
         } else {
             0
         };
-        let mut ends: Vec<(String, String)> = (0..self.hosts.len())
-            .map(|index| (self.namespace(index), self.hosts[index].wires[rail].clone()))
+        let mut ends: Vec<(String, String)> = (0..self.shared.hosts.len())
+            .map(|index| {
+                (
+                    self.namespace(index),
+                    self.shared.hosts[index].wires[rail].clone(),
+                )
+            })
             .collect();
-        if self.hosts.len() > 2 {
+        if self.shared.hosts.len() > 2 {
             ends.extend(
-                (0..self.hosts.len())
+                (0..self.shared.hosts.len())
                     .map(|index| (self.switch(), format!("{}{rail}", letter(index)))),
             );
         }
@@ -350,7 +348,7 @@ impl Bed {
     /// Undoes a cut of `rail` at host `host`'s end (the link up, a one-way cut's token bucket
     /// gone) and leaves that rail unshaped, the other as it is (`mpib-bed restore`).
     pub fn mend(&self, host: usize, rail: usize) -> Result<(), String> {
-        let wire = &self.hosts[host].wires[rail];
+        let wire = &self.shared.hosts[host].wires[rail];
         ip(&["-n", &self.namespace(host), "link", "set", wire, "up"])?;
         self.shape(rail, "")
     }
@@ -365,10 +363,7 @@ impl Bed {
         }
         let b = self.namespace(1);
         ip(&["netns", "add", &stranger])?;
-        ip(&[
-            "link", "add", "veth_x", "netns", &stranger, "type", "veth", "peer", "name", "veth_bx",
-            "netns", &b,
-        ])?;
+        veth("veth_x", &stranger, "veth_bx", &b)?;
         ip(&[
             "-n",
             &stranger,
@@ -405,17 +400,8 @@ impl Drop for Bed {
 }
 
 impl Topology for Bed {
-    fn kind(&self) -> Kind {
-        Kind::Bed
-    }
-    fn hosts(&self) -> &[Host] {
-        &self.hosts
-    }
-    fn timing(&self) -> &Timing {
-        &self.timing
-    }
-    fn base(&self) -> &Settings {
-        &self.base
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
     fn xfer_arguments(&self) -> Vec<String> {
         [
@@ -430,9 +416,6 @@ impl Topology for Bed {
         .map(|word| word.to_string())
         .collect()
     }
-    fn bin(&self) -> &Path {
-        &self.options.bin
-    }
     fn plugin(&self) -> PathBuf {
         // The plugin by its NCCL name, as NCCL loads it; cargo names it libnccl_net_mpib.so.
         let lib = self.options.scratch.join("lib");
@@ -445,7 +428,7 @@ impl Topology for Bed {
     }
     fn cut(&self, host: usize, rail: usize, cut: Cut) -> Result<(), String> {
         let namespace = self.namespace(host);
-        let wire = &self.hosts[host].wires[rail];
+        let wire = &self.shared.hosts[host].wires[rail];
         match cut {
             Cut::LinkDown => ip(&["-n", &namespace, "link", "set", wire, "down"]),
             // A token bucket too small for any packet: every packet this end sends is dropped

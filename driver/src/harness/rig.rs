@@ -10,15 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::topology::{run_command, Cut, Host, Kind, Timing, Topology};
+use super::topology::{run_command, Cut, Host, Kind, Shared, Timing, Topology};
 use super::Settings;
 
 /// The rig's topology.
 pub struct Rig {
-    hosts: Vec<Host>,
-    base: Settings,
-    bin: PathBuf,
-    timing: Timing,
+    shared: Shared,
 }
 
 impl Rig {
@@ -34,7 +31,8 @@ impl Rig {
             addresses: [format!("10.100.0.{n}"), format!("10.100.1.{n}")],
         };
         let _ = std::fs::create_dir_all("/tmp/rig/probes");
-        Rig {
+        let shared = Shared {
+            kind: Kind::Rig,
             hosts: vec![host('a', 1), host('b', 2)],
             // retry_cnt 6: rxe treats 7 as "retry forever", so a broken wire would hang.
             base: Settings::words(
@@ -51,7 +49,8 @@ impl Rig {
                 bystander_cases: 30,
                 rank_sizes: &["--min-size", "4K", "--max-size", "4M", "--step-factor", "32", "--iters", "2"],
             },
-        }
+        };
+        Rig { shared }
     }
 }
 
@@ -106,29 +105,14 @@ pub fn counters_grown(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u
 }
 
 impl Topology for Rig {
-    fn kind(&self) -> Kind {
-        Kind::Rig
-    }
-    fn hosts(&self) -> &[Host] {
-        &self.hosts
-    }
-    fn timing(&self) -> &Timing {
-        &self.timing
-    }
-    fn base(&self) -> &Settings {
-        &self.base
-    }
-    fn xfer_arguments(&self) -> Vec<String> {
-        Vec::new()
-    }
-    fn bin(&self) -> &Path {
-        &self.bin
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
     fn plugin(&self) -> PathBuf {
-        self.bin.join("libnccl-net-mpib.so")
+        self.shared.bin.join("libnccl-net-mpib.so")
     }
     fn cut(&self, host: usize, rail: usize, cut: Cut) -> Result<(), String> {
-        let wire = &self.hosts[host].wires[rail];
+        let wire = &self.shared.hosts[host].wires[rail];
         let netem = match cut {
             Cut::OneWay => "loss 100%",
             Cut::Impair(netem) => netem,
@@ -139,7 +123,7 @@ impl Topology for Rig {
         run_command("tc", &words)
     }
     fn restore(&self, host: usize, rail: usize) -> Result<(), String> {
-        let wire = &self.hosts[host].wires[rail];
+        let wire = &self.shared.hosts[host].wires[rail];
         let output = Command::new("tc")
             .args(["qdisc", "del", "dev", wire, "root"])
             .output();
@@ -163,7 +147,7 @@ impl Topology for Rig {
         let _ = Command::new("ip").args(["neigh", "flush", "all"]).output();
     }
     fn collector(&self) -> Option<PathBuf> {
-        Some(self.bin.join("mpib-collector"))
+        Some(self.shared.bin.join("mpib-collector"))
     }
 }
 

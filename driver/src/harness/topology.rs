@@ -95,20 +95,49 @@ pub struct Timing {
     pub rank_sizes: &'static [&'static str],
 }
 
+/// What every topology has.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    /// Which kind it is.
+    pub kind: Kind,
+    /// Its hosts; host 0 is A (the sender of a pair), host 1 is B (the receiver).
+    pub hosts: Vec<Host>,
+    /// Settings every process gets (the fabric, probes), below the host's and the case's.
+    pub base: Settings,
+    /// The directory of the built binaries.
+    pub bin: PathBuf,
+    /// Its sizes and deadlines.
+    pub timing: Timing,
+}
+
 /// Where a case's processes run and what can be done to their wires.
 pub trait Topology {
+    /// What it has.
+    fn shared(&self) -> &Shared;
     /// Which kind this is.
-    fn kind(&self) -> Kind;
+    fn kind(&self) -> Kind {
+        self.shared().kind
+    }
     /// Its hosts; host 0 is A (the sender of a pair), host 1 is B (the receiver).
-    fn hosts(&self) -> &[Host];
+    fn hosts(&self) -> &[Host] {
+        &self.shared().hosts
+    }
     /// Its sizes and deadlines.
-    fn timing(&self) -> &Timing;
+    fn timing(&self) -> &Timing {
+        &self.shared().timing
+    }
     /// Settings every process gets (the fabric, probes), below the host's and the case's.
-    fn base(&self) -> &Settings;
+    fn base(&self) -> &Settings {
+        &self.shared().base
+    }
     /// Arguments every `mpib-xfer` gets, before the case's own (which win).
-    fn xfer_arguments(&self) -> Vec<String>;
+    fn xfer_arguments(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The directory of the built binaries.
-    fn bin(&self) -> &Path;
+    fn bin(&self) -> &Path {
+        &self.shared().bin
+    }
     /// The plugin under its NCCL name.
     fn plugin(&self) -> PathBuf;
     /// A command that runs `program` on host `host`.
@@ -171,11 +200,8 @@ pub fn run_command(program: &str, args: &[&str]) -> Result<(), String> {
 /// fabric (its rails are in-process queues; a rail is cut by `MPIB_LOOPBACK_FAULTS`, set when
 /// the process starts, since nothing outside can reach it).
 pub struct Loopback {
-    hosts: Vec<Host>,
-    base: Settings,
-    bin: PathBuf,
+    shared: Shared,
     plugin: PathBuf,
-    timing: Timing,
 }
 
 impl Loopback {
@@ -189,42 +215,32 @@ impl Loopback {
             wires: ["sout".to_string(), "sup".to_string()],
             addresses: ["127.0.0.1".to_string(), "127.0.0.1".to_string()],
         };
-        Loopback {
+        let timing = Timing {
+            process_limit: Duration::from_secs(120),
+            bounded_receiver_seconds: 6,
+            data_seconds: 30,
+            flap_cases: 8,
+            failback_cases: 30,
+            bystander_cases: 12,
+            rank_sizes: &["--min-size", "4", "--max-size", "4M", "--step-factor", "16"],
+        };
+        let shared = Shared {
+            kind: Kind::Loopback,
             hosts: vec![host],
             base: Settings::words("MPIB_FABRIC=loopback").with(every_case),
             bin: bin.to_path_buf(),
+            timing,
+        };
+        Loopback {
+            shared,
             plugin: plugin.to_path_buf(),
-            timing: Timing {
-                process_limit: Duration::from_secs(120),
-                bounded_receiver_seconds: 6,
-                data_seconds: 30,
-                flap_cases: 8,
-                failback_cases: 30,
-                bystander_cases: 12,
-                rank_sizes: &["--min-size", "4", "--max-size", "4M", "--step-factor", "16"],
-            },
         }
     }
 }
 
 impl Topology for Loopback {
-    fn kind(&self) -> Kind {
-        Kind::Loopback
-    }
-    fn hosts(&self) -> &[Host] {
-        &self.hosts
-    }
-    fn timing(&self) -> &Timing {
-        &self.timing
-    }
-    fn base(&self) -> &Settings {
-        &self.base
-    }
-    fn xfer_arguments(&self) -> Vec<String> {
-        Vec::new()
-    }
-    fn bin(&self) -> &Path {
-        &self.bin
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
     fn plugin(&self) -> PathBuf {
         self.plugin.clone()
