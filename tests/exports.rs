@@ -1,4 +1,5 @@
-//! The cdylib must export exactly the six NCCL net tables and nothing else.
+//! The cdylib must export exactly the six NCCL net tables and nothing else, and must not need
+//! libibverbs to load.
 //!
 //! This test builds nothing itself. Cargo compiles the library target once with both its crate
 //! types (`cdylib` and `rlib`) before linking integration tests, writing
@@ -88,6 +89,39 @@ fn only_the_six_tables_are_exported() {
     let found = defined_dynamic_symbols(&String::from_utf8_lossy(&output.stdout));
     let expected: BTreeSet<String> = EXPECTED.iter().map(|s| s.to_string()).collect();
     assert_eq!(found, expected, "dynamic exports of {}", lib.display());
+}
+
+/// libibverbs is opened by the verbs fabric (src/fabric/verbs/library.rs), never linked: the
+/// plugin must load where rdma-core is absent, so it may neither need the library nor import
+/// one of its symbols (a call to an rdma-sys function would bring both back).
+#[test]
+fn libibverbs_is_neither_needed_nor_imported() {
+    let lib = cdylib_path();
+    let dynamic = Command::new("readelf").arg("-d").arg(&lib).output();
+    let dynamic = dynamic.unwrap_or_else(|e| panic!("cannot run `readelf` (binutils): {e}"));
+    let needed: Vec<String> = String::from_utf8_lossy(&dynamic.stdout)
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !needed.is_empty(),
+        "readelf -d {} listed nothing",
+        lib.display()
+    );
+    let verbs: Vec<&String> = needed
+        .iter()
+        .filter(|l| l.contains("ibverbs") || l.contains("libnl"))
+        .collect();
+    assert!(verbs.is_empty(), "{} needs {verbs:?}", lib.display());
+    let imports = Command::new("nm")
+        .args(["-D", "--undefined-only"])
+        .arg(&lib)
+        .output();
+    let imports = imports.unwrap_or_else(|e| panic!("cannot run `nm` (binutils): {e}"));
+    let text = String::from_utf8_lossy(&imports.stdout);
+    let verbs: Vec<&str> = text.lines().filter(|line| line.contains(" ibv_")).collect();
+    assert!(verbs.is_empty(), "{} imports {verbs:?}", lib.display());
 }
 
 #[test]

@@ -4,10 +4,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rdma_sys::{
-    ___ibv_query_port, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_dealloc_pd, ibv_device,
-    ibv_device_attr, ibv_open_device, ibv_pd, ibv_port_attr, ibv_query_device,
+use super::library::{
+    self, ibv_alloc_pd, ibv_close_device, ibv_dealloc_pd, ibv_open_device, ibv_query_device,
 };
+use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_pd, ibv_port_attr};
 
 use super::attrs::{self, PORT_ACTIVE};
 use super::endpoint::PortAddress;
@@ -144,7 +144,7 @@ impl Drop for DeviceInner {
         for entry in leftover {
             // SAFETY: the entry came from a successful registration on this PD and was never
             // deregistered (deregistration removes it from the table first).
-            let rc = unsafe { rdma_sys::ibv_dereg_mr(entry.mr as *mut rdma_sys::ibv_mr) };
+            let rc = unsafe { super::library::ibv_dereg_mr(entry.mr as *mut rdma_sys::ibv_mr) };
             if rc != 0 {
                 teardown_failed("ibv_dereg_mr", &self.label, rc);
             }
@@ -400,7 +400,7 @@ fn query_port(context: &Context, port: u8) -> FabricResult<ibv_port_attr> {
     let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
     sys::clear_errno();
     // SAFETY: `ctx` is live; `attr` is a full-size out-parameter.
-    let rc = unsafe { ___ibv_query_port(context.ctx, port, &mut attr) };
+    let rc = unsafe { library::query_port(context.ctx, port, &mut attr) };
     if rc != 0 {
         let errno = sys::rc_errno(rc);
         return Err(fabric_error(

@@ -1,9 +1,8 @@
 //! Async events, read without blocking (the device's async fd is non-blocking) and without a
 //! thread: the engine asks with `next_async_event` when it wants to know.
 
-use rdma_sys::{
-    ibv_ack_async_event, ibv_async_event, ibv_async_event_element_t, ibv_get_async_event,
-};
+use super::library::{ibv_ack_async_event, ibv_get_async_event};
+use rdma_sys::{ibv_async_event, ibv_async_event_element_t};
 
 use super::attrs::{self, EventAction};
 use super::device::DeviceInner;

@@ -7,7 +7,8 @@
 
 use std::ffi::c_int;
 
-use rdma_sys::{ibv_context, ibv_gid, ibv_query_gid};
+use super::library::ibv_query_gid;
+use rdma_sys::{ibv_context, ibv_gid};
 
 /// The RoCE version of a GID table entry, from `.../gid_attrs/types/<index>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,8 @@
 
 use std::ffi::c_int;
 
-use rdma_sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr};
+use super::library::{ibv_dereg_mr, ibv_reg_mr};
+use rdma_sys::{ibv_access_flags, ibv_mr};
 
 use super::device::{DeviceInner, MrEntry};
 use super::sys;

@@ -32,6 +32,7 @@ mod endpoint;
 mod events;
 pub use endpoint::PortAddress;
 mod gid;
+mod library;
 mod memory;
 mod neighbour;
 mod qp;
@@ -44,7 +45,8 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_device, ibv_free_device_list, ibv_get_device_list, ibv_get_device_name};
+use library::{ibv_free_device_list, ibv_get_device_list, ibv_get_device_name};
+use rdma_sys::ibv_device;
 
 use super::{Fabric, FabricError, FabricResult, Rail, RailDevice};
 use crate::log;
@@ -104,8 +106,13 @@ impl VerbsFabric {
     /// list of devices.
     ///
     /// # Errors
+    /// libibverbs cannot be loaded (the error names it and its package), or
     /// `MPIB_IB_PCI_RELAXED_ORDERING` outside 0..=2.
     pub fn new(settings: &Settings) -> Result<VerbsFabric, FabricError> {
+        // Opened here, not linked: without rdma-core only this fabric is unavailable.
+        if let Err(why) = library::load() {
+            return Err(fabric_error("dlopen", "-", None, libc::ENOENT, why));
+        }
         if settings.relaxed_ordering > 2 {
             return Err(fabric_error(
                 "ibv_reg_mr_iova2",

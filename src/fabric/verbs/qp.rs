@@ -5,10 +5,10 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::library::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp};
 use rdma_sys::{
-    ibv_access_flags, ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp, ibv_qp_attr,
-    ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_send_flags,
-    ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    ibv_access_flags, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_cap, ibv_qp_init_attr,
+    ibv_qp_state, ibv_qp_type, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
 };
 
 use super::device::DeviceInner;

@@ -6,10 +6,8 @@ use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use rdma_sys::{
-    ibv_cq, ibv_create_cq, ibv_create_srq, ibv_destroy_cq, ibv_destroy_srq, ibv_recv_wr, ibv_srq,
-    ibv_srq_attr, ibv_srq_init_attr, ibv_wc,
-};
+use super::library::{ibv_create_cq, ibv_create_srq, ibv_destroy_cq, ibv_destroy_srq};
+use rdma_sys::{ibv_cq, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc};
 
 use super::attrs::{self, RawCompletion};
 use super::device::DeviceInner;

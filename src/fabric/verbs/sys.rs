@@ -3,12 +3,12 @@
 //! does (without the `unwrap` of rdma-sys's versions: a missing op is an error, not a panic).
 //!
 //! # Optional verbs
-//! The plugin links `libibverbs.so.1` with only IBVERBS_1.0/1.1 symbols, so it loads with any
-//! rdma-core. Newer verbs are looked up once, by name and symbol version, in the libibverbs the
-//! process has already loaded ([`optional`]): `ibv_reg_mr_iova2` (IBVERBS_1.8, relaxed ordering),
+//! The required entry points are IBVERBS_1.1 ones ([`super::library`]), so the plugin runs with
+//! any rdma-core. Newer verbs are looked up once, by name and symbol version, in the libibverbs
+//! the fabric opened ([`optional`]): `ibv_reg_mr_iova2` (IBVERBS_1.8, relaxed ordering),
 //! `ibv_reg_dmabuf_mr` (IBVERBS_1.12, DMA-BUF) and `ibv_query_port_speed` (rdma-core 57+, any
-//! version). The lookup goes through a `RTLD_NOLOAD` handle rather than `RTLD_DEFAULT` because NCCL
-//! loads plugins `RTLD_LOCAL`: their dependencies are then not in the global scope.
+//! version), through the library's own handle: NCCL loads plugins `RTLD_LOCAL`, and the library
+//! is not in the global scope either.
 
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
@@ -50,9 +50,19 @@ pub struct SymbolSupport {
 
 static OPTIONAL: OnceLock<OptionalVerbs> = OnceLock::new();
 
-/// The optional verbs, looked up at the first call and cached for the life of the image.
+/// The optional verbs, looked up at the first call after libibverbs was opened and cached for
+/// the life of the image (none before: nothing is cached then).
 pub(crate) fn optional() -> &'static OptionalVerbs {
-    OPTIONAL.get_or_init(lookup_all)
+    static NONE: OptionalVerbs = OptionalVerbs {
+        reg_mr_iova2: None,
+        reg_dmabuf_mr: None,
+        query_port_speed: None,
+    };
+    let scope = super::library::handle();
+    if scope.is_null() {
+        return &NONE;
+    }
+    OPTIONAL.get_or_init(|| lookup_all(scope))
 }
 
 /// What [`optional`] found, as plain flags.
@@ -65,22 +75,9 @@ pub(crate) fn symbol_support() -> SymbolSupport {
     }
 }
 
-fn lookup_all() -> OptionalVerbs {
-    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to an already-loaded object (the
-    // libibverbs this image links), taking a reference that is dropped by dlclose below.
-    let handle = unsafe {
-        libc::dlopen(
-            c"libibverbs.so.1".as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_NOLOAD,
-        )
-    };
-    let scope = if handle.is_null() {
-        libc::RTLD_DEFAULT
-    } else {
-        handle
-    };
+fn lookup_all(scope: *mut c_void) -> OptionalVerbs {
     let find = |name: &CStr, version: Option<&CStr>| -> *mut c_void {
-        // SAFETY: `scope` is a live handle (or RTLD_DEFAULT); the strings are NUL-terminated.
+        // SAFETY: `scope` is the live handle of the loaded library; the strings are NUL-terminated.
         unsafe {
             match version {
                 Some(v) => libc::dlvsym(scope, name.as_ptr(), v.as_ptr()),
@@ -93,7 +90,7 @@ fn lookup_all() -> OptionalVerbs {
     let speed = find(c"ibv_query_port_speed", None);
     // SAFETY: each pointer is either null (None) or the address of the libibverbs function of
     // that name and version, whose C prototype the target type spells out.
-    let verbs = unsafe {
+    unsafe {
         OptionalVerbs {
             reg_mr_iova2: (!iova2.is_null())
                 .then(|| std::mem::transmute::<*mut c_void, RegMrIova2>(iova2)),
@@ -102,13 +99,7 @@ fn lookup_all() -> OptionalVerbs {
             query_port_speed: (!speed.is_null())
                 .then(|| std::mem::transmute::<*mut c_void, QueryPortSpeed>(speed)),
         }
-    };
-    if !handle.is_null() {
-        // SAFETY: `handle` came from dlopen above; the library stays loaded because this image
-        // depends on it, so the function pointers remain valid.
-        unsafe { libc::dlclose(handle) };
     }
-    verbs
 }
 
 /// `ibv_post_send` as `verbs.h` inlines it; returns 0 or an errno value.
