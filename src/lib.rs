@@ -19,8 +19,7 @@ pub mod ffi;
 mod native_thread;
 pub mod net;
 mod netif;
-pub mod pairing;
-pub mod params;
+pub use mpib_params::{pairing, params};
 mod random;
 /// The sans-IO protocol core, its own crate (`proto/`) so that tools depend on it alone.
 pub use mpib_proto as proto;

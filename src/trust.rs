@@ -15,6 +15,8 @@ use std::fs::{self, Metadata};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
+pub(crate) use mpib_params::users::user_name;
+
 /// Write permission for the group or others.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
 /// The sticky bit: in such a directory only an entry's owner may remove or rename it.
@@ -194,66 +196,6 @@ fn name_suffix(uid: u32) -> String {
     user_name(uid).map_or_else(String::new, |name| format!(" ({name})"))
 }
 
-/// The name of `uid` in /etc/passwd.
-pub(crate) fn user_name(uid: u32) -> Option<String> {
-    database_entries("/etc/passwd")
-        .into_iter()
-        .find(|(_, id)| *id == uid)
-        .map(|(name, _)| name)
-}
-
-/// `MPIB_TRUSTED_UIDS`: comma-separated uids or user names of /etc/passwd.
-///
-/// # Errors
-///
-/// What was expected, naming the item that is neither.
-pub(crate) fn parse_uids(text: &str) -> Result<Vec<u32>, String> {
-    let users = database_entries("/etc/passwd");
-    text.split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| resolve(item, &users, "user", "/etc/passwd"))
-        .collect()
-}
-
-/// `MPIB_PROBES_GROUP`: a gid or a group name of /etc/group.
-///
-/// # Errors
-///
-/// What was expected, naming the group that was not found.
-pub(crate) fn parse_group(text: &str) -> Result<u32, String> {
-    resolve(
-        text.trim(),
-        &database_entries("/etc/group"),
-        "group",
-        "/etc/group",
-    )
-}
-
-fn resolve(item: &str, entries: &[(String, u32)], kind: &str, file: &str) -> Result<u32, String> {
-    if let Ok(id) = item.parse::<u32>() {
-        return Ok(id);
-    }
-    entries
-        .iter()
-        .find(|(name, _)| name == item)
-        .map(|(_, id)| *id)
-        .ok_or_else(|| format!("a number or a {kind} name of {file} (no {kind} `{item}` there)"))
-}
-
-/// `(name, id)` of each line of a passwd or group file (`name:x:id:...`); none if unreadable.
-fn database_entries(path: &str) -> Vec<(String, u32)> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split(':');
-            let name = fields.next()?;
-            let id = fields.nth(1)?.parse().ok()?;
-            Some((name.to_owned(), id))
-        })
-        .collect()
-}
-
 /// Whether `path` does not exist (nothing to trust yet: the caller reports it as before).
 pub(crate) fn is_missing(path: &Path) -> bool {
     matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
@@ -262,6 +204,7 @@ pub(crate) fn is_missing(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mpib_params::users::{parse_group, parse_uids};
     use std::os::unix::fs::{symlink, PermissionsExt};
 
     use mpib_driver::other_user::{other_user_or_skip, OtherUser};

@@ -1,4 +1,4 @@
-//! The README's configuration table lists every `MPIB_*` variable of `src/params.rs`, with the
+//! The README's configuration table lists every `MPIB_*` variable of `params/src/params.rs`, with the
 //! same defaults, and nothing else: the two cannot drift.
 
 use std::collections::BTreeMap;
@@ -31,7 +31,10 @@ fn readme_documents_every_variable_with_its_default() {
         .iter()
         .map(|p| (p.name.to_string(), p.default.to_string()))
         .collect();
-    assert_eq!(documented, declared, "README table vs src/params.rs PARAMS");
+    assert_eq!(
+        documented, declared,
+        "README table vs params/src/params.rs PARAMS"
+    );
 }
 
 #[test]

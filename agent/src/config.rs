@@ -5,7 +5,7 @@
 //! socket. A reload (SIGHUP) applies the policies, rules, rates, tuning and interval; the paths,
 //! the control socket, the metrics address and the sysfs root are read at start only (a reload
 //! that changes them logs that a restart is needed). Reading `MPIB_HINT_PATH`, `MPIB_AGENT_SOCKET`, `MPIB_AGENT_TAG` and `MPIB_PROBES_DIR`
-//! through the plugin's own parser (`mpib::params`) means one definition of their defaults.
+//! through the plugin's own parser (`mpib_params::params`, the crate the plugin parses its settings with) means one definition of their defaults.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -108,7 +108,7 @@ fn print_reply(reply: Result<String, String>) -> ExitCode {
 
 /// The paths the plugin would use, from the same variables and parser.
 fn plugin_paths() -> Result<(PathBuf, PathBuf, PathBuf), String> {
-    let settings = mpib::params::Settings::from_lookup(|name| std::env::var(name).ok())
+    let settings = mpib_params::params::Settings::from_lookup(|name| std::env::var(name).ok())
         .map_err(|e| e.to_string())?;
     Ok((
         settings.hint_path.into(),

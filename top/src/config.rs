@@ -108,7 +108,7 @@ where
     I: IntoIterator<Item = String>,
     E: Fn(&str) -> Option<String>,
 {
-    let settings = mpib::params::Settings::from_lookup(&env).map_err(|e| e.to_string())?;
+    let settings = mpib_params::params::Settings::from_lookup(&env).map_err(|e| e.to_string())?;
     let lookup = |name: &str| env(name).filter(|v| !v.is_empty());
     let mut config = Config {
         sources: Sources {

@@ -133,7 +133,7 @@ fn srq_water_marks_are_checked_against_each_other() {
 
 fn failback_ms(
     s: &Settings,
-    field: impl Fn(&crate::proto::failback::FailbackSettings) -> u64,
+    field: impl Fn(&mpib_proto::failback::FailbackSettings) -> u64,
 ) -> String {
     s.failback
         .as_ref()

@@ -228,7 +228,7 @@ pub const PARAMS: &[Param] = &[
     },
 ];
 
-pub use crate::fabric::FabricKind;
+pub use crate::FabricKind;
 
 pub use mpib_proto::mode::Mode;
 
@@ -309,7 +309,7 @@ pub struct Settings {
     /// MPIB_FAILOVER_WATCHDOG_MS, in ns (0: off).
     pub watchdog_ns: u64,
     /// MPIB_FAILBACK and its MPIB_FAILBACK_* timings (None: off).
-    pub failback: Option<crate::proto::failback::FailbackSettings>,
+    pub failback: Option<mpib_proto::failback::FailbackSettings>,
     /// MPIB_PROBES.
     pub probes: bool,
     /// MPIB_PROBES_DIR.
@@ -399,7 +399,7 @@ impl Settings {
             hint_path: get("MPIB_HINT_PATH").unwrap_or_else(|| format!("{agent_dir}/hints")),
             agent_socket: get("MPIB_AGENT_SOCKET")
                 .unwrap_or_else(|| format!("{agent_dir}/agent.sock")),
-            trusted_uids: parse_names(&get, "MPIB_TRUSTED_UIDS", crate::trust::parse_uids)?
+            trusted_uids: parse_names(&get, "MPIB_TRUSTED_UIDS", crate::users::parse_uids)?
                 .unwrap_or_default(),
             gid_index: parse_optional(&get, "MPIB_IB_GID_INDEX", 255)?.map(|v| v as u8),
             ib_timeout: parse_int(&get, "MPIB_IB_TIMEOUT", 20, 1, 31)? as u8,
@@ -426,7 +426,7 @@ impl Settings {
             failback: parse_failback(&get)?,
             probes: parse_int(&get, "MPIB_PROBES", 1, 0, 1)? == 1,
             probes_dir: get("MPIB_PROBES_DIR").unwrap_or_else(|| "/dev/shm/mpib".into()),
-            probes_group: parse_names(&get, "MPIB_PROBES_GROUP", crate::trust::parse_group)?,
+            probes_group: parse_names(&get, "MPIB_PROBES_GROUP", crate::users::parse_group)?,
             slow_us: u64::from(parse_int(&get, "MPIB_SLOW_US", 1000, 0, u32::MAX)?),
             probes_sample: parse_int(&get, "MPIB_PROBES_SAMPLE", 0, 0, u32::MAX)?,
             bdp_bytes: u64::from(parse_int(&get, "MPIB_BDP_BYTES", 0, 0, u32::MAX)?),
@@ -502,7 +502,7 @@ fn parse_int(
 /// when off. The hold-down may not exceed the longest wait, which bounds its doubling.
 fn parse_failback(
     get: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<crate::proto::failback::FailbackSettings>, ParamError> {
+) -> Result<Option<mpib_proto::failback::FailbackSettings>, ParamError> {
     if parse_int(get, "MPIB_FAILBACK", 1, 0, 1)? == 0 {
         return Ok(None);
     }
@@ -517,7 +517,7 @@ fn parse_failback(
         ));
     }
     let ns = |ms: u32| u64::from(ms) * 1_000_000;
-    Ok(Some(crate::proto::failback::FailbackSettings {
+    Ok(Some(mpib_proto::failback::FailbackSettings {
         hold_ns: ns(hold_ms),
         backoff_max_ns: ns(max_ms),
         attempt_ns: ns(attempt_ms),
