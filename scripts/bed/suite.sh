@@ -51,9 +51,15 @@ bin=${BED_BIN:-${CARGO_TARGET_DIR:-$root/target}/release}
 for f in mpib-harness mpib-xfer mpib-ranks libnccl_net_mpib.so; do
   [ -f "$bin/$f" ] || { echo "FAIL bed: $bin/$f missing: build first (cargo build --release -p mpib -p mpib-driver) or pass --build"; exit 1; }
 done
+[ -z "${BED_FULL_VERSIONS+set}" ] ||
+  { echo "FAIL bed: BED_FULL_VERSIONS is gone: the catalog (driver/src/harness/catalog.rs) says which tables run"; exit 2; }
 echo "bed: $(nproc) CPU(s), kernel $(uname -r)"
-exec "$bin/mpib-harness" --topology bed --bin "$bin" --work "$root/target/bed/last" \
+"$bin/mpib-harness" --topology bed --bin "$bin" --work "$root/target/bed/last" \
   --only "${BED_ONLY:-}" --process-limit "${BED_PAIR_TIMEOUT:-60}" --scale "${BED_SCALE:-loopback}" \
   --rate-sout "${BED_RATE_SOUT:-}" --rate-sup "${BED_RATE_SUP:-}" \
   --fault-rate "${BED_FAULT_RATE:-200mbit}" --max-call-ms "${BED_MAX_CALL_MS:-500}" \
   --prefix "${BED_PREFIX:-mpib_bed}" --mpib "${BED_MPIB:-}"
+rc=$?
+# 3: this machine cannot build the bed (no case ran).
+[ "$rc" != 3 ] || unavailable "the harness could not build the bed (its FAIL line above says why)"
+exit "$rc"

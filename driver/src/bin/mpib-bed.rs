@@ -40,7 +40,7 @@ fn run() -> Result<(), String> {
         process_limit: Duration::from_secs(60),
         bin: PathBuf::from("target/release"),
         every_case: Settings::default(),
-        scratch: std::env::temp_dir(),
+        scratch: None,
     };
     while words.first().is_some_and(|w| w.starts_with("--")) {
         let flag = words.remove(0);

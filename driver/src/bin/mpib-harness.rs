@@ -15,7 +15,7 @@
 //! when every case run passed and at least one ran, 1 otherwise, 2 on bad arguments. The bed
 //! needs root (network namespaces); it is torn down on exit, SIGINT or SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -102,7 +102,12 @@ fn parse() -> Result<Args, String> {
             "--process-limit" => {
                 args.process_limit = Some(Duration::from_secs_f64(number(&value)?))
             }
-            "--mpib" => args.every_case = Settings::words(&value),
+            "--mpib" => {
+                if let Some(word) = value.split_whitespace().find(|w| !w.contains('=')) {
+                    return Err(format!("--mpib: {word:?} is not K=V"));
+                }
+                args.every_case = Settings::words(&value)
+            }
             "--prefix" => args.prefix = value,
             "--rate-sout" => args.rates[0] = value,
             "--rate-sup" => args.rates[1] = value,
@@ -137,12 +142,9 @@ fn parse() -> Result<Args, String> {
 }
 
 /// Runs the bed's cases: one bed per host count the selected cases need (two hosts back to
-/// back, then three on switches), each torn down before the next is built.
-fn run_bed(args: &Args, options: &Options, results: &mut Results) {
-    let _lock = match bed::lock(&args.prefix) {
-        Ok(lock) => lock,
-        Err(error) => return println!("FAIL bed: {error}"),
-    };
+/// back, then three on switches), each torn down before the next is built. Returns false when
+/// the first bed could not be built (the machine cannot make one: no case ran).
+fn run_bed(args: &Args, options: &Options, results: &mut Results) -> bool {
     let cases = catalog();
     let mut counts: Vec<usize> = cases
         .iter()
@@ -157,7 +159,7 @@ fn run_bed(args: &Args, options: &Options, results: &mut Results) {
         .collect();
     counts.sort_unstable();
     counts.dedup();
-    for hosts in counts {
+    for (index, hosts) in counts.into_iter().enumerate() {
         if stopping() {
             break;
         }
@@ -170,29 +172,71 @@ fn run_bed(args: &Args, options: &Options, results: &mut Results) {
             process_limit: args.process_limit.unwrap_or(Duration::from_secs(60)),
             bin: args.bin.clone(),
             every_case: args.every_case.clone(),
-            scratch: options.scratch.clone(),
+            scratch: Some(options.scratch.clone()),
         });
-        match built {
-            Ok(topology) => {
-                println!(
-                    "bed: {hosts} hosts ({}), rails SOUT {}, SUP {}; scale {}",
-                    if hosts == 2 {
-                        "back to back"
-                    } else {
-                        "a switch per rail"
-                    },
-                    or_unshaped(&args.rates[0]),
-                    or_unshaped(&args.rates[1]),
-                    args.scale
-                );
-                run_cases(&topology, &cases, options, results);
-            }
+        let topology = match built {
+            Ok(topology) => topology,
             Err(error) => {
                 println!("FAIL bed: cannot build {hosts} hosts: {error}");
                 results.failed += 1;
+                return index > 0;
+            }
+        };
+        let wiring = if hosts == 2 {
+            "back to back"
+        } else {
+            "a switch per rail"
+        };
+        let (sout, sup) = (or_unshaped(&args.rates[0]), or_unshaped(&args.rates[1]));
+        println!(
+            "bed: {hosts} hosts ({wiring}), rails SOUT {sout}, SUP {sup}; scale {}",
+            args.scale
+        );
+        if !run_cases(&topology, &cases, options, results) {
+            break;
+        }
+    }
+    true
+}
+
+/// Empties `work` for this run's logs, unless it holds something else: only a directory that is
+/// empty or holds a harness run's records (`results.jsonl`) is emptied. Emptied, not removed: in
+/// the rig it is a directory shared with the host (a mount point).
+fn prepare_work(work: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    let entries: Vec<PathBuf> = std::fs::read_dir(work)
+        .map_err(|e| format!("cannot read {}: {e}", work.display()))?
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    if !entries.is_empty() && !work.join("results.jsonl").exists() {
+        return Err(format!(
+            "refusing to empty {}: it is not a harness log directory (no results.jsonl)",
+            work.display()
+        ));
+    }
+    for path in entries {
+        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+    }
+    Ok(())
+}
+
+/// The run's private scratch directory, `/tmp/PREFIX.TOPOLOGY-PID-N` (created, never reused);
+/// on the bed, under its lock, stale ones of killed runs are removed first.
+fn scratch_dir(prefix: &str, name: &str, stale: bool) -> Result<PathBuf, String> {
+    let start = format!("{prefix}.{name}-");
+    if stale {
+        for entry in std::fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().starts_with(&start) {
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
     }
+    mpib_driver::temp_dir(&format!("{prefix}.{name}")).map_err(|e| e.to_string())
 }
 
 fn or_unshaped(rate: &str) -> &str {
@@ -220,27 +264,31 @@ fn main() -> ExitCode {
     }
     catch_signals();
     let started = Instant::now();
+    // Two bed runs with one prefix would tear down each other's namespaces: the lock comes
+    // before anything of a running one could be touched.
+    let _lock = match args.kind {
+        Kind::Bed => match bed::lock(&args.prefix) {
+            Ok(lock) => Some(lock),
+            Err(error) => {
+                println!("FAIL bed: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let work = args
         .work
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("target/{name}/last")));
-    // Emptied, not removed: in the rig it is a directory shared with the host (a mount point).
-    if let Ok(entries) = std::fs::read_dir(&work) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+    let prepared =
+        prepare_work(&work).and_then(|()| scratch_dir(&args.prefix, name, args.kind == Kind::Bed));
+    let scratch = match prepared {
+        Ok(scratch) => scratch,
+        Err(error) => {
+            eprintln!("mpib-harness: {error}");
+            return ExitCode::FAILURE;
         }
-    }
-    let scratch = PathBuf::from(format!("/tmp/{}.{name}", args.prefix));
-    let _ = std::fs::remove_dir_all(&scratch);
-    if let Err(error) = std::fs::create_dir_all(&work).and(std::fs::create_dir_all(&scratch)) {
-        eprintln!(
-            "mpib-harness: cannot create {} or {}: {error}",
-            work.display(),
-            scratch.display()
-        );
-        return ExitCode::FAILURE;
-    }
+    };
     let options = Options {
         only: args.only.clone(),
         max_call_milliseconds: args.max_call_milliseconds,
@@ -249,8 +297,9 @@ fn main() -> ExitCode {
         test_binaries: args.test_binaries.clone(),
     };
     let mut results = Results::new(name, &work);
+    let mut available = true;
     match args.kind {
-        Kind::Bed => run_bed(&args, &options, &mut results),
+        Kind::Bed => available = run_bed(&args, &options, &mut results),
         Kind::Rig => {
             let limit = args.process_limit.unwrap_or(Duration::from_secs(240));
             run_cases(
@@ -258,19 +307,15 @@ fn main() -> ExitCode {
                 &catalog(),
                 &options,
                 &mut results,
-            )
+            );
         }
         Kind::Loopback => {
             let plugin = args
                 .plugin
                 .clone()
                 .unwrap_or_else(|| args.bin.join("libnccl_net_mpib.so"));
-            run_cases(
-                &Loopback::new(&args.bin, &plugin, &args.every_case),
-                &catalog(),
-                &options,
-                &mut results,
-            )
+            let loopback = Loopback::new(&args.bin, &plugin, &args.every_case);
+            run_cases(&loopback, &catalog(), &options, &mut results);
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
@@ -281,7 +326,13 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64(),
         work.display()
     );
-    if results.failed == 0 && results.passed > 0 {
+    if results.passed + results.failed == 0 {
+        println!("{name}: no case ran (does --only match a case of this topology? --list)");
+    }
+    if !available {
+        // The machine cannot build the bed: scripts/bed/suite.sh may skip on this status.
+        ExitCode::from(3)
+    } else if results.failed == 0 && results.passed > 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

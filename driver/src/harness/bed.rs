@@ -37,8 +37,9 @@ pub struct BedOptions {
     pub bin: PathBuf,
     /// Settings over the bed's own, under each case's.
     pub every_case: Settings,
-    /// The run's scratch directory.
-    pub scratch: PathBuf,
+    /// The run's scratch directory (handles, sockets, probes, the plugin's link); none for a bed
+    /// only built and shaped (`mpib-bed`).
+    pub scratch: Option<PathBuf>,
 }
 
 /// A built bed; dropping it tears it down.
@@ -70,16 +71,17 @@ fn veth(name: &str, namespace: &str, peer: &str, peer_namespace: &str) -> Result
     ip(&words)
 }
 
-/// Kills every process in the namespaces named `PREFIX_*` and deletes them (their veth ends, and
-/// so the pairs, go with them). Only namespaces of this prefix, which the lock says are ours.
+/// Kills every process in the bed's namespaces (`PREFIX_a` to `PREFIX_h`, `PREFIX_sw`,
+/// `PREFIX_x`) and deletes them (their veth ends, and so the pairs, go with them). Only those
+/// names: another run's prefix may start with this one.
 pub fn teardown(prefix: &str) {
-    let start = format!("{prefix}_");
-    let Ok(entries) = std::fs::read_dir("/run/netns") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(&start) {
+    let ours: Vec<String> = (0..8)
+        .map(|index| letter(index).to_string())
+        .chain(["sw".to_string(), "x".to_string()])
+        .map(|suffix| format!("{prefix}_{suffix}"))
+        .collect();
+    for name in ours {
+        if !Path::new("/run/netns").join(&name).exists() {
             continue;
         }
         if let Ok(output) = Command::new("ip").args(["netns", "pids", &name]).output() {
@@ -154,12 +156,14 @@ impl Bed {
                 }
             })
             .collect();
-        let probes = options.scratch.join("probes");
-        let base = Settings::words(&format!(
-            "MPIB_FABRIC=tcp MPIB_PROBES=1 MPIB_PROBES_DIR={}",
-            probes.display()
-        ))
-        .with(&options.every_case);
+        // Probes on, private to the run, when it has a scratch directory (not `mpib-bed`).
+        let base = match &options.scratch {
+            Some(scratch) => Settings::words(&format!(
+                "MPIB_FABRIC=tcp MPIB_PROBES=1 MPIB_PROBES_DIR={}",
+                scratch.join("probes").display()
+            )),
+            None => Settings::words("MPIB_FABRIC=tcp"),
+        };
         let timing = Timing {
             process_limit: options.process_limit,
             bounded_receiver_seconds: 6,
@@ -179,10 +183,12 @@ impl Bed {
             ],
         };
         let bin = options.bin.clone();
+        let every_case = options.every_case.clone();
         let shared = Shared {
             kind: Kind::Bed,
             hosts,
             base,
+            every_case,
             bin,
             timing,
         };
@@ -213,8 +219,10 @@ impl Bed {
             return Err(format!("a bed has 2 to 8 hosts, not {}", options.hosts));
         }
         teardown(&options.prefix);
-        let probes = options.scratch.join("probes");
-        std::fs::create_dir_all(&probes).map_err(|e| format!("{}: {e}", probes.display()))?;
+        if let Some(scratch) = &options.scratch {
+            let probes = scratch.join("probes");
+            std::fs::create_dir_all(&probes).map_err(|e| format!("{}: {e}", probes.display()))?;
+        }
         let bed = Bed::describe(options);
         bed.wire()?;
         bed.check_reachable()?;
@@ -418,7 +426,10 @@ impl Topology for Bed {
     }
     fn plugin(&self) -> PathBuf {
         // The plugin by its NCCL name, as NCCL loads it; cargo names it libnccl_net_mpib.so.
-        let lib = self.options.scratch.join("lib");
+        let Some(scratch) = &self.options.scratch else {
+            return self.options.bin.join("libnccl_net_mpib.so");
+        };
+        let lib = scratch.join("lib");
         let link = lib.join("libnccl-net-mpib.so");
         if !link.exists() {
             let _ = std::fs::create_dir_all(&lib);

@@ -70,7 +70,10 @@ fn rows(log: &Log) -> Vec<Vec<String>> {
 
 fn start(context: &Context<'_>, case: &RanksCase) -> Vec<Process> {
     let timing = context.topology.timing();
-    let mut settings = quick_errors(&Settings::words("MPIB_ISLAND_PREFIX_LEN=24"));
+    let mut settings = Settings::words("MPIB_ISLAND_PREFIX_LEN=24");
+    if case.cut.is_some() || case.kill.is_some() {
+        settings = quick_errors(&settings);
+    }
     if let Some(faults) = case.loopback_faults {
         settings.set("MPIB_LOOPBACK_FAULTS", faults);
     }
@@ -100,6 +103,7 @@ fn start(context: &Context<'_>, case: &RanksCase) -> Vec<Process> {
     if context.topology.kind() == Kind::Loopback {
         return vec![context.start(0, "mpib-ranks", &settings, &words, "ranks.log")];
     }
+    context.topology.before_case();
     let rendezvous = context.scratch_path("ring");
     let _ = std::fs::create_dir_all(&rendezvous);
     let hosts = context.topology.hosts().len();

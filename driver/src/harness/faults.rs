@@ -311,7 +311,7 @@ pub fn killed(context: &Context<'_>, victim: Role, cut_first: Option<usize>) -> 
     let started = Instant::now();
     fault_rates(context, &mut outcome);
     let timing = context.topology.timing();
-    let survivor_deadline = (timing.data_seconds * 2 / 3).to_string();
+    let survivor_deadline = timing.data_seconds.to_string();
     let survivor_words = arguments(&[
         "--expect-error",
         "plugin",
@@ -319,8 +319,11 @@ pub fn killed(context: &Context<'_>, victim: Role, cut_first: Option<usize>) -> 
         &survivor_deadline,
     ]);
     let mut settings = Settings::words("MPIB_MODE=1 MPIB_ISLAND_PREFIX_LEN=24");
+    let mut words = arguments(&["--scale", "rig"]);
     if cut_first.is_some() {
         settings = quick_errors(&settings);
+        // The rail fails over: the bytes per rail follow the split only until then.
+        words.push("--no-rail-check".into());
     }
     let (receiver, sender) = match victim {
         Role::Receiver => (Vec::new(), survivor_words),
@@ -332,7 +335,7 @@ pub fn killed(context: &Context<'_>, victim: Role, cut_first: Option<usize>) -> 
             version: "v12",
             cases: repeat("split-512", timing.flap_cases + 4),
             settings,
-            arguments: arguments(&["--scale", "rig", "--no-rail-check"]),
+            arguments: words,
             receiver,
             sender,
             ..Launch::default()

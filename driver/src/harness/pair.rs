@@ -85,6 +85,8 @@ pub fn arguments(words: &[&str]) -> Vec<String> {
 /// Starts a pair: the receiver first, then the sender, sharing a handle file and an agent socket
 /// in the case's scratch directory.
 pub fn launch(context: &Context<'_>, spec: &Launch) -> Pair {
+    // Every pair starts as the first connection of a boot would (the rig: no neighbours known).
+    context.topology.before_case();
     let scratch = context.scratch.join(spec.sub);
     let _ = std::fs::create_dir_all(&scratch);
     let _ = std::fs::create_dir_all(context.dir.join(spec.sub));

@@ -2,7 +2,7 @@
 //! killed (nothing may hang), and an exit that says how it ended.
 
 use std::fs::File;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,9 +54,11 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `command` with stdin empty and stdout and stderr into `log`, to be killed after
-    /// `limit`. A failure to start is written to the log and ends as [`Exit::NotStarted`].
+    /// Starts `command` in a process group of its own, with stdin empty and stdout and stderr
+    /// into `log`, to be killed (with anything it started) after `limit`. A failure to start is
+    /// written to the log and ends as [`Exit::NotStarted`].
     pub fn start(mut command: Command, log: &Path, limit: Duration) -> Process {
+        command.process_group(0);
         let started = File::create(log).and_then(|file| {
             let err = file.try_clone()?;
             command
@@ -111,17 +113,23 @@ impl Process {
     }
 
     fn end(&mut self, how: Exit) -> bool {
+        self.kill();
         if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
             let _ = child.wait();
         }
         self.exit = Some(how);
         false
     }
 
-    /// SIGKILLs it now (a case's victim); its exit then reads [`Exit::Signal`] 9.
+    /// SIGKILLs it and its process group now (a case's victim); its exit then reads
+    /// [`Exit::Signal`] 9.
     pub fn kill(&mut self) {
         if let Some(child) = self.child.as_mut() {
+            if let Ok(group) = i32::try_from(child.id()) {
+                // SAFETY: kill(2) on the group this child leads (process_group(0) at start); the
+                // child is not reaped yet, so the id is still ours.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
             let _ = child.kill();
         }
     }

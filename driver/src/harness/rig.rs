@@ -37,8 +37,8 @@ impl Rig {
             // retry_cnt 6: rxe treats 7 as "retry forever", so a broken wire would hang.
             base: Settings::words(
                 "MPIB_FABRIC=verbs MPIB_IB_RETRY_CNT=6 MPIB_PROBES=1 MPIB_PROBES_DIR=/tmp/rig/probes",
-            )
-            .with(every_case),
+            ),
+            every_case: every_case.clone(),
             bin: bin.to_path_buf(),
             timing: Timing {
                 process_limit,

@@ -12,6 +12,9 @@ use super::run::{Context, Outcome};
 use super::topology::Cut;
 use super::Settings;
 
+/// Unsets a host's NIC settings, for programs that choose both hosts' NICs themselves.
+const NO_HOST: &str = "MPIB_HCA_SOUT MPIB_HCA_SUP MPIB_OOB_ADDR";
+
 /// Runs a rig scenario.
 pub fn run(context: &Context<'_>, scenario: &Scenario) -> Outcome {
     match scenario {
@@ -159,10 +162,11 @@ fn demo(context: &Context<'_>) -> Outcome {
         "--plugin",
         &plugin,
     ]);
+    // The demo picks the rig's two hosts itself when no NIC is named: none of host A's settings.
     let mut demo = context.start_limited(
         0,
         "mpib-demo",
-        &Settings::default(),
+        &Settings::words(NO_HOST),
         &words,
         "demo.log",
         Duration::from_secs(600),
@@ -185,7 +189,7 @@ fn demo(context: &Context<'_>) -> Outcome {
 pub fn tests(context: &Context<'_>, binaries: &[(String, PathBuf, Vec<String>)]) -> Outcome {
     let mut outcome = Outcome::default();
     let started = Instant::now();
-    let mut settings = Settings::default();
+    let mut settings = Settings::words(NO_HOST);
     settings.set("MPIB_TEST_DEVICE_A", "rxe_a0");
     settings.set("MPIB_TEST_DEVICE_B", "rxe_b0");
     let mut passed = 0;

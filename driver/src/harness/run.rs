@@ -97,10 +97,11 @@ impl Context<'_> {
                 command.env_remove(key);
             }
         }
-        let layered = self
-            .topology
-            .base()
-            .with(&self.topology.hosts()[host].settings)
+        let shared = self.topology.shared();
+        let layered = shared
+            .base
+            .with(&shared.hosts[host].settings)
+            .with(&shared.every_case)
             .with(settings);
         layered.apply(&mut command);
         command.args(arguments);
@@ -199,14 +200,15 @@ fn run_scenario(context: &Context<'_>, scenario: &Scenario, options: &Options) -
 }
 
 /// Runs every case of `cases` that is on this topology, fits its hosts and matches `only`;
-/// records each. Stops starting cases once the harness is stopping, or when the first case (the
-/// preflight) fails, since every other would fail the same way.
+/// records each. Stops starting cases once the harness is stopping, or when the preflight
+/// fails, since every other case would fail the same way; returns false then (no other
+/// topology should run either).
 pub fn run_cases(
     topology: &dyn Topology,
     cases: &[Case],
     options: &Options,
     results: &mut Results,
-) {
+) -> bool {
     let hosts = topology.hosts().len();
     for (index, case) in cases.iter().enumerate() {
         if stopping() {
@@ -224,11 +226,10 @@ pub fn run_cases(
         let preflight_failed = !record.passed && matches!(case.scenario, Scenario::Preflight);
         results.add(&record);
         if preflight_failed {
-            break;
+            return false;
         }
     }
-    // What the processes of a failed case leave behind must not stop the next run.
-    let _ = std::fs::remove_dir_all(&options.scratch);
+    !stopping()
 }
 
 /// `count` copies of `case`, comma-separated (an mpib-xfer case list).

@@ -104,6 +104,8 @@ pub struct Shared {
     pub hosts: Vec<Host>,
     /// Settings every process gets (the fabric, probes), below the host's and the case's.
     pub base: Settings,
+    /// Settings the caller added for every case (`--mpib`): over the host's, under the case's.
+    pub every_case: Settings,
     /// The directory of the built binaries.
     pub bin: PathBuf,
     /// Its sizes and deadlines.
@@ -227,7 +229,8 @@ impl Loopback {
         let shared = Shared {
             kind: Kind::Loopback,
             hosts: vec![host],
-            base: Settings::words("MPIB_FABRIC=loopback").with(every_case),
+            base: Settings::words("MPIB_FABRIC=loopback"),
+            every_case: every_case.clone(),
             bin: bin.to_path_buf(),
             timing,
         };
