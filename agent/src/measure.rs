@@ -34,16 +34,7 @@ use mpib_probes::{ConnectionState, Direction, InFlightSample, LoadState, Mode, P
 
 use crate::policy::{Sample, SOUT, SUP};
 
-/// NIC counters (sysfs `hw_counters`) that count retransmissions or their causes, summed. rxe,
-/// mlx5 and others name them differently; the ones a device lacks are skipped.
-pub const RETRANSMISSION_COUNTERS: &[&str] = &[
-    "completer_retry_err",
-    "retry_exceeded_err",
-    "local_ack_timeout_err",
-    "packet_seq_err",
-    "out_of_sequence",
-    "rnr_nak_retry_err",
-];
+pub use mpib_node::sysfs::RETRANSMISSION_COUNTERS;
 
 /// How often the daemon samples the connections' parts in flight between measurements: 2,000
 /// samples a second put a flow's busy fraction within about 1 % (binomial, p = 0.5, over a

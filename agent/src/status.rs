@@ -165,21 +165,7 @@ fn failed_over_rails(counts: &[usize; 2]) -> String {
 }
 
 /// The columns every agent since `flows` exists sends first.
-macro_rules! first_flows_columns {
-    () => {
-        "flow\tsout_pair\tpolicy\tsup_bw\tmeasured_sup_bw\tsout_bytes_per_second\tsup_bytes_per_second\tthroughput_bytes_per_second\tconnections\trecovered"
-    };
-}
-
-/// The first columns of [`flows`]: what a reader requires (a later agent adds columns after
-/// them, as this one added `measured_connections`).
-pub const FLOWS_HEADER_FIRST: &str = first_flows_columns!();
-
-/// The header line of [`flows`]: the columns, in order.
-pub const FLOWS_HEADER: &str = concat!(
-    first_flows_columns!(),
-    "\tmeasured_connections\tfailed_over_rails"
-);
+pub use mpib_node::agent_status::{FLOWS_HEADER, FLOWS_HEADER_FIRST};
 
 /// The `flows` reply, for programs (`mpib-top`): [`FLOWS_HEADER`], then one tab-separated line
 /// per flow; `-` where nothing was measured, rates in bytes per second, `recovered` 1 for a flow

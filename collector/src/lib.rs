@@ -26,13 +26,11 @@ pub mod collector;
 pub mod config;
 mod connections;
 pub mod export;
-pub mod files;
-pub mod hint;
 pub mod latency;
 pub mod otlp_metrics;
 pub mod points;
 pub mod process;
 pub mod server;
-pub mod sysfs;
 pub mod traces;
-pub mod trust;
+
+pub use mpib_node::{files, hint, sysfs, trust};

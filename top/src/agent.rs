@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use mpib_agent::status::FLOWS_HEADER_FIRST;
+use mpib_node::agent_status::FLOWS_HEADER_FIRST;
 
 use crate::frame::{Agent, Flow};
 
@@ -125,7 +125,7 @@ fn flow(line: &str) -> Result<Flow, String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use mpib_agent::status::FLOWS_HEADER;
+    use mpib_node::agent_status::FLOWS_HEADER;
 
     #[test]
     fn a_reply_parses_and_a_bad_one_says_why() {

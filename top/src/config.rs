@@ -158,7 +158,7 @@ where
             }
             "--allowed-uids" => {
                 let list = value(&arg)?;
-                let uids = mpib_collector::trust::parse_uids(&list)
+                let uids = mpib_node::trust::parse_uids(&list)
                     .map_err(|e| format!("--allowed-uids {list:?}: {e}"))?;
                 config.sources.allowed_uids = Some(uids);
             }

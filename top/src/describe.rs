@@ -1,6 +1,6 @@
 //! One process's [`Process`] from its snapshot and the previous one.
 
-use mpib_collector::hint::HintTable;
+use mpib_node::hint::HintTable;
 use mpib_probes::{
     ConnectionSnapshot, ConnectionState, Direction, Mode, PathClass, ProbesReader, Snapshot,
     MAX_RAILS, RAIL_NAMES,

@@ -1,7 +1,7 @@
 //! mpib-top: a live terminal view of every MPIB rail, connection and agent decision on a node.
 //!
 //! It maps the plugin's probes files read-only with the collector's checks
-//! (`mpib_collector::trust`), reads the agent's hint file and control socket and the NICs'
+//! (`mpib_node::trust`), reads the agent's hint file and control socket and the NICs'
 //! sysfs counters, and shows rates over each interval: on a live screen (ratatui), as text frames
 //! (`-b`, like `top -b`), or as JSON documents (`--once --json`). It never writes or deletes a
 //! file. Modules: [`config`] (flags), [`scan`] (which files), [`sample`] and [`describe`] (the

@@ -1,9 +1,9 @@
 //! The NICs' own counters: each rail's retransmissions, summed over the counters the agent sums
-//! (`mpib_agent::measure::RETRANSMISSION_COUNTERS`), read through the collector's sysfs reader.
+//! (`mpib_node::sysfs::RETRANSMISSION_COUNTERS`), read through the collector's sysfs reader.
 
 use std::path::Path;
 
-use mpib_agent::measure::RETRANSMISSION_COUNTERS;
+use mpib_node::sysfs::RETRANSMISSION_COUNTERS;
 use mpib_probes::FileInfo;
 
 /// Per NIC slot of `info`: the NIC's retransmission total, `None` for a NIC without any of the
@@ -13,7 +13,7 @@ pub fn retransmissions(sysfs_root: &Path, info: &FileInfo) -> Vec<Option<u64>> {
         .iter()
         .map(|rail| {
             let counters =
-                mpib_collector::sysfs::read_port_counters(sysfs_root, &rail.device, rail.port);
+                mpib_node::sysfs::read_port_counters(sysfs_root, &rail.device, rail.port);
             let mut found = false;
             let mut total = 0u64;
             for (name, value) in counters {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mpib_collector::hint::HintTable;
+use mpib_node::hint::HintTable;
 use mpib_probes::declared::{
     RAIL_ERROR_COMPLETIONS, RAIL_RX_BYTES, RAIL_TX_BYTES, SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER,
 };
@@ -117,9 +117,10 @@ impl Sampler {
         let file = (mapped.identity.dev, mapped.identity.ino, info.start_ns);
         let retransmissions = nic::retransmissions(&self.sources.sysfs_root, info);
         let uid = mapped.uid;
-        let user = self.users.entry(uid).or_insert_with(|| {
-            mpib_collector::trust::user_name(uid).unwrap_or_else(|| uid.to_string())
-        });
+        let user = self
+            .users
+            .entry(uid)
+            .or_insert_with(|| mpib_node::trust::user_name(uid).unwrap_or_else(|| uid.to_string()));
         let fresh = || Previous {
             file,
             at_ns: 0,
@@ -253,10 +254,10 @@ fn collect_slow(reader: &ProbesReader, previous: &mut Previous, now: u64) {
             continue; // 1-in-N samples are not slow transfers
         }
         // Rails of the mask that were posted on, as the collector's traces take them.
-        let Some((start, end)) = mpib_collector::traces::extent(&t) else {
+        let Some((start, end)) = mpib_node::transfers::extent(&t) else {
             continue;
         };
-        let rails = mpib_collector::traces::active_rails(&t);
+        let rails = mpib_node::transfers::active_rails(&t);
         let mut rail_us = [None; 2];
         for &r in &rails {
             rail_us[r] = Some(t.done_ns[r].saturating_sub(t.post_ns[r]) as f64 / 1e3);

@@ -1,7 +1,7 @@
 //! Which probes files are shown: the collector's checks, file by file, without its side effects
 //! (`mpib-top` never deletes a file and never writes one).
 //!
-//! A file is mapped once it passes `mpib_collector::trust::check_file` (type, mode, owner) and
+//! A file is mapped once it passes `mpib_node::trust::check_file` (type, mode, owner) and
 //! `check_writer` (its pid runs as its owner); it is shown while its writer runs and has not
 //! closed it. A refused file is listed with its reason, as the collector counts it in
 //! `mpib_probes_skipped_total{reason}`; one whose writer is gone is simply not there.
@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mpib_collector::files::{self, Identity};
-use mpib_collector::trust::{self, FileCheck, WriterCheck};
+use mpib_node::files::{self, Identity};
+use mpib_node::trust::{self, FileCheck, WriterCheck};
 use mpib_probes::{Corruption, LoadState, ProbesReader};
 
 use crate::frame::Skipped;

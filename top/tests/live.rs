@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use common::{agent, eventually, perf, perf_with, probes_file, process, temp_dir, top_json};
-use mpib_collector::hint::HintTable;
+use mpib_node::hint::HintTable;
 use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES, SRQ_HIGH_WATER, SRQ_LOW_WATER};
 use mpib_probes::{now_ns, LoadState, ProbesReader, Snapshot};
 use serde_json::Value;

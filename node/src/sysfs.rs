@@ -74,6 +74,17 @@ pub fn boot_time_ns() -> Option<u64> {
     line.trim().parse::<u64>().ok()?.checked_mul(1_000_000_000)
 }
 
+/// NIC counters (sysfs `hw_counters`) that count retransmissions or their causes, summed. rxe,
+/// mlx5 and others name them differently; the ones a device lacks are skipped.
+pub const RETRANSMISSION_COUNTERS: &[&str] = &[
+    "completer_retry_err",
+    "retry_exceeded_err",
+    "local_ack_timeout_err",
+    "packet_seq_err",
+    "out_of_sequence",
+    "rnr_nak_retry_err",
+];
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

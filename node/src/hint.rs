@@ -9,14 +9,12 @@
 use std::fs;
 use std::path::Path;
 
-/// Header magic, "MPIH".
-pub const HINT_MAGIC: u32 = 0x4D50_4948;
-/// Entries in the file.
-pub const HINT_ENTRIES: usize = 256;
-const HEADER_LEN: usize = 16;
-const ENTRY_LEN: usize = 16;
-/// Bytes of the whole file.
-pub const HINT_FILE_LEN: usize = HEADER_LEN + HINT_ENTRIES * ENTRY_LEN;
+// The layout is declared once, in the sans-IO crate the plugin and the agent also use.
+use mpib_proto::hint::{
+    check_header as check_fields, encode_header, entry_offset, header_fields, HINT_HEADER_LEN,
+    SEQ_OFFSET, SUP_BW_OFFSET,
+};
+pub use mpib_proto::hint::{HINT_FILE_LEN, HINT_MAGIC, HINT_MAX_ENTRIES as HINT_ENTRIES};
 const TRIES: usize = 4;
 
 /// Why a hint file was not used.
@@ -92,37 +90,28 @@ fn check_header(bytes: &[u8]) -> Result<(), HintError> {
             "{len} bytes, expected {HINT_FILE_LEN}"
         )));
     }
-    let (magic, entries) = (word(bytes, 0), word(bytes, 4));
-    if magic != HINT_MAGIC {
-        return Err(HintError::Invalid(format!(
-            "magic {magic:#010x}, expected {HINT_MAGIC:#010x}"
-        )));
-    }
-    if entries as usize != HINT_ENTRIES {
-        return Err(HintError::Invalid(format!(
-            "max_entries {entries}, expected {HINT_ENTRIES}"
-        )));
-    }
-    Ok(())
+    let mut header = [0u8; HINT_HEADER_LEN];
+    header.copy_from_slice(&bytes[..HINT_HEADER_LEN]);
+    let (magic, entries) = header_fields(&header);
+    check_fields(magic, entries).map_err(HintError::Invalid)
 }
 
 /// `sup_bw` of `slot` when both copies agree on an even seq and the value.
 fn settled(a: &[u8], b: &[u8], slot: usize) -> Option<u32> {
-    let at = HEADER_LEN + slot * ENTRY_LEN;
-    let (bw_a, seq_a) = (word(a, at), word(a, at + 4));
-    let (bw_b, seq_b) = (word(b, at), word(b, at + 4));
+    let at = entry_offset(slot);
+    let (bw_a, seq_a) = (word(a, at + SUP_BW_OFFSET), word(a, at + SEQ_OFFSET));
+    let (bw_b, seq_b) = (word(b, at + SUP_BW_OFFSET), word(b, at + SEQ_OFFSET));
     (seq_a % 2 == 0 && seq_a == seq_b && bw_a == bw_b).then_some(bw_a)
 }
 
 /// A hint file image with `entries` (`(slot, sup_bw, seq)`) set; for tests and demos.
 pub fn encode(entries: &[(u32, u32, u32)]) -> Vec<u8> {
     let mut bytes = vec![0u8; HINT_FILE_LEN];
-    bytes[0..4].copy_from_slice(&HINT_MAGIC.to_ne_bytes());
-    bytes[4..8].copy_from_slice(&(HINT_ENTRIES as u32).to_ne_bytes());
+    bytes[..HINT_HEADER_LEN].copy_from_slice(&encode_header());
     for &(slot, sup_bw, seq) in entries {
-        let at = HEADER_LEN + slot as usize * ENTRY_LEN;
-        bytes[at..at + 4].copy_from_slice(&sup_bw.to_ne_bytes());
-        bytes[at + 4..at + 8].copy_from_slice(&seq.to_ne_bytes());
+        let at = entry_offset(slot as usize);
+        bytes[at + SUP_BW_OFFSET..at + SUP_BW_OFFSET + 4].copy_from_slice(&sup_bw.to_ne_bytes());
+        bytes[at + SEQ_OFFSET..at + SEQ_OFFSET + 4].copy_from_slice(&seq.to_ne_bytes());
     }
     bytes
 }
