@@ -49,8 +49,9 @@ pub struct Paths {
     pub probes_dir: PathBuf,
     /// The Prometheus endpoint, `None` when off.
     pub metrics_listen: Option<SocketAddr>,
-    /// Root of the RDMA sysfs tree (NIC retransmission counters, link rates).
-    pub sysfs_root: PathBuf,
+    /// The sysfs root, `/sys` (NIC retransmission counters under `class/infiniband`), as
+    /// `MPIB_SYSFS` names it for the plugin, the collector and `mpib-top`.
+    pub sysfs: PathBuf,
 }
 
 /// The reloadable part.
@@ -72,8 +73,8 @@ pub struct Policies {
     pub metrics_listen: Option<String>,
     /// Control socket (read at start only; flag `--control`).
     pub control_path: Option<PathBuf>,
-    /// RDMA sysfs root (read at start only; flag `--sysfs-root`).
-    pub sysfs_root: Option<PathBuf>,
+    /// The sysfs root, `/sys` (read at start only; flag `--sysfs`).
+    pub sysfs: Option<PathBuf>,
     /// Users who may register, uids or names, comma-separated (flag `--allowed-uids`).
     pub allowed_uids: Option<String>,
     /// Groups whose members (by the gid they connect with) may register (flag
@@ -100,7 +101,7 @@ impl Default for Policies {
             rules: Vec::new(),
             metrics_listen: None,
             control_path: None,
-            sysfs_root: None,
+            sysfs: None,
             allowed_uids: None,
             allowed_gids: None,
             max_flows_per_process: FlowLimits::DEFAULT.per_process,
@@ -230,6 +231,15 @@ fn mask(prefix: u8) -> u32 {
 impl Policies {
     /// Parses and checks a TOML text; the error names the file's item that was wrong.
     pub fn from_toml(text: &str) -> Result<Policies, String> {
+        if text
+            .lines()
+            .any(|line| line.trim_start().starts_with("sysfs_root"))
+        {
+            return Err(
+                "sysfs_root is gone: `sysfs = \"/sys\"` names the sysfs root, as MPIB_SYSFS does"
+                    .into(),
+            );
+        }
         let mut policies: Policies = toml::from_str(text).map_err(|e| e.to_string())?;
         policies.check()?;
         let resolve = |key: &str, list: &Option<String>, kind| {
@@ -361,12 +371,20 @@ mod tests {
     }
 
     #[test]
+    fn the_old_sysfs_key_is_refused_naming_the_new_one() {
+        let error = Policies::from_toml("sysfs_root = \"/sys/class/infiniband\"\n").unwrap_err();
+        assert!(error.contains("sysfs = "), "{error}");
+        let policies = Policies::from_toml("sysfs = \"/fake\"\n").unwrap();
+        assert_eq!(policies.sysfs, Some("/fake".into()));
+    }
+
+    #[test]
     fn the_packaged_example_parses_to_the_defaults() {
         let text = include_str!("../../packaging/agent.toml");
         let example = Policies::from_toml(text).unwrap();
         let defaults = Policies {
             metrics_listen: Some("127.0.0.1:9465".into()),
-            sysfs_root: Some("/sys/class/infiniband".into()),
+            sysfs: Some("/sys".into()),
             ..Policies::default()
         };
         assert_eq!(example, defaults);

@@ -174,7 +174,7 @@ fn spawn(
 /// Measures and decides every interval until stop.
 fn policy_loop(options: &Options, shared: &Shared, reload: &AtomicBool) {
     let paths = &options.paths;
-    let mut measurer = Measurer::new(&paths.probes_dir, &paths.sysfs_root);
+    let mut measurer = Measurer::new(&paths.probes_dir, &paths.sysfs);
     let mut last = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         let interval_end = last + shared.policies.load().interval();
@@ -299,11 +299,11 @@ fn reload_policies(options: &Options, shared: &Shared) {
             let start_only = (
                 &policies.metrics_listen,
                 &policies.control_path,
-                &policies.sysfs_root,
+                &policies.sysfs,
             );
-            if start_only != (&old.metrics_listen, &old.control_path, &old.sysfs_root) {
+            if start_only != (&old.metrics_listen, &old.control_path, &old.sysfs) {
                 log::warn(
-                    "metrics_listen, control_path and sysfs_root are read at start only: \
+                    "metrics_listen, control_path and sysfs are read at start only: \
                      restart mpib-agent to apply their change",
                 );
             }

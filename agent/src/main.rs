@@ -14,7 +14,7 @@ use mpib_agent::policy::PolicyKind;
 const USAGE: &str = "\
 usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--interval-ms N]
                   [--hint-path PATH] [--socket PATH] [--control PATH] [--probes-dir DIR]
-                  [--metrics-listen ADDR:PORT|off] [--sysfs-root DIR]
+                  [--metrics-listen ADDR:PORT|off] [--sysfs DIR]
                   [--allowed-uids LIST] [--allowed-gids LIST]
                   [--max-flows-per-process N] [--max-flows-per-user N]
        mpib-agent status [--control PATH]
@@ -35,7 +35,7 @@ usage: mpib-agent [run] [--config PATH] [--policy static|capacity|adaptive] [--i
   --control PATH    operators' socket [default: the registration socket's path, .control]
   --probes-dir DIR  the plugins' probes files [env: MPIB_PROBES_DIR; default /dev/shm/mpib]
   --metrics-listen  Prometheus endpoint [default: 127.0.0.1:9465; off: none]
-  --sysfs-root DIR  RDMA devices' sysfs [default: /sys/class/infiniband]
+  --sysfs DIR       the sysfs root, for the NICs' counters [env: MPIB_SYSFS; default: /sys]
   --allowed-uids LIST
                     users who may register: uids or names, comma-separated; others are
                     answered status 2 [env: MPIB_AGENT_ALLOWED_UIDS; file: allowed_uids;
@@ -107,13 +107,14 @@ fn print_reply(reply: Result<String, String>) -> ExitCode {
 }
 
 /// The paths the plugin would use, from the same variables and parser.
-fn plugin_paths() -> Result<(PathBuf, PathBuf, PathBuf), String> {
+fn plugin_paths() -> Result<(PathBuf, PathBuf, PathBuf, PathBuf), String> {
     let settings = mpib_params::params::Settings::from_lookup(|name| std::env::var(name).ok())
         .map_err(|e| e.to_string())?;
     Ok((
         settings.hint_path.into(),
         settings.agent_socket.into(),
         settings.probes_dir.into(),
+        settings.sysfs.into(),
     ))
 }
 
@@ -139,14 +140,14 @@ fn parse(args: &[String]) -> Result<Action, String> {
     if args.iter().any(|a| a == "-h" || a == "--help") {
         return Ok(Action::Help);
     }
-    let (hint, socket, probes) = plugin_paths()?;
+    let (hint, socket, probes, sysfs) = plugin_paths()?;
     let paths = Paths {
         control_path: socket.with_extension("control"),
         hint_path: hint,
         socket_path: socket,
         probes_dir: probes,
         metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9465))),
-        sysfs_root: PathBuf::from("/sys/class/infiniband"),
+        sysfs,
     };
     let mut flags = Flags {
         options: Options {
@@ -222,10 +223,11 @@ fn read_flag<'a>(args: &'a [String], i: &mut usize, flags: &mut Flags<'a>) -> Re
             paths.metrics_listen = parse_listen(value(args, i, arg)?)?;
             flags.metrics_given = true;
         }
-        "--sysfs-root" => {
-            paths.sysfs_root = value(args, i, arg)?.into();
+        "--sysfs" => {
+            paths.sysfs = value(args, i, arg)?.into();
             flags.sysfs_given = true;
         }
+        "--sysfs-root" => mpib_node::sysfs::refuse_old_name(arg)?,
         "--allowed-uids" => {
             flags.options.allowed_uids = Some(flag_ids(value(args, i, arg)?, arg, Kind::Users)?)
         }
@@ -263,8 +265,8 @@ fn apply_file_settings(flags: &mut Flags<'_>) -> Result<(), String> {
     if let (false, Some(path)) = (flags.control_given, &policies.control_path) {
         paths.control_path = path.clone();
     }
-    if let (false, Some(path)) = (flags.sysfs_given, &policies.sysfs_root) {
-        paths.sysfs_root = path.clone();
+    if let (false, Some(path)) = (flags.sysfs_given, &policies.sysfs) {
+        paths.sysfs = path.clone();
     }
     Ok(())
 }

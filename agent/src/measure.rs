@@ -139,7 +139,7 @@ pub struct FlowMeasurement {
 /// The reader of probes files and NIC counters, keeping the previous values.
 pub struct Measurer {
     dir: PathBuf,
-    sysfs_root: PathBuf,
+    sysfs: PathBuf,
     /// Open files and their owners.
     readers: BTreeMap<PathBuf, (ProbesReader, u32)>,
     previous: BTreeMap<(PathBuf, u32, u32), Counters>,
@@ -164,11 +164,12 @@ pub struct Measurer {
 }
 
 impl Measurer {
-    /// A measurer of `dir`'s probes files and the NIC counters under `sysfs_root`.
-    pub fn new(dir: &Path, sysfs_root: &Path) -> Measurer {
+    /// A measurer of `dir`'s probes files and the NIC counters under the sysfs root `sysfs`
+    /// (`/sys`).
+    pub fn new(dir: &Path, sysfs: &Path) -> Measurer {
         Measurer {
             dir: dir.to_path_buf(),
-            sysfs_root: sysfs_root.to_path_buf(),
+            sysfs: sysfs.to_path_buf(),
             readers: BTreeMap::new(),
             previous: BTreeMap::new(),
             nic_previous: BTreeMap::new(),
@@ -422,23 +423,7 @@ impl Measurer {
     }
 
     fn nic_total(&self, device: &str, port: u32) -> Option<u64> {
-        let dir = self
-            .sysfs_root
-            .join(device)
-            .join("ports")
-            .join(port.to_string())
-            .join("hw_counters");
-        let mut any = false;
-        let mut total = 0u64;
-        for name in RETRANSMISSION_COUNTERS {
-            if let Ok(text) = std::fs::read_to_string(dir.join(name)) {
-                if let Ok(value) = text.trim().parse::<u64>() {
-                    total = total.saturating_add(value);
-                    any = true;
-                }
-            }
-        }
-        any.then_some(total)
+        mpib_node::sysfs::retransmissions(&self.sysfs, device, port)
     }
 }
 
@@ -450,14 +435,7 @@ fn live(reader: &ProbesReader, now_ns: u64) -> bool {
             || now_ns.saturating_sub(reader.heartbeat_ns()) < HEARTBEAT_LIVE_NS)
 }
 
-/// Whether `pid` exists (`/proc/PID`); an error other than "not found" counts as alive.
-pub fn pid_alive(pid: u32) -> bool {
-    pid != 0
-        && match std::fs::metadata(format!("/proc/{pid}")) {
-            Ok(_) => true,
-            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-        }
-}
+pub use mpib_node::files::pid_alive;
 
 /// A process's start time in clock ticks since boot (`/proc/PID/stat` field 22), 0 if unknown.
 pub fn start_ticks(pid: u32) -> u64 {

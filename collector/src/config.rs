@@ -204,9 +204,9 @@ OPTIONS:
     --hint-path <PATH>       The agent's hint file; feeds mpib_connection_hint_sup_ratio
                              for advanced-mode connections (absent file: no metric).
                              [env: MPIB_HINT_PATH] [default: /tmp/mpib/hints]
-    --sysfs-root <DIR>       Root of sysfs for the NICs' own counters
+    --sysfs <DIR>            The sysfs root, for the NICs' own counters
                              (<DIR>/class/infiniband/<dev>/ports/<port>/{{counters,hw_counters}}).
-                             [env: MPIB_SYSFS_ROOT] [default: /sys]
+                             [env: MPIB_SYSFS] [default: /sys]
     --allowed-uids <LIST>    Export only probes files owned by these users: uids or user
                              names, comma-separated. Whatever the list, a file is exported
                              only when it is a regular file nobody but its owner may write,
@@ -283,7 +283,7 @@ const OPTIONS: [(&str, &str, Opt); 12] = [
         Opt::OtlpMetricsInterval,
     ),
     ("--hint-path", "MPIB_HINT_PATH", Opt::HintPath),
-    ("--sysfs-root", "MPIB_SYSFS_ROOT", Opt::SysfsRoot),
+    ("--sysfs", "MPIB_SYSFS", Opt::SysfsRoot),
     (
         "--allowed-uids",
         "MPIB_COLLECTOR_ALLOWED_UIDS",
@@ -307,6 +307,9 @@ where
     E: Fn(&str) -> Option<String>,
 {
     let mut config = Config::default();
+    if env("MPIB_SYSFS_ROOT").is_some() {
+        mpib_node::sysfs::refuse_old_name("MPIB_SYSFS_ROOT").map_err(ConfigError)?;
+    }
     for (_, var, opt) in OPTIONS {
         if let Some(value) = env(var).filter(|v| !v.is_empty()) {
             apply(&mut config, opt, &value).map_err(|e| ConfigError(format!("{var}: {e}")))?;
@@ -327,6 +330,7 @@ where
             Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
             None => (arg.clone(), None),
         };
+        mpib_node::sysfs::refuse_old_name(&flag).map_err(ConfigError)?;
         let Some((name, _, opt)) = OPTIONS.iter().find(|(name, _, _)| *name == flag) else {
             return Err(ConfigError(format!("unknown option '{arg}'")));
         };
@@ -418,6 +422,22 @@ mod tests {
     #[test]
     fn defaults() {
         assert_eq!(run(&[], &[]).unwrap(), Command::Run(Config::default()));
+    }
+
+    #[test]
+    fn the_sysfs_root_has_one_name_and_the_old_ones_are_refused() {
+        match run(&["--sysfs", "/fake"], &[]).unwrap() {
+            Command::Run(config) => assert_eq!(config.sysfs_root, PathBuf::from("/fake")),
+            other => panic!("{other:?}"),
+        }
+        match run(&[], &[("MPIB_SYSFS", "/env")]).unwrap() {
+            Command::Run(config) => assert_eq!(config.sysfs_root, PathBuf::from("/env")),
+            other => panic!("{other:?}"),
+        }
+        let flag = run(&["--sysfs-root", "/x"], &[]).unwrap_err().0;
+        assert!(flag.contains("--sysfs DIR"), "{flag}");
+        let variable = run(&[], &[("MPIB_SYSFS_ROOT", "/x")]).unwrap_err().0;
+        assert!(variable.contains("MPIB_SYSFS names"), "{variable}");
     }
 
     #[test]

@@ -301,7 +301,7 @@ fn nic_counters_from_a_fake_sysfs_tree() {
     fs::write(unused.join("symbol_error"), "1\n").unwrap();
     let sys = sys.display().to_string();
     let hints = dir.join("none").display().to_string();
-    let out = run_once(dir.path(), &["--sysfs-root", &sys, "--hint-path", &hints]);
+    let out = run_once(dir.path(), &["--sysfs", &sys, "--hint-path", &hints]);
     assert!(out.status.success());
     let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
     let nic = |dev, port, counter| {
@@ -337,7 +337,7 @@ fn hint_ratio_from_a_fake_hint_file() {
     .unwrap();
     let hints = hint_path.display().to_string();
     let sys = dir.join("none").display().to_string();
-    let out = run_once(dir.path(), &["--hint-path", &hints, "--sysfs-root", &sys]);
+    let out = run_once(dir.path(), &["--hint-path", &hints, "--sysfs", &sys]);
     assert!(out.status.success());
     let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
     let ratios = scrape.matching("mpib_connection_hint_sup_ratio", &[]);
@@ -349,7 +349,7 @@ fn hint_ratio_from_a_fake_hint_file() {
     assert!(!labels.contains_key("hint_slot"));
     // A hint above 1024 is clamped to 1.
     fs::write(&hint_path, mpib_collector::hint::encode(&[(5, 4096, 6)])).unwrap();
-    let out = run_once(dir.path(), &["--hint-path", &hints, "--sysfs-root", &sys]);
+    let out = run_once(dir.path(), &["--hint-path", &hints, "--sysfs", &sys]);
     let scrape = Scrape::parse(&String::from_utf8(out.stdout).unwrap());
     assert_eq!(scrape.value("mpib_connection_hint_sup_ratio", &[]), 1.0);
 }
@@ -373,7 +373,7 @@ fn help_and_bad_flags() {
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "--hint-path",
         "MPIB_HINT_PATH",
-        "--sysfs-root",
+        "--sysfs",
         "--once",
     ] {
         assert!(help.contains(needle), "--help lacks {needle}");

@@ -9,6 +9,29 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// The variable every MPIB program reads the sysfs root (`/sys`) from: the plugin (PCI paths),
+/// the collector and `mpib-top` (NIC counters), the agent (retransmissions).
+pub const SYSFS_VARIABLE: &str = "MPIB_SYSFS";
+/// The sysfs root when nothing names one.
+pub const DEFAULT_SYSFS: &str = "/sys";
+
+/// Refuses the names the sysfs root had before it had one everywhere: `MPIB_SYSFS_ROOT` (the
+/// collector and `mpib-top`) and `--sysfs-root` (those two, and the agent's, which named
+/// `/sys/class/infiniband`). The message names the one to use.
+pub fn refuse_old_name(name: &str) -> Result<(), String> {
+    match name {
+        "MPIB_SYSFS_ROOT" => Err(format!(
+            "MPIB_SYSFS_ROOT is gone: {SYSFS_VARIABLE} names the sysfs root ({DEFAULT_SYSFS}) for \
+             every MPIB program"
+        )),
+        "--sysfs-root" => Err(format!(
+            "--sysfs-root is gone: --sysfs DIR names the sysfs root ({DEFAULT_SYSFS}), as \
+             {SYSFS_VARIABLE} does (the agent's named /sys/class/infiniband)"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Counters in 4-byte words, with the name they are exported under once in bytes.
 const WORD_COUNTERS: [(&str, &str); 2] = [
     ("port_xmit_data", "port_xmit_data_bytes"),
@@ -84,6 +107,22 @@ pub const RETRANSMISSION_COUNTERS: &[&str] = &[
     "out_of_sequence",
     "rnr_nak_retry_err",
 ];
+
+/// The port's retransmission total: [`RETRANSMISSION_COUNTERS`] summed over those it has; `None`
+/// for a port without any (the loopback fabric, a driver without `hw_counters`). The agent's
+/// measurements and `mpib-top` read this one sum.
+pub fn retransmissions(root: &Path, device: &str, port: u32) -> Option<u64> {
+    let counters = read_port_counters(root, device, port);
+    let mut found = false;
+    let mut total = 0u64;
+    for (name, value) in counters {
+        if RETRANSMISSION_COUNTERS.contains(&name.as_str()) {
+            found = true;
+            total = total.saturating_add(value);
+        }
+    }
+    found.then_some(total)
+}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -38,7 +38,7 @@ pub const PARAMS: &[Param] = &[
     Param {
         name: "MPIB_SYSFS",
         default: "/sys",
-        doc: "Root of the sysfs tree NICs' PCI paths and NUMA nodes are read from (`auto` pairing, `pciPath`); tests point it at a fake tree.",
+        doc: "Root of the sysfs tree: the plugin reads NICs' PCI paths and NUMA nodes there (`auto` pairing, `pciPath`), the collector, the agent and `mpib-top` NIC counters (also their `--sysfs`); tests point it at a fake tree.",
     },
     Param {
         name: "MPIB_SOUT_QP",

@@ -90,7 +90,7 @@ usage: mpib-top [OPTIONS]
   --hint-path PATH        the agent's hint file (MPIB_HINT_PATH; default /tmp/mpib/hints)
   --agent-control PATH    the agent's control socket, or off (default: the agent
                           socket MPIB_AGENT_SOCKET with the extension .control)
-  --sysfs-root DIR        where class/infiniband lives (MPIB_SYSFS_ROOT; default /sys)
+  --sysfs DIR             the sysfs root, for the NICs' counters (MPIB_SYSFS; default /sys)
   --allowed-uids LIST     show only files these users own (comma-separated)
   -h, --help, --version
 
@@ -108,6 +108,9 @@ where
     I: IntoIterator<Item = String>,
     E: Fn(&str) -> Option<String>,
 {
+    if env("MPIB_SYSFS_ROOT").is_some() {
+        mpib_node::sysfs::refuse_old_name("MPIB_SYSFS_ROOT")?;
+    }
     let settings = mpib_params::params::Settings::from_lookup(&env).map_err(|e| e.to_string())?;
     let lookup = |name: &str| env(name).filter(|v| !v.is_empty());
     let mut config = Config {
@@ -115,7 +118,7 @@ where
             probes_dir: settings.probes_dir.into(),
             hint_path: settings.hint_path.into(),
             agent_control: Some(PathBuf::from(settings.agent_socket).with_extension("control")),
-            sysfs_root: lookup("MPIB_SYSFS_ROOT").map_or_else(|| "/sys".into(), PathBuf::from),
+            sysfs_root: settings.sysfs.clone().into(),
             allowed_uids: None,
         },
         interval: Duration::from_secs(1),
@@ -151,7 +154,8 @@ where
             }
             "--probes-dir" => config.sources.probes_dir = value(&arg)?.into(),
             "--hint-path" => config.sources.hint_path = value(&arg)?.into(),
-            "--sysfs-root" => config.sources.sysfs_root = value(&arg)?.into(),
+            "--sysfs" => config.sources.sysfs_root = value(&arg)?.into(),
+            "--sysfs-root" => mpib_node::sysfs::refuse_old_name(&arg)?,
             "--agent-control" => {
                 let path = value(&arg)?;
                 config.sources.agent_control = (path != "off").then(|| path.into());
@@ -225,6 +229,23 @@ mod tests {
             Command::Run(config) => Ok(*config),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_sysfs_root_has_one_name_and_the_old_ones_are_refused() {
+        assert_eq!(
+            run(&[], &[]).unwrap().sources.sysfs_root,
+            PathBuf::from("/sys")
+        );
+        let c = run(&["--sysfs", "/fake"], &[("MPIB_SYSFS", "/env")]).unwrap();
+        assert_eq!(c.sources.sysfs_root, PathBuf::from("/fake"));
+        let c = run(&[], &[("MPIB_SYSFS", "/env")]).unwrap();
+        assert_eq!(c.sources.sysfs_root, PathBuf::from("/env"));
+        assert!(run(&["--sysfs-root", "/x"], &[])
+            .unwrap_err()
+            .contains("--sysfs DIR"));
+        let variable = run(&[], &[("MPIB_SYSFS_ROOT", "/x")]).unwrap_err();
+        assert!(variable.contains("MPIB_SYSFS names"), "{variable}");
     }
 
     #[test]

@@ -1,9 +1,8 @@
-//! The NICs' own counters: each rail's retransmissions, summed over the counters the agent sums
-//! (`mpib_node::sysfs::RETRANSMISSION_COUNTERS`), read through the collector's sysfs reader.
+//! The NICs' own counters: each rail's retransmissions, the sum the agent measures too
+//! (`mpib_node::sysfs::retransmissions`).
 
 use std::path::Path;
 
-use mpib_node::sysfs::RETRANSMISSION_COUNTERS;
 use mpib_probes::FileInfo;
 
 /// Per NIC slot of `info`: the NIC's retransmission total, `None` for a NIC without any of the
@@ -11,19 +10,7 @@ use mpib_probes::FileInfo;
 pub fn retransmissions(sysfs_root: &Path, info: &FileInfo) -> Vec<Option<u64>> {
     info.rails
         .iter()
-        .map(|rail| {
-            let counters =
-                mpib_node::sysfs::read_port_counters(sysfs_root, &rail.device, rail.port);
-            let mut found = false;
-            let mut total = 0u64;
-            for (name, value) in counters {
-                if RETRANSMISSION_COUNTERS.contains(&name.as_str()) {
-                    found = true;
-                    total = total.wrapping_add(value);
-                }
-            }
-            found.then_some(total)
-        })
+        .map(|rail| mpib_node::sysfs::retransmissions(sysfs_root, &rail.device, rail.port))
         .collect()
 }
 

@@ -261,7 +261,7 @@ fn base_command(dir: &Path, extra: &[&str]) -> Command {
         "MPIB_COLLECTOR_OTLP_SIGNALS",
         "OTEL_METRIC_EXPORT_INTERVAL",
         "MPIB_HINT_PATH",
-        "MPIB_SYSFS_ROOT",
+        "MPIB_SYSFS",
         "MPIB_COLLECTOR_ALLOWED_UIDS",
     ] {
         cmd.env_remove(var);
@@ -275,7 +275,7 @@ pub fn isolated(dir: &TempDir) -> Vec<String> {
     vec![
         "--hint-path".into(),
         dir.join("no-hints").display().to_string(),
-        "--sysfs-root".into(),
+        "--sysfs".into(),
         dir.join("no-sysfs").display().to_string(),
     ]
 }
