@@ -389,14 +389,23 @@ mod tests {
 
     #[test]
     fn uids_and_groups_parse_as_numbers_or_names() {
-        assert_eq!(parse_uids("0, 12,,7").unwrap(), vec![0, 12, 7]);
+        assert_eq!(parse_uids("0, 12, 7").unwrap(), vec![0, 7, 12]);
+        // The syntax every MPIB program reads an id list with: an empty entry is an error.
+        let e = parse_uids("0, 12,,7").unwrap_err();
+        assert!(e.contains("empty entry"), "{e}");
         assert_eq!(parse_uids("root").unwrap(), vec![0]);
         let e = parse_uids("0,no-such-user-mpib").unwrap_err();
-        assert!(e.contains("no user `no-such-user-mpib`"), "{e}");
+        assert!(
+            e.contains("no user named \"no-such-user-mpib\" (/etc/passwd"),
+            "{e}"
+        );
         assert_eq!(parse_group("root").unwrap(), 0);
         assert_eq!(parse_group("4321").unwrap(), 4321);
         let e = parse_group("no-such-group-mpib").unwrap_err();
-        assert!(e.contains("no group `no-such-group-mpib` there"), "{e}");
+        assert!(
+            e.contains("no group named \"no-such-group-mpib\" (/etc/group"),
+            "{e}"
+        );
         if let Some(user) = other_user_or_skip() {
             assert_eq!(parse_uids("mpib-other").unwrap(), vec![user.uid]);
             assert_eq!(user_name(user.uid).as_deref(), Some("mpib-other"));

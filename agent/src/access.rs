@@ -11,7 +11,6 @@
 //! for the configuration file's lists.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
 /// The allowed users and groups; `None` for both = anyone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,82 +33,25 @@ impl Access {
     }
 }
 
-/// Which names a list holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Users (`getent passwd`).
-    Users,
-    /// Groups (`getent group`).
-    Groups,
-}
+pub use mpib_params::users::Kind;
+use mpib_params::users::Lookup;
 
-impl Kind {
-    fn database(self) -> &'static str {
-        match self {
-            Kind::Users => "passwd",
-            Kind::Groups => "group",
-        }
-    }
-
-    fn noun(self) -> &'static str {
-        match self {
-            Kind::Users => "user",
-            Kind::Groups => "group",
-        }
-    }
-}
-
-/// A comma-separated list of numeric ids or names.
+/// A comma-separated list of numeric ids or names (NSS), in the syntax every MPIB program reads
+/// such a list with (`mpib_params::users`).
 ///
 /// # Errors
 ///
 /// An empty entry, or a name NSS does not know; the message names it.
 pub fn parse_ids(value: &str, kind: Kind) -> Result<BTreeSet<u32>, String> {
-    let noun = kind.noun();
-    let mut ids = BTreeSet::new();
-    for entry in value.split(',').map(str::trim) {
-        if entry.is_empty() {
-            return Err(format!(
-                "{value:?} has an empty entry (expected {noun} ids or names, comma-separated)"
-            ));
-        }
-        let id = match entry.parse::<u32>() {
-            Ok(id) => id,
-            Err(_) => getent_id(kind, entry).ok_or_else(|| {
-                let database = kind.database();
-                format!("no {noun} named {entry:?} (getent {database} {entry})")
-            })?,
-        };
-        ids.insert(id);
-    }
-    Ok(ids)
+    mpib_params::users::parse_ids(value, kind, Lookup::Getent)
 }
 
 /// `uid 1001 (alice)`, or `uid 1001` when it has no name.
 pub fn user_label(uid: u32) -> String {
-    match getent(Kind::Users, &uid.to_string()).and_then(|f| f.into_iter().next()) {
+    match Lookup::Getent.name(Kind::Users, uid) {
         Some(name) => format!("uid {uid} ({name})"),
         None => format!("uid {uid}"),
     }
-}
-
-fn getent_id(kind: Kind, name: &str) -> Option<u32> {
-    getent(kind, name)?.get(2)?.parse().ok()
-}
-
-/// The fields of `getent DATABASE KEY`'s first line; `None` when unknown or `getent` cannot run.
-fn getent(kind: Kind, key: &str) -> Option<Vec<String>> {
-    let output = Command::new("getent")
-        .arg(kind.database())
-        .arg(key)
-        .output()
-        .ok()?;
-    if !output.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let fields: Vec<String> = text.lines().next()?.split(':').map(str::to_owned).collect();
-    (fields.len() >= 3).then_some(fields)
 }
 
 #[cfg(test)]

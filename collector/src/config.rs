@@ -548,7 +548,7 @@ mod tests {
         assert_eq!(c.allowed_uids, Some(BTreeSet::from([7])));
         let e = run(&["--allowed-uids=nobody-mpib-x"], &[]).unwrap_err().0;
         assert!(
-            e.starts_with("--allowed-uids") && e.contains("no user named 'nobody-mpib-x'"),
+            e.starts_with("--allowed-uids") && e.contains("no user named \"nobody-mpib-x\""),
             "{e}"
         );
         let e = run(&[], &[("MPIB_COLLECTOR_ALLOWED_UIDS", "1,,2")])

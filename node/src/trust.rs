@@ -22,9 +22,9 @@ use std::fs::{self, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use mpib_params::users::{parse_ids, Kind, Lookup};
 use mpib_probes::ProbesReader;
 
 use crate::files::{self, Identity};
@@ -174,50 +174,19 @@ pub fn user_label(uid: u32) -> String {
     }
 }
 
-/// The name of user `uid`, if it has one.
+/// The name of `uid` (NSS, `getent passwd`).
 pub fn user_name(uid: u32) -> Option<String> {
-    getent("passwd", &uid.to_string()).map(|fields| fields[0].clone())
+    Lookup::Getent.name(Kind::Users, uid)
 }
 
-/// A comma-separated list of uids or user names, as a set of uids.
+/// A comma-separated list of uids or user names (NSS), as a set of uids: the syntax every MPIB
+/// program reads such a list with (`mpib_params::users`).
 ///
 /// # Errors
 ///
 /// An empty list or entry, or a name no user has; the message names it.
 pub fn parse_uids(value: &str) -> Result<BTreeSet<u32>, String> {
-    let mut uids = BTreeSet::new();
-    for entry in value.split(',').map(str::trim) {
-        if entry.is_empty() {
-            return Err(format!(
-                "'{value}' has an empty entry (expected uids or user names, comma-separated)"
-            ));
-        }
-        let uid = match entry.parse::<u32>() {
-            Ok(uid) => uid,
-            Err(_) => getent("passwd", entry)
-                .and_then(|fields| fields.get(2)?.parse().ok())
-                .ok_or_else(|| format!("no user named '{entry}' (getent passwd {entry})"))?,
-        };
-        uids.insert(uid);
-    }
-    Ok(uids)
-}
-
-/// The fields of `getent DATABASE KEY`'s first line; `None` when the key is unknown or `getent`
-/// cannot run.
-fn getent(database: &str, key: &str) -> Option<Vec<String>> {
-    let output = Command::new("getent")
-        .arg(database)
-        .arg(key)
-        .output()
-        .ok()?;
-    if !output.status.success() {
-        return None;
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let line = text.lines().next()?;
-    let fields: Vec<String> = line.split(':').map(str::to_owned).collect();
-    (fields.len() >= 3).then_some(fields)
+    parse_ids(value, Kind::Users, Lookup::Getent)
 }
 
 #[cfg(test)]
@@ -231,7 +200,7 @@ mod tests {
         assert_eq!(parse_uids("0, 1001").unwrap(), BTreeSet::from([0, 1001]));
         assert_eq!(parse_uids("root").unwrap(), BTreeSet::from([0]));
         let e = parse_uids("root,no-such-user-mpib").unwrap_err();
-        assert!(e.contains("no user named 'no-such-user-mpib'"), "{e}");
+        assert!(e.contains("no user named \"no-such-user-mpib\""), "{e}");
         let e = parse_uids("0,").unwrap_err();
         assert!(e.contains("empty entry"), "{e}");
         assert_eq!(user_label(0), "uid 0 (root)");

@@ -111,7 +111,8 @@ fn users_and_groups_are_resolved_at_init() {
     let e = settings(&[("MPIB_PROBES_GROUP", "no-such-group-mpib")]).unwrap_err();
     assert_eq!(e.name, "MPIB_PROBES_GROUP");
     assert!(
-        e.to_string().contains("no group `no-such-group-mpib`"),
+        e.to_string()
+            .contains("no group named \"no-such-group-mpib\""),
         "{e}"
     );
     let e = settings(&[("MPIB_TRUSTED_UIDS", "1,nobody-mpib")]).unwrap_err();
