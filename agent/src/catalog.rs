@@ -1,7 +1,7 @@
 //! The agent's metric catalog: every family its Prometheus endpoint exports, as one static table.
 //!
 //! This table is a contract, like the collector's: the dashboard panels and the alert rules are
-//! written against these names and labels (`tests/dashboards.rs` reads this file), and the
+//! written against these names and labels (`checks/tests/dashboards.rs` reads this file), and the
 //! renderer in [`crate::metrics`] only writes families listed here.
 
 /// How a family behaves in Prometheus.

@@ -1,7 +1,7 @@
 //! Every `MPIB_*` environment variable, declared once.
 //!
 //! [`PARAMS`] is the single table: name, default, meaning. The README's variable table is checked
-//! against it by a test (`tests/params_doc.rs`), so the two cannot drift. Values are parsed once
+//! against it by a test (`checks/tests/params_doc.rs`), so the two cannot drift. Values are parsed once
 //! per `init` into a [`Settings`] snapshot; bad values are an error that names the variable.
 
 use std::fmt;

@@ -24,7 +24,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// Extensions of the text files scanned.
 const EXTENSIONS: &[&str] = &["rs", "md", "sh", "toml", "yml", "yaml", "c", "h", "py"];

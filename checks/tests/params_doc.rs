@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use nccl_net_mpib::params::PARAMS;
+use mpib_params::params::PARAMS;
 
 fn readme_table() -> BTreeMap<String, String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md is readable");
     let mut rows = BTreeMap::new();
     for line in readme.lines() {
@@ -40,8 +40,9 @@ fn readme_documents_every_variable_with_its_default() {
 #[test]
 fn every_variable_read_in_the_source_is_declared() {
     let mut names = std::collections::BTreeSet::new();
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
-    let mut stack = vec![std::path::PathBuf::from(root)];
+    // The plugin's sources and its settings crate's.
+    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut stack = vec![repository.join("src"), repository.join("params/src")];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("src is readable").flatten() {
             let path = entry.path();
