@@ -127,7 +127,7 @@ echo "==> mpib-collector on $metrics_url (probes in $work/probes)"
 # named after its pid; $work/hints is linked to it once the demo starts.
 RUST_LOG="${RUST_LOG:-info}" "$bin"/mpib-collector \
     --probes-dir "$work/probes" --listen "127.0.0.1:$collector_port" \
-    --hint-path "$work/hints" --sysfs-root "$work/sys" --interval-ms 500 \
+    --hint-path "$work/hints" --sysfs "$work/sys" --interval-ms 500 \
     >"$work/collector.log" 2>&1 &
 started+=("$!")
 wait_for 30 "the collector's /metrics" curl -fsS "$metrics_url"
@@ -186,7 +186,7 @@ snapshot() {
 }
 # Wait until the workload has run for check_after seconds (or ended), with live series.
 wait_for 60 "the plugin's probes in the collector's scrape" snapshot
-# There is no RDMA NIC here: give the collector a sysfs tree (--sysfs-root) for the loopback
+# There is no RDMA NIC here: give the collector a sysfs tree (--sysfs) for the loopback
 # rails' device/port, with idle counters, so that the NIC-counter panel has its series. On a
 # real host the collector reads /sys.
 curl -fsS "$metrics_url" | python3 -c '
