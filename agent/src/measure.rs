@@ -348,15 +348,11 @@ impl Measurer {
     }
 
     fn refresh_files(&mut self) {
-        let listed: BTreeSet<PathBuf> = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "probes"))
-                .collect(),
-            Err(_) => BTreeSet::new(),
-        };
+        // The probes directory's files, listed by the rule the collector and mpib-top use.
+        let listed: BTreeSet<PathBuf> = mpib_node::files::list(&self.dir)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let now = mpib_probes::now_ns();
         self.readers
             .retain(|path, (reader, _)| listed.contains(path) && live(reader, now));
