@@ -46,13 +46,7 @@ pub fn parse_ids(value: &str, kind: Kind) -> Result<BTreeSet<u32>, String> {
     mpib_params::users::parse_ids(value, kind, Lookup::Getent)
 }
 
-/// `uid 1001 (alice)`, or `uid 1001` when it has no name.
-pub fn user_label(uid: u32) -> String {
-    match Lookup::Getent.name(Kind::Users, uid) {
-        Some(name) => format!("uid {uid} ({name})"),
-        None => format!("uid {uid}"),
-    }
-}
+pub use mpib_node::trust::user_label;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

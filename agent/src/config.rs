@@ -384,7 +384,6 @@ mod tests {
         let example = Policies::from_toml(text).unwrap();
         let defaults = Policies {
             metrics_listen: Some("127.0.0.1:9465".into()),
-            sysfs: Some("/sys".into()),
             ..Policies::default()
         };
         assert_eq!(example, defaults);

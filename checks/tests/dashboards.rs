@@ -4,18 +4,15 @@
 //! catalog (and every label a selector matches on is one of that family's labels), and the
 //! rules pass `promtool check rules` and their unit tests (`promtool test rules`).
 //!
-//! The collector's catalog is read from `collector/src/catalog.rs` (the string literals
-//! starting with `mpib_`, and the label constants of its `specs!` table), else from
-//! `docs/OBSERVABILITY.md` (names only), else from the contract list in
-//! `common/dashboards/catalog.rs` (names only). The agent's (`mpib_agent_*`, names and labels)
-//! is merged in from `agent/src/catalog.rs`.
+//! The catalog is the crates' own: `mpib_collector::catalog::families()` (the probes files'
+//! declared values included) and `mpib_agent::catalog::CATALOG`, names and labels.
 //!
 //! promtool comes from Debian's `prometheus` package (`scripts/test` installs it). The live
 //! check against a real Prometheus scraping the collector is `dashboards/e2e/run.sh`.
 //!
-//! The helpers live under `common/dashboards/`: `catalog.rs` (the catalog), `promql.rs`
-//! (metric and label extraction), `grafana.rs` (the dashboard JSON) and `rules.rs` (the rules
-//! file and promtool).
+//! The helpers live under `dashboards/`: `catalog.rs` (the catalog), `promql.rs` (metric and
+//! label extraction), `grafana.rs` (the dashboard JSON) and `rules.rs` (the rules file and
+//! promtool).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

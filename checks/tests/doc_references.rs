@@ -54,6 +54,11 @@ const TOP_LEVEL: &[&str] = &[
     "proto",
     "fuzz",
     "fuzzing",
+    "params",
+    "node",
+    "checks",
+    "top",
+    "testkit",
 ];
 
 /// Paths of the same shape that name another project's file, cited as such.

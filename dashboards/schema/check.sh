@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Type-check dashboards/mpib.json against Grafana's published dashboard schema
 # (npm @grafana/schema + typescript; no Grafana server is needed or installable here).
-# Needs node/npm and the npm registry. Not part of scripts/test; run it after editing the
+# Needs Node.js (node and npm) and the npm registry. Not part of scripts/test; run it after editing the
 # dashboard:  dashboards/schema/check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

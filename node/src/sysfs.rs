@@ -112,11 +112,13 @@ pub const RETRANSMISSION_COUNTERS: &[&str] = &[
 /// for a port without any (the loopback fabric, a driver without `hw_counters`). The agent's
 /// measurements and `mpib-top` read this one sum.
 pub fn retransmissions(root: &Path, device: &str, port: u32) -> Option<u64> {
-    let counters = read_port_counters(root, device, port);
+    // Only these files: on some drivers each counter read is a firmware query, and the agent
+    // reads them every interval.
+    let dir = port_dir(root, device, port)?.join("hw_counters");
     let mut found = false;
     let mut total = 0u64;
-    for (name, value) in counters {
-        if RETRANSMISSION_COUNTERS.contains(&name.as_str()) {
+    for name in RETRANSMISSION_COUNTERS {
+        if let Some(value) = read_value(&dir.join(name)) {
             found = true;
             total = total.saturating_add(value);
         }

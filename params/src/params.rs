@@ -531,7 +531,9 @@ fn parse_names<T>(
     parse: impl Fn(&str) -> Result<T, String>,
 ) -> Result<Option<T>, ParamError> {
     get(name)
-        .map(|text| parse(&text).map_err(|expected| invalid(name, &text, &expected)))
+        .map(|text| {
+            parse(&text).map_err(|why| invalid(name, &text, &format!("ids or names; {why}")))
+        })
         .transpose()
 }
 

@@ -235,8 +235,9 @@ type QueryPortOp = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr
 /// # Safety
 /// `context` must be a live context.
 unsafe fn extended_query_port(context: *mut ibv_context) -> Option<QueryPortOp> {
+    // verbs.h: `abi_compat == __VERBS_ABI_IS_EXTENDED`, that is `(void *)UINTPTR_MAX`.
     // SAFETY: the caller guarantees `context` is live.
-    if unsafe { (*context).abi_compat } as usize != u32::MAX as usize {
+    if unsafe { (*context).abi_compat } as usize != usize::MAX {
         return None;
     }
     // A verbs_context ends with the ibv_context it extends (verbs.h `verbs_get_ctx`).
@@ -254,5 +255,44 @@ unsafe fn extended_query_port(context: *mut ibv_context) -> Option<QueryPortOp> 
             return None;
         }
         (*extended).query_port
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "C" fn fake_query_port(
+        _: *mut ibv_context,
+        _: u8,
+        _: *mut ibv_port_attr,
+        _: usize,
+    ) -> c_int {
+        0
+    }
+
+    /// A `verbs_context` as a provider lays it out: the extended ops, `sz`, then the
+    /// `ibv_context` whose `abi_compat` says so.
+    #[test]
+    fn the_extended_op_is_found_only_in_an_extended_context_that_has_it() {
+        // SAFETY: all-zero is a valid verbs_context (integers, nullable pointers, None ops).
+        let mut extended: Box<verbs_context> = Box::new(unsafe { std::mem::zeroed() });
+        extended.sz = std::mem::size_of::<verbs_context>();
+        extended.query_port = Some(fake_query_port);
+        extended.context.abi_compat = usize::MAX as *mut c_void;
+        let context = std::ptr::addr_of_mut!(extended.context);
+        // SAFETY: `context` points into the live box.
+        assert!(unsafe { extended_query_port(context) }.is_some());
+        extended.sz = std::mem::size_of::<verbs_context>()
+            - std::mem::offset_of!(verbs_context, query_port)
+            - 1;
+        // SAFETY: as above.
+        let small = unsafe { extended_query_port(context) };
+        assert!(small.is_none(), "too small to hold the op");
+        extended.sz = std::mem::size_of::<verbs_context>();
+        extended.context.abi_compat = std::ptr::null_mut();
+        // SAFETY: as above.
+        let plain = unsafe { extended_query_port(context) };
+        assert!(plain.is_none(), "not an extended context");
     }
 }

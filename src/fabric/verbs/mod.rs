@@ -143,6 +143,8 @@ impl VerbsFabric {
 
     /// Which optional libibverbs entry points the loaded library provides.
     pub fn symbol_support() -> SymbolSupport {
+        // Without libibverbs there is no optional verb either: the flags read false.
+        let _ = library::load();
         sys::symbol_support()
     }
 
