@@ -158,33 +158,46 @@ processes() {
 failover_cut() {
   local rep=$1 i=$2 how=$3 csv=$work/failover-$3-$1-$2.csv cutter label env=$failover_env
   port=$((port + 1))
+  local cut_at=$csv.cut mode=one-way
+  rm -f "$cut_at"
   if [ "$how" = down ]; then
-    label="link down"
-    ( sleep 2; bed cut 1 down ) &
+    label="link down" mode=down
   else
     label="packets dropped"
     [ "$how" = drop ] || { label="packets dropped, watchdog"; env+=" MPIB_FAILOVER_WATCHDOG_MS=100"; }
-    ( sleep 2; bed cut 1 one-way ) &
   fi
+  # The wall clock (ms) once the cut is made: the rows (mpib-perf's unix_ms) are matched to it.
+  ( sleep 2; bed cut 1 "$mode" && date +%s%3N > "$cut_at" ) &
   cutter=$!
   series "$csv" "$port" "$env" --min-size 4194304 --max-size 4194304 --iters 2 \
     --warmup 0 --repeat "$failover_rows" --sup-bw 683 || echo "bed perf: failover run $rep.$i failed" >&2
   wait "$cutter"
   bed restore 1
   shape 1 2gbit
-  # Rows of 8 MiB: the longest one spans the cut; the rows two past it run on SOUT alone.
-  awk -F, -v r="$rep.$i" -v how="$label" 'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next }
-    { n++; at[n] = $(c["at_ms"]) + 0; rate[n] = $(c["gbps"]) + 0 }
+  # Rows of 8 MiB. The row the cut stalls is the longest of the three that end first after the
+  # cut (the cut may land as a row ends); the rows two past it run on SOUT alone. A cut that
+  # missed the run (or was not made) is a failed measurement, recorded as such.
+  awk -F, -v r="$rep.$i" -v how="$label" -v cut="$(cat "$cut_at" 2> /dev/null)" \
+    'NR == 1 { for (j = 1; j <= NF; j++) c[$j] = j; next }
+    { n++; at[n] = $(c["at_ms"]) + 0; rate[n] = $(c["gbps"]) + 0; end[n] = $(c["unix_ms"]) + 0 }
     function median(list, k,    v, m, a, b, t) {
       m = split(list, v, " ")
       for (a = 2; a <= m; a++) { t = v[a]; for (b = a - 1; b >= 1 && v[b] + 0 > t + 0; b--) v[b + 1] = v[b]; v[b + 1] = t }
       return (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
     }
+    function failed(why) {
+      print "bed perf: failover " how " " r ": " why > "/dev/stderr"
+      printf "bed-failover\ttime lost ms, %s\t-\t%s\tfail\t-\t-\n", how, r
+      exit
+    }
     END {
-      for (j = 2; j <= n; j++) { d[j] = at[j] - at[j - 1]; if (d[j] > d[k] || !k) k = j }
+      if (cut == "") failed("the cut was not made")
+      for (j = 2; j <= n; j++) d[j] = at[j] - at[j - 1]
+      for (j = 2; j <= n && end[j] < cut + 0; j++) ;
+      for (k = j; j <= n && j < k + 3; j++) if (d[j] > d[k]) k = j
+      if (k < 4 || n - k < 4) failed("the cut missed the run (row " k " of " n ")")
       for (j = 2; j < k; j++) before = before " " rate[j]
       for (j = k + 2; j <= n; j++) { after = after " " rate[j]; spans = spans " " d[j] }
-      if (k < 4 || n - k < 4) { print "bed perf: the cut missed the run (row " k " of " n ")" > "/dev/stderr"; exit }
       printf "bed-failover\tsplit before the cut\t-\t%s\t%.4f\t-\t-\n", r, median(before)
       printf "bed-failover\tSOUT alone after it\t-\t%s\t%.4f\t-\t-\n", r, median(after)
       printf "bed-failover\ttime lost ms, %s\t-\t%s\t%.1f\t-\t-\n", how, r, d[k] - median(spans)
