@@ -146,7 +146,6 @@ impl Bed {
                 let l = letter(index);
                 let n = index + 1;
                 Host {
-                    name: format!("host {}", l.to_ascii_uppercase()),
                     namespace: Some(format!("{}_{l}", options.prefix)),
                     settings: Settings::words(&format!(
                         "MPIB_HCA_SOUT=veth_{l}0 MPIB_HCA_SUP=veth_{l}1 MPIB_OOB_ADDR=10.100.0.{n}"
@@ -458,9 +457,6 @@ impl Topology for Bed {
         self.mend(host, rail)?;
         // Both rails back at their usual shaping: what follows a cut runs at full speed.
         self.normal_rates()
-    }
-    fn can(&self, cut: Cut) -> bool {
-        !matches!(cut, Cut::Impair(_))
     }
     fn fault_rates(&self) -> Result<(), String> {
         self.shape(0, &self.options.fault_rate)?;

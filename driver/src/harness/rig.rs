@@ -22,7 +22,6 @@ impl Rig {
     /// The rig over the binaries in `bin`, processes killed after `process_limit`.
     pub fn new(bin: &Path, process_limit: Duration, every_case: &Settings) -> Rig {
         let host = |l: char, n: u32| Host {
-            name: format!("host {}", l.to_ascii_uppercase()),
             namespace: None,
             settings: Settings::words(&format!(
                 "MPIB_HCA_SOUT=rxe_{l}0 MPIB_HCA_SUP=rxe_{l}1 MPIB_OOB_ADDR=10.100.0.{n}"
@@ -137,9 +136,6 @@ impl Topology for Rig {
             )),
             Err(e) => Err(format!("tc: {e}")),
         }
-    }
-    fn can(&self, cut: Cut) -> bool {
-        cut != Cut::LinkDown
     }
     fn before_case(&self) {
         // The handshake must resolve the peers' MACs across calls, never inside ibv_modify_qp,

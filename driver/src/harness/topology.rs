@@ -29,6 +29,17 @@ impl Kind {
         }
     }
 
+    /// Whether a topology of this kind can make `cut` while a case runs: the bed's kernel has
+    /// no netem, the rig cuts wires with netem rather than links, the loopback cuts a rail only
+    /// from its start (`MPIB_LOOPBACK_FAULTS`).
+    pub fn can(self, cut: Cut) -> bool {
+        match self {
+            Kind::Loopback => false,
+            Kind::Bed => !matches!(cut, Cut::Impair(_)),
+            Kind::Rig => cut != Cut::LinkDown,
+        }
+    }
+
     /// The kind named `name`.
     pub fn parse(name: &str) -> Option<Kind> {
         [Kind::Loopback, Kind::Bed, Kind::Rig]
@@ -64,8 +75,6 @@ impl Cut {
 /// One host: what its processes are told about their NICs, and how to reach it.
 #[derive(Clone, Debug)]
 pub struct Host {
-    /// "host A", "host B", ...
-    pub name: String,
     /// The network namespace its processes run in, if any.
     pub namespace: Option<String>,
     /// Its `MPIB_HCA_SOUT`, `MPIB_HCA_SUP` and `MPIB_OOB_ADDR`.
@@ -157,8 +166,6 @@ pub trait Topology {
     fn cut(&self, host: usize, rail: usize, cut: Cut) -> Result<(), String>;
     /// Undoes any cut of that rail: back up, at its usual shaping.
     fn restore(&self, host: usize, rail: usize) -> Result<(), String>;
-    /// Whether `cut` can be made here.
-    fn can(&self, cut: Cut) -> bool;
     /// Shapes the rails for a fault case, so that the run outlasts the fault whatever the CPU.
     fn fault_rates(&self) -> Result<(), String> {
         Ok(())
@@ -211,7 +218,6 @@ impl Loopback {
     /// settings.
     pub fn new(bin: &Path, plugin: &Path, every_case: &Settings) -> Loopback {
         let host = Host {
-            name: "this host".to_string(),
             namespace: None,
             settings: Settings::default(),
             wires: ["sout".to_string(), "sup".to_string()],
@@ -256,8 +262,5 @@ impl Topology for Loopback {
     }
     fn restore(&self, _: usize, _: usize) -> Result<(), String> {
         Ok(())
-    }
-    fn can(&self, _: Cut) -> bool {
-        false
     }
 }
