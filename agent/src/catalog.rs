@@ -4,24 +4,8 @@
 //! written against these names and labels (`checks/tests/dashboards.rs` reads this file), and the
 //! renderer in [`crate::metrics`] only writes families listed here.
 
-/// How a family behaves in Prometheus.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Monotonic.
-    Counter,
-    /// Goes up and down.
-    Gauge,
-}
-
-impl Kind {
-    /// The `# TYPE` word.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-        }
-    }
-}
+/// How a family behaves: the agent writes counters and gauges.
+pub use mpib_node::exposition::Kind;
 
 /// One metric family.
 #[derive(Debug, PartialEq, Eq)]

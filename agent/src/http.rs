@@ -29,7 +29,7 @@ pub const MAX_SCRAPERS: usize = 64;
 /// The longest request head read; a longer one is answered 431 and closed.
 const MAX_REQUEST: usize = 8192;
 /// Content type of the Prometheus text format (as the collector's).
-const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+use mpib_node::exposition::CONTENT_TYPE as TEXT_FORMAT;
 
 /// Serves `GET /metrics` until stop.
 pub fn serve(listener: TcpListener, shared: Shared, host: String) {

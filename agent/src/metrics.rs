@@ -2,7 +2,7 @@
 //! from the state under the lock, only families of [`crate::catalog`].
 //! [`crate::http`] serves it.
 
-use std::fmt::Write as _;
+use mpib_node::exposition::{Number, Text};
 
 use crate::catalog::{self, MetricSpec};
 use crate::config::Policies;
@@ -10,39 +10,35 @@ use crate::policy::{SOUT, SUP};
 use crate::state::State;
 
 struct Family<'a> {
-    out: &'a mut String,
+    out: &'a mut Text,
     spec: &'static MetricSpec,
     host: &'a str,
 }
 
 impl<'a> Family<'a> {
-    fn start(out: &'a mut String, spec: &'static MetricSpec, host: &'a str) -> Family<'a> {
-        let _ = writeln!(out, "# HELP {} {}", spec.name, spec.help);
-        let _ = writeln!(out, "# TYPE {} {}", spec.name, spec.kind.as_str());
+    fn start(out: &'a mut Text, spec: &'static MetricSpec, host: &'a str) -> Family<'a> {
+        out.family(spec.name, spec.kind, spec.help);
         Family { out, spec, host }
     }
 
     /// One sample; `values` are the label values after `host`, in the spec's order.
     fn sample(&mut self, values: &[&str], value: f64) {
         debug_assert_eq!(values.len() + 1, self.spec.labels.len());
-        let mut labels = format!("host=\"{}\"", escape(self.host));
-        for (name, value) in self.spec.labels[1..].iter().zip(values) {
-            let _ = write!(labels, ",{name}=\"{}\"", escape(value));
-        }
-        let _ = writeln!(self.out, "{}{{{labels}}} {value}", self.spec.name);
+        let host = std::iter::once(("host", self.host));
+        let labels = host.chain(
+            self.spec.labels[1..]
+                .iter()
+                .copied()
+                .zip(values.iter().copied()),
+        );
+        self.out
+            .sample(self.spec.name, "", labels, Number::Float(value));
     }
-}
-
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The exposition text.
 pub fn render(state: &State, policies: &Policies, host: &str) -> String {
-    let mut out = String::new();
+    let mut out = Text::new();
     let o = &mut out;
     let version = env!("CARGO_PKG_VERSION");
     Family::start(o, &catalog::INFO, host).sample(&[version, policies.default.name()], 1.0);
@@ -70,13 +66,13 @@ pub fn render(state: &State, policies: &Policies, host: &str) -> String {
     Family::start(o, &catalog::EXTERNAL_WRITES, host).sample(&[], counters.external_writes as f64);
     Family::start(o, &catalog::PROBES_FILES, host).sample(&[], state.probes_files as f64);
     render_flows(o, state, host);
-    out
+    out.finish()
 }
 
 /// A per-flow family's value for the flow at an index, if it has one.
 type FlowValue<'a> = &'a dyn Fn(usize) -> Option<f64>;
 
-fn render_flows(o: &mut String, state: &State, host: &str) {
+fn render_flows(o: &mut Text, state: &State, host: &str) {
     let flows: Vec<_> = state
         .slots
         .flows()

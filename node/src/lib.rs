@@ -7,8 +7,10 @@
 //! * [`sysfs`]: NIC port counters under one sysfs root.
 //! * [`transfers`]: a slow transfer's rails and extent.
 //! * [`agent_status`]: the columns of the agent's `flows` reply.
+//! * [`exposition`]: the Prometheus text format both endpoints (collector, agent) write.
 
 pub mod agent_status;
+pub mod exposition;
 pub mod files;
 pub mod hint;
 pub mod sysfs;
