@@ -10,27 +10,9 @@ use mpib_probes::{Declared, Scope, ValueKind, ValueUnit, DECLARATIONS};
 
 pub use crate::points::Family;
 
-/// How a family behaves in Prometheus.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Monotonic; exported with `Counter::absolute` from the writer's value.
-    Counter,
-    /// Goes up and down.
-    Gauge,
-    /// A classic Prometheus histogram (`_bucket`, `_sum`, `_count`), rendered by the collector.
-    Histogram,
-}
-
-impl Kind {
-    /// The `# TYPE` word.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Histogram => "histogram",
-        }
-    }
-}
+/// How a family behaves: counter, gauge or histogram (a classic Prometheus histogram, rendered
+/// from the writer's buckets).
+pub use mpib_node::exposition::Kind;
 
 /// The unit of a family's values (Prometheus base units).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,16 +38,6 @@ impl Unit {
             Unit::Ratio => "ratio",
             Unit::Count => "count",
             Unit::Info => "info",
-        }
-    }
-
-    /// The `metrics` crate's unit, where it has one.
-    pub fn metrics_unit(self) -> Option<metrics::Unit> {
-        match self {
-            Unit::Bytes => Some(metrics::Unit::Bytes),
-            Unit::Seconds => Some(metrics::Unit::Seconds),
-            Unit::Count => Some(metrics::Unit::Count),
-            Unit::Ratio | Unit::Info => None,
         }
     }
 }

@@ -6,9 +6,9 @@
 //! |---|---|
 //! | new, `AwaitVersion` | retried next scan; reaped if its pid (from the name) is gone and it is older than `stale_after` |
 //! | new, `Incompatible` / `Corrupt` | one log line, counted once by reason (`version`, `corrupt`, `truncated`), not reopened until the file changes; reaped like the above |
-//! | new, `Ready` | exported from this scan on (after the old series of a restarted writer are gone) |
+//! | new, `Ready` | exported from this scan on (a restarted writer's series replace the old writer's at once) |
 //! | shorter than when opened | dropped without touching the mapping, counted `truncated` |
-//! | `closed_ns` set, or gone from the directory | exported one last time, then its series expire |
+//! | `closed_ns` set, or gone from the directory | exported one last time; those last values linger for 3 scan intervals (`export`) |
 //! | a newer file of the same `host`/`pid` | superseded: a restart, exported one last time |
 //! | pid gone and heartbeat older than `stale_after` | exported one last time, then reaped (unlinked, counted, logged) |
 //! | new, untrusted (`trust`: a symlink, writable by group or others, an owner not allowed, a forgery) | one log line, counted once (`untrusted`), not reopened until the file, its owner or its mode changes; reaped like a refused file |
@@ -19,14 +19,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mpib_probes::{version_string, Corruption, LoadState, ProbesReader};
 use tracing::{debug, info, warn};
 
 use crate::catalog;
 use crate::config::Config;
-use crate::export::{has_process, Exporter, Histograms};
+use crate::export::Exporter;
 use crate::files::{self, Identity};
 use crate::hint::{HintError, HintTable};
 use crate::process::{ExportContext, Process};
@@ -46,6 +46,7 @@ const UNTRUSTED: usize = 3;
 struct Tracked {
     process: Process,
     identity: Identity,
+    /// Whether a scan exported it: only then is its last export kept (lingers).
     exported: bool,
 }
 
@@ -67,16 +68,11 @@ enum Finish {
 pub struct Collector {
     config: Config,
     host: String,
-    idle_timeout: Duration,
     exporter: Arc<Exporter>,
     traces: Option<Arc<Traces>>,
     tracked: BTreeMap<PathBuf, Tracked>,
     finished: BTreeMap<PathBuf, Finished>,
     refused: BTreeMap<PathBuf, Identity>,
-    retired: HashMap<(String, u32), Instant>,
-    /// Histogram lines of writers that went away (since when), kept while the recorder still
-    /// has their other series.
-    fading: HashMap<(String, u32), (Instant, Vec<String>)>,
     skipped: [u64; REASONS.len()],
     reaped: u64,
     declarations_refused: u64,
@@ -100,25 +96,19 @@ pub fn host_name() -> String {
 }
 
 impl Collector {
-    /// A collector for `config`, sending traces to `traces` when set. Series of writers that
-    /// went away expire after 3 scan intervals.
+    /// A collector for `config`, sending traces to `traces` when set. The last values of a
+    /// writer that went away linger for 3 scan intervals.
     pub fn new(config: Config, traces: Option<Arc<Traces>>) -> Collector {
-        let idle_timeout = (config.interval * 3).max(Duration::from_millis(100));
-        let exporter = Exporter::new(idle_timeout);
-        if config.metrics_endpoint().is_some() {
-            exporter.record_points();
-        }
+        let linger = (config.interval * 3).max(Duration::from_millis(100));
+        let exporter = Exporter::new(linger);
         Collector {
             host: host_name(),
-            idle_timeout,
             exporter: Arc::new(exporter),
             traces,
             config,
             tracked: BTreeMap::new(),
             finished: BTreeMap::new(),
             refused: BTreeMap::new(),
-            retired: HashMap::new(),
-            fading: HashMap::new(),
             skipped: [0; REASONS.len()],
             reaped: 0,
             declarations_refused: 0,
@@ -136,7 +126,7 @@ impl Collector {
         Arc::clone(&self.exporter)
     }
 
-    /// The full Prometheus text.
+    /// The last scan as Prometheus text.
     pub fn render(&self) -> String {
         self.exporter.render()
     }
@@ -144,7 +134,6 @@ impl Collector {
     /// One pass: discover, follow, export, reap.
     pub fn scan(&mut self) {
         let exporter = Arc::clone(&self.exporter);
-        let _scan = exporter.scan_guard();
         let traces = self.traces.clone();
         let hints = self.load_hints();
         let ctx = ExportContext {
@@ -154,7 +143,6 @@ impl Collector {
             now_ns: mpib_probes::now_ns(),
             connection_series: self.config.connection_series,
         };
-        let mut histograms = Vec::new();
         let listed = self.list();
         let gone: Vec<PathBuf> = self
             .tracked
@@ -178,23 +166,13 @@ impl Collector {
         self.supersede(&ctx);
         let paths: Vec<PathBuf> = self.tracked.keys().cloned().collect();
         for path in paths {
-            self.step(&path, &ctx, &mut histograms);
+            self.step(&path, &ctx);
         }
         self.reap_finished(ctx.now_ns);
         self.reap_refused();
         self.export_nics();
         self.export_health();
-        self.expire_fading();
-        let fading = self
-            .fading
-            .iter()
-            .map(|((host, pid), (_, lines))| (host.clone(), *pid, lines.clone()))
-            .collect();
-        exporter.set_histograms(Histograms {
-            live: histograms,
-            fading,
-        });
-        exporter.finish_points(ctx.now_ns);
+        exporter.finish_scan(ctx.now_ns);
     }
 
     fn list(&mut self) -> Vec<PathBuf> {
@@ -394,7 +372,7 @@ impl Collector {
         }
     }
 
-    fn step(&mut self, path: &Path, ctx: &ExportContext<'_>, histograms: &mut Vec<String>) {
+    fn step(&mut self, path: &Path, ctx: &ExportContext<'_>) {
         let Some(t) = self.tracked.get(path) else {
             return;
         };
@@ -417,14 +395,10 @@ impl Collector {
             self.finish(path, ctx, Finish::Closed);
         } else if !files::pid_alive(snap.pid) && heartbeat_age > self.config.stale_after {
             self.finish(path, ctx, Finish::Dead);
-        } else if !self.held(path) {
-            if let Some(t) = self.tracked.get_mut(path) {
-                histograms.extend(t.process.export(ctx, &snap));
-                self.declarations_refused += t.process.take_refused();
-                t.exported = true;
-                let info = t.process.info();
-                self.fading.remove(&(info.host.clone(), info.pid));
-            }
+        } else if let Some(t) = self.tracked.get_mut(path) {
+            t.process.export(ctx, &snap);
+            self.declarations_refused += t.process.take_refused();
+            t.exported = true;
         }
     }
 
@@ -433,64 +407,12 @@ impl Collector {
     fn drop_truncated(&mut self, path: &Path, now: Identity, how: &str) {
         warn!("probes file {} {how}; dropped", path.display());
         self.skipped[TRUNCATED] += 1;
-        if let Some(t) = self.tracked.remove(path) {
-            self.retire(&t);
-        }
+        self.tracked.remove(path);
         self.refused.insert(path.to_path_buf(), now);
     }
 
-    /// Whether a new writer must wait for the old series of its `host`/`pid` to expire
-    /// (`Counter::absolute` never goes down).
-    fn held(&mut self, path: &Path) -> bool {
-        let Some(t) = self.tracked.get(path) else {
-            return false;
-        };
-        let info = t.process.info();
-        let key = (info.host.clone(), info.pid);
-        let Some(since) = self.retired.get(&key) else {
-            return false;
-        };
-        let waited = since.elapsed();
-        let present = has_process(&self.exporter.recorder_text(), &key.0, key.1);
-        if present && waited < self.idle_timeout * 10 {
-            debug!(
-                "pid {} restarted: waiting for its old series to expire",
-                key.1
-            );
-            return true;
-        }
-        if present {
-            warn!(
-                "pid {}: old series still present after {waited:?}; exporting anyway",
-                key.1
-            );
-        }
-        self.retired.remove(&key);
-        false
-    }
-
-    /// Drop the histogram lines of writers whose other series have expired.
-    fn expire_fading(&mut self) {
-        if self.fading.is_empty() {
-            return;
-        }
-        let text = self.exporter.recorder_text();
-        let limit = self.idle_timeout * 10;
-        self.fading.retain(|(host, pid), (since, _)| {
-            has_process(&text, host, *pid) && since.elapsed() < limit
-        });
-    }
-
-    fn retire(&mut self, t: &Tracked) {
-        if t.exported {
-            let info = t.process.info();
-            self.retired
-                .insert((info.host.clone(), info.pid), Instant::now());
-        }
-    }
-
-    /// Stop exporting the file at `path`: one last export (whose histogram lines stay in the
-    /// scrape as long as the recorder keeps the other series), then `how`.
+    /// Stop exporting the file at `path`: one last export, whose values linger (`export`),
+    /// then `how`.
     fn finish(&mut self, path: &Path, ctx: &ExportContext<'_>, how: Finish) {
         let Some(mut t) = self.tracked.remove(path) else {
             return;
@@ -498,13 +420,11 @@ impl Collector {
         let snap = t.process.reader().snapshot();
         // A file truncated meanwhile reads as zeros: no last export of those.
         if t.exported && !t.process.reader().faulted() {
-            let lines = t.process.export(ctx, &snap);
+            t.process.export(ctx, &snap);
             let info = t.process.info();
-            let until = Instant::now() + self.idle_timeout;
-            self.fading
-                .insert((info.host.clone(), info.pid), (until, lines));
+            let exporter = ctx.exporter;
+            exporter.linger(&info.host, info.pid, info.start_ns, ctx.now_ns);
         }
-        self.retire(&t);
         let pid = t.process.info().pid;
         match how {
             Finish::Vanished => debug!("probes file {} is gone", path.display()),

@@ -1,5 +1,5 @@
-//! One scan's series as plain data: what the OTLP metrics exporter sends (the Prometheus
-//! endpoint renders the same values through its recorder and the latency text).
+//! The collector's series as plain data: what one scan publishes, from which the Prometheus
+//! text ([`crate::prometheus`]) and the OTLP request ([`crate::otlp_metrics`]) are both rendered.
 //!
 //! Every point carries its family (name, kind, unit, help), its label pairs in the family's
 //! order, the start of its cumulative interval (the writer's start for a writer's series, the
@@ -71,7 +71,32 @@ pub struct ScanPoints {
     pub points: Vec<Point>,
 }
 
+/// Whose series a point is: a writer's (`host`, `pid` labels) or the collector's own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A writer process, by its `host` and `pid` labels.
+    Writer {
+        /// The `host` label.
+        host: String,
+        /// The `pid` label.
+        pid: String,
+    },
+    /// The collector itself (its health, the NICs' counters).
+    Collector,
+}
+
 impl Point {
+    /// Whose series this is: a point with a `pid` label belongs to that writer.
+    pub fn owner(&self) -> Owner {
+        match self.label("pid") {
+            Some(pid) => Owner::Writer {
+                host: self.label("host").unwrap_or_default().to_owned(),
+                pid: pid.to_owned(),
+            },
+            None => Owner::Collector,
+        }
+    }
+
     /// The value of label `name`, if the point has it.
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels

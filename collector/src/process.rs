@@ -28,7 +28,7 @@ struct DeclaredValue {
 
 /// What a scan hands to every process it exports.
 pub struct ExportContext<'a> {
-    /// The recorder.
+    /// The metric model the scan records into.
     pub exporter: &'a Exporter,
     /// The agent's hints, when the file was readable.
     pub hints: Option<&'a HintTable>,
@@ -125,15 +125,14 @@ impl Process {
         self.reader
     }
 
-    /// Export everything once; returns this process's latency histogram series.
-    pub fn export(&mut self, ctx: &ExportContext<'_>, snap: &Snapshot) -> Vec<String> {
+    /// Record every series of the process once, in the scan of `ctx`.
+    pub fn export(&mut self, ctx: &ExportContext<'_>, snap: &Snapshot) {
         self.admit_values(ctx);
         let info = self.reader.info().clone();
         let pid = self.pid.clone();
         let (host, pid) = (info.host.as_str(), pid.as_str());
         let start = info.start_ns;
         let values = self.values.as_deref().unwrap_or_default();
-        let mut histograms = Vec::new();
         // One series per NIC slot: a SUP NIC that two devices share is one NIC, counted once.
         for (i, rail) in snap.rails.iter().enumerate().take(MAX_NICS) {
             let (device, port) = info
@@ -152,7 +151,6 @@ impl Process {
             for value in values.iter().filter(|v| v.scope == Scope::Rail) {
                 export_value(ctx, &value.family, &labels, rail.values[value.slot], start);
             }
-            histograms.push(latency::series_text(&labels, &rail.latency));
             let point = latency::value(&rail.latency);
             ctx.exporter
                 .histogram(&catalog::TRANSFER_LATENCY, &labels, point, start);
@@ -186,7 +184,6 @@ impl Process {
         let age_ns = ctx.now_ns.saturating_sub(snap.heartbeat_ns);
         let age = age_ns as f64 / 1e9;
         exporter.gauge(&catalog::WRITER_HEARTBEAT_AGE, &process, age, start);
-        histograms
     }
 
     fn drain_events(&mut self, ctx: &ExportContext<'_>) {

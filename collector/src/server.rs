@@ -1,5 +1,5 @@
-//! The HTTP endpoint: `GET /metrics` serves the recorder's text followed by the
-//! collector-rendered histogram family (what `PrometheusHandle::render` cannot produce).
+//! The HTTP endpoint: `GET /metrics` serves the last published scan as Prometheus text
+//! ([`crate::prometheus`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +18,7 @@ use tracing::{debug, warn};
 
 use crate::export::Exporter;
 
-/// Content type of the Prometheus text format.
-pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub use mpib_node::exposition::CONTENT_TYPE as TEXT_FORMAT;
 
 /// Accept connections on `listener` until `shutdown` turns true.
 pub async fn serve(

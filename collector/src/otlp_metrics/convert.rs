@@ -20,7 +20,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use crate::points::{HistogramValue, Point, ScanPoints, Value};
+use crate::points::{HistogramValue, Owner, Point, ScanPoints, Value};
 
 /// `service.name` of the writers' resources.
 pub const WRITER_SERVICE: &str = "mpib";
@@ -29,41 +29,23 @@ pub const COLLECTOR_SERVICE: &str = "mpib-collector";
 /// Name of the instrumentation scope (its version is the crate's).
 pub const SCOPE_NAME: &str = "mpib-collector";
 
-/// Which resource a point belongs to: a writer's `(host, pid)` or the collector.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Owner {
-    Writer { host: String, pid: String },
-    Collector,
-}
-
-impl Owner {
-    fn of(point: &Point) -> Owner {
-        match point.label("pid") {
-            Some(pid) => Owner::Writer {
-                host: point.label("host").unwrap_or_default().to_owned(),
-                pid: pid.to_owned(),
-            },
-            None => Owner::Collector,
-        }
-    }
-
-    fn resource(&self, collector_host: &str) -> Resource {
-        let (service, host, pid) = match self {
-            Owner::Writer { host, pid } => (WRITER_SERVICE, host.as_str(), pid_value(pid)),
-            Owner::Collector => (
-                COLLECTOR_SERVICE,
-                collector_host,
-                AnyValueKind::IntValue(i64::from(std::process::id())),
-            ),
-        };
-        Resource {
-            attributes: vec![
-                string_attribute("service.name", service),
-                string_attribute("host.name", host),
-                attribute("process.pid", pid),
-            ],
-            ..Resource::default()
-        }
+/// The resource of a point's owner: a writer's, or the collector's on `collector_host`.
+fn resource(owner: &Owner, collector_host: &str) -> Resource {
+    let (service, host, pid) = match owner {
+        Owner::Writer { host, pid } => (WRITER_SERVICE, host.as_str(), pid_value(pid)),
+        Owner::Collector => (
+            COLLECTOR_SERVICE,
+            collector_host,
+            AnyValueKind::IntValue(i64::from(std::process::id())),
+        ),
+    };
+    Resource {
+        attributes: vec![
+            string_attribute("service.name", service),
+            string_attribute("host.name", host),
+            attribute("process.pid", pid),
+        ],
+        ..Resource::default()
     }
 }
 
@@ -195,7 +177,7 @@ pub fn request(scan: &ScanPoints, collector_host: &str) -> ExportMetricsServiceR
     let mut owners: Vec<Owner> = Vec::new();
     let mut groups: HashMap<Owner, Group> = HashMap::new();
     for point in &scan.points {
-        let owner = Owner::of(point);
+        let owner = point.owner();
         let group = groups.entry(owner.clone()).or_insert_with(|| {
             owners.push(owner);
             Group::default()
@@ -207,7 +189,7 @@ pub fn request(scan: &ScanPoints, collector_host: &str) -> ExportMetricsServiceR
         .map(|owner| {
             let metrics = groups.remove(&owner).unwrap_or_default().metrics;
             ResourceMetrics {
-                resource: Some(owner.resource(collector_host)),
+                resource: Some(resource(&owner, collector_host)),
                 scope_metrics: vec![ScopeMetrics {
                     scope: Some(InstrumentationScope {
                         name: SCOPE_NAME.to_owned(),
