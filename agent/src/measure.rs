@@ -10,10 +10,15 @@
 //! registered connections (from the socket's peer credentials), or the agent's own user or root:
 //! another local user cannot steer a flow by writing a file that names its slot. A connection
 //! first seen after it opened (an agent restart, a file found late) gives a baseline, not one
-//! interval's worth of its whole history. Files are opened only when they are regular files, so a
-//! FIFO put in the directory cannot block the loop. (A file its owner truncates while mapped can
-//! still end the agent with SIGBUS: the shared-file hardening of the plugin's other readers is
-//! separate work.)
+//! interval's worth of its whole history. A file is mapped only after the checks every node-side
+//! tool makes (`mpib_node::trust`): a regular file, opened without following a link and without
+//! blocking (a FIFO cannot stall the loop), that neither its group nor others may write (else
+//! anyone in them could rewrite a trusted owner's numbers), whose name and header claim the same
+//! pid. A refused file is logged once and left alone until it changes. The writer's process need
+//! not be the file's owner's: the owner is what the slot check above trusts. A file counts while
+//! its writer runs, by the rule the collector uses (`mpib_node::files::writer_state`). A file
+//! truncated while mapped reads as zeros, not `SIGBUS` (the reader's mapping is guarded,
+//! docs/SECURITY.md "Shared files"), and is dropped at the next refresh.
 //!
 //! Busy time: a rail is busy for a flow while any of the flow's connections has a part in flight
 //! on it, in any process. Summing the connections' own busy times counts an instant once per
@@ -27,9 +32,10 @@
 //! (or with no samples) keeps the sum.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use mpib_node::files::{self, Identity, WriterState};
+use mpib_node::trust::{self, FileCheck, Stat, WriterCheck};
 use mpib_probes::{ConnectionState, Direction, InFlightSample, LoadState, Mode, ProbesReader};
 
 use crate::policy::{Sample, SOUT, SUP};
@@ -114,10 +120,6 @@ struct Counters {
 /// make its next reading count its history again).
 const FORGET_AFTER_TICKS: u64 = 50;
 
-/// A heartbeat this recent keeps a file live even when its pid is not visible here (a job in
-/// another pid namespace), ns.
-const HEARTBEAT_LIVE_NS: u64 = 30_000_000_000;
-
 /// One flow's measurement over the interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FlowMeasurement {
@@ -142,6 +144,8 @@ pub struct Measurer {
     sysfs: PathBuf,
     /// Open files and their owners.
     readers: BTreeMap<PathBuf, (ProbesReader, u32)>,
+    /// Files not read (untrusted, corrupt, another version) until they change.
+    refused: BTreeMap<PathBuf, Identity>,
     previous: BTreeMap<(PathBuf, u32, u32), Counters>,
     /// Every device seen so far and its counters' last total.
     nic_previous: BTreeMap<(String, u32), u64>,
@@ -171,6 +175,7 @@ impl Measurer {
             dir: dir.to_path_buf(),
             sysfs: sysfs.to_path_buf(),
             readers: BTreeMap::new(),
+            refused: BTreeMap::new(),
             previous: BTreeMap::new(),
             nic_previous: BTreeMap::new(),
             tick: 0,
@@ -349,34 +354,31 @@ impl Measurer {
 
     fn refresh_files(&mut self) {
         // The probes directory's files, listed by the rule the collector and mpib-top use.
-        let listed: BTreeSet<PathBuf> = mpib_node::files::list(&self.dir)
+        let listed: BTreeSet<PathBuf> = files::list(&self.dir)
             .unwrap_or_default()
             .into_iter()
             .collect();
         let now = mpib_probes::now_ns();
-        self.readers
-            .retain(|path, (reader, _)| listed.contains(path) && live(reader, now));
+        self.readers.retain(|path, (reader, _)| {
+            listed.contains(path) && !reader.faulted() && running(reader, now)
+        });
+        self.refused.retain(|path, identity| {
+            listed.contains(path) && Identity::of(path).is_ok_and(|id| id.unchanged(identity))
+        });
         let mut unreadable = 0;
         for path in listed {
-            if self.readers.contains_key(&path) {
+            if self.readers.contains_key(&path) || self.refused.contains_key(&path) {
                 continue;
             }
-            // A regular file only, checked without following a link: opening a FIFO would
-            // block the loop.
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if !meta.file_type().is_file() {
-                continue;
-            }
-            match ProbesReader::open(&path) {
-                Ok(LoadState::Ready(reader)) if live(&reader, now) => {
-                    self.readers.insert(path, (reader, meta.uid()));
+            match open(&path, now) {
+                Opened::Running(reader, owner) => {
+                    self.readers.insert(path, (*reader, owner));
                 }
-                // Files are 0600 (0640 with MPIB_PROBES_GROUP): an agent that may not read
-                // one cannot tell which slots its connections read.
-                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => unreadable += 1,
-                _ => {}
+                Opened::Unreadable => unreadable += 1,
+                Opened::Refused(identity) => {
+                    self.refused.insert(path, identity);
+                }
+                Opened::NotNow => {}
             }
         }
         self.files = self.readers.len();
@@ -423,12 +425,64 @@ impl Measurer {
     }
 }
 
-/// A probes file still written: not closed, and its writer's pid alive here or its heartbeat
-/// recent (a job in another pid namespace).
-fn live(reader: &ProbesReader, now_ns: u64) -> bool {
-    reader.closed_ns() == 0
-        && (pid_alive(reader.info().pid)
-            || now_ns.saturating_sub(reader.heartbeat_ns()) < HEARTBEAT_LIVE_NS)
+/// A probes file still written: not closed, and its writer's pid running here or its heartbeat
+/// recent (a job in another pid namespace), by the collector's rule and default.
+fn running(reader: &ProbesReader, now_ns: u64) -> bool {
+    files::writer_state(reader, now_ns, files::STALE_AFTER) == WriterState::Running
+}
+
+/// What looking at one listed file found.
+enum Opened {
+    /// Mapped; its owner.
+    Running(Box<ProbesReader>, u32),
+    /// Files are 0600 (0640 with MPIB_PROBES_GROUP): an agent that may not read one cannot tell
+    /// which slots its connections read.
+    Unreadable,
+    /// Not to be read until it changes (logged once when untrusted).
+    Refused(Identity),
+    /// Gone, not published yet, replaced meanwhile, or its writer no longer runs: looked at
+    /// again next time.
+    NotNow,
+}
+
+/// Opens and checks the file at `path` as the collector does before mapping it (see the
+/// module's doc for the one difference: the writer's user).
+fn open(path: &Path, now_ns: u64) -> Opened {
+    let Ok(identity) = Identity::of(path) else {
+        return Opened::NotNow;
+    };
+    let (stat, file) = match trust::check_file(path, None) {
+        Ok(FileCheck::Passed(stat, file)) => (stat, file),
+        Ok(FileCheck::Untrusted(stat, why)) => return refuse(path, identity, &stat, &why),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Opened::Unreadable,
+        Err(_) => return Opened::NotNow,
+    };
+    let reader = match ProbesReader::open_file(&file, path) {
+        Ok(LoadState::Ready(reader)) => reader,
+        Ok(LoadState::Incompatible { .. } | LoadState::Corrupt(_)) => {
+            return Opened::Refused(identity)
+        }
+        Ok(LoadState::AwaitVersion) | Err(_) => return Opened::NotNow,
+    };
+    match trust::check_writer(path, &stat, reader.info().pid) {
+        WriterCheck::Untrusted(why) => return refuse(path, identity, &stat, &why),
+        WriterCheck::Trusted | WriterCheck::Dead | WriterCheck::OtherUser(_) => {}
+    }
+    if !running(&reader, now_ns) || !trust::still_same(path, &identity, &stat) {
+        return Opened::NotNow;
+    }
+    Opened::Running(Box::new(reader), stat.uid)
+}
+
+fn refuse(path: &Path, identity: Identity, stat: &Stat, why: &str) -> Opened {
+    crate::log::warn(&format!(
+        "not reading probes file {}: owner {}, mode {:04o}: {why}; skipped until the file, its \
+         owner or its mode changes",
+        path.display(),
+        trust::user_label(stat.uid),
+        stat.mode
+    ));
+    Opened::Refused(identity)
 }
 
 pub use mpib_node::files::pid_alive;

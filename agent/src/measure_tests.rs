@@ -212,3 +212,33 @@ fn a_sup_nic_shared_by_two_devices_is_one_capacity() {
     );
     assert_eq!(flows[&1].sample.link_rate, [gigabyte, gigabyte * 2.0 / 3.0]);
 }
+
+/// A file is read only after the checks the collector makes: one its group may write, or one
+/// whose name claims another pid than its header, is refused until it changes; a link is not
+/// even listed.
+#[test]
+fn only_files_that_pass_the_trust_checks_are_read() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = Directory::new("measure-trust");
+    let good = process_file(&dir.0, 0);
+    let group_writable = process_file(&dir.0, 1);
+    let writable_path = group_writable.path().unwrap().to_path_buf();
+    let mode = |bits| std::fs::Permissions::from_mode(bits);
+    std::fs::set_permissions(&writable_path, mode(0o620)).unwrap();
+    let link = dir.0.join(format!("mpib-{}-9.probes", std::process::id()));
+    std::os::unix::fs::symlink(good.path().unwrap(), &link).unwrap();
+    let renamed = dir.0.join("mpib-1-9.probes");
+    std::fs::copy(good.path().unwrap(), &renamed).unwrap();
+    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    measurer.measure(SECOND, &BTreeMap::new());
+    assert_eq!(measurer.files, 1);
+    let refused: Vec<&PathBuf> = measurer.refused.keys().collect();
+    assert_eq!(refused, [&renamed, &writable_path]);
+    // Made writable by its owner only: read from the next interval on.
+    std::fs::set_permissions(&writable_path, mode(0o600)).unwrap();
+    measurer.measure(SECOND, &BTreeMap::new());
+    assert_eq!(measurer.files, 2);
+    assert_eq!(measurer.refused.len(), 1);
+    drop((good, group_writable));
+}

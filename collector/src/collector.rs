@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::catalog;
 use crate::config::Config;
 use crate::export::Exporter;
-use crate::files::{self, Identity};
+use crate::files::{self, Identity, WriterState};
 use crate::hint::{HintError, HintTable};
 use crate::process::{ExportContext, Process};
 use crate::sysfs;
@@ -288,7 +288,7 @@ impl Collector {
             WriterCheck::Untrusted(why) | WriterCheck::OtherUser(why) => {
                 return self.distrust(path, identity, stat, &why)
             }
-            WriterCheck::Dead if trust::dead_file_is_stale(&reader, self.config.stale_after) => {
+            WriterCheck::Dead if self.writer_state(&reader) != WriterState::Running => {
                 let why = "writer pid is gone and its file is closed or stale";
                 return self.reap(path, info.pid, why);
             }
@@ -390,16 +390,23 @@ impl Collector {
             // Truncated between the size check and the read: the guard gave zeros.
             return self.drop_truncated(path, now, "shrank while being read");
         }
-        let heartbeat_age = Duration::from_nanos(ctx.now_ns.saturating_sub(snap.heartbeat_ns));
-        if snap.closed_ns != 0 {
-            self.finish(path, ctx, Finish::Closed);
-        } else if !files::pid_alive(snap.pid) && heartbeat_age > self.config.stale_after {
-            self.finish(path, ctx, Finish::Dead);
-        } else if let Some(t) = self.tracked.get_mut(path) {
-            t.process.export(ctx, &snap);
-            self.declarations_refused += t.process.take_refused();
-            t.exported = true;
+        let stale_after = self.config.stale_after;
+        match files::writer_state(t.process.reader(), ctx.now_ns, stale_after) {
+            WriterState::Closed => self.finish(path, ctx, Finish::Closed),
+            WriterState::Gone => self.finish(path, ctx, Finish::Dead),
+            WriterState::Running => {
+                if let Some(t) = self.tracked.get_mut(path) {
+                    t.process.export(ctx, &snap);
+                    self.declarations_refused += t.process.take_refused();
+                    t.exported = true;
+                }
+            }
         }
+    }
+
+    /// The state of a file's writer now, by the collector's `--stale-after`.
+    fn writer_state(&self, reader: &ProbesReader) -> WriterState {
+        files::writer_state(reader, mpib_probes::now_ns(), self.config.stale_after)
     }
 
     /// Stop exporting a file another process truncated (its values are gone): counted as

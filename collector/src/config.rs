@@ -56,7 +56,7 @@ impl Default for Config {
         Config {
             probes_dir: PathBuf::from("/dev/shm/mpib"),
             interval: Duration::from_millis(1000),
-            stale_after: Duration::from_secs(30),
+            stale_after: mpib_node::files::STALE_AFTER,
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             otlp_endpoint: None,
             otlp_protocol: Protocol::Grpc,

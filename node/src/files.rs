@@ -6,6 +6,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use mpib_probes::ProbesReader;
+
 /// Suffix of probes files.
 pub const SUFFIX: &str = ".probes";
 
@@ -108,6 +110,36 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// How long a writer whose pid is not running here stays live on its heartbeat alone, unless a
+/// tool is told otherwise (the collector's `--stale-after`): a job in another PID namespace has
+/// a pid this node's `/proc` does not show, and its plugin beats the heartbeat every second.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// Where a probes file's writer is in its life, as every node-side tool judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriterState {
+    /// Still writing: its pid runs here, or its heartbeat is recent.
+    Running,
+    /// It set `closed_ns` (a clean shutdown).
+    Closed,
+    /// Its pid is not running here and its heartbeat is older than the tool's stale-after.
+    Gone,
+}
+
+/// The state of the writer of `reader`'s file at `now_ns`, its heartbeat judged against
+/// `stale_after`.
+pub fn writer_state(reader: &ProbesReader, now_ns: u64, stale_after: Duration) -> WriterState {
+    if reader.closed_ns() != 0 {
+        return WriterState::Closed;
+    }
+    let age = Duration::from_nanos(now_ns.saturating_sub(reader.heartbeat_ns()));
+    if age > stale_after && !pid_alive(reader.info().pid) {
+        WriterState::Gone
+    } else {
+        WriterState::Running
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -122,6 +154,43 @@ mod tests {
         assert!(pid_alive(std::process::id()));
         assert!(!pid_alive(0));
         assert!(!pid_alive(999_999_999));
+    }
+
+    #[test]
+    fn a_writer_runs_until_it_closes_or_its_pid_is_gone_and_its_heartbeat_stale() {
+        use mpib_probes::{LoadState, ProbesFile, RailInfo, WriterInfo};
+
+        let dir = std::env::temp_dir().join(format!("mpib-writer-state-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let state = |writer: &WriterInfo, heartbeat_ns: u64, close: bool| {
+            let file = ProbesFile::create(&dir, writer).unwrap();
+            file.heartbeat(heartbeat_ns);
+            let path = file.path().unwrap().to_path_buf();
+            let LoadState::Ready(reader) = ProbesReader::open(&path).unwrap() else {
+                panic!("not ready");
+            };
+            if close {
+                file.remove().unwrap();
+            }
+            writer_state(&reader, 100 * SECOND, STALE_AFTER)
+        };
+        const SECOND: u64 = 1_000_000_000;
+        let rail = RailInfo {
+            device: "mlx5_0".into(),
+            port: 1,
+            speed_mbps: 100_000,
+        };
+        let mine = WriterInfo::for_this_process(vec![rail]);
+        let dead = WriterInfo {
+            pid: 999_999_999,
+            ..mine.clone()
+        };
+        assert_eq!(state(&mine, 0, false), WriterState::Running);
+        assert_eq!(state(&mine, 99 * SECOND, true), WriterState::Closed);
+        // A pid not visible here: live on a fresh heartbeat (another PID namespace) only.
+        assert_eq!(state(&dead, 71 * SECOND, false), WriterState::Running);
+        assert_eq!(state(&dead, 69 * SECOND, false), WriterState::Gone);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,10 +22,8 @@ use std::fs::{self, Metadata, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::Duration;
 
 use mpib_params::users::{parse_ids, Kind, Lookup};
-use mpib_probes::ProbesReader;
 
 use crate::files::{self, Identity};
 
@@ -148,13 +146,6 @@ pub fn check_writer(path: &Path, stat: &Stat, pid: u32) -> WriterCheck {
 pub fn still_same(path: &Path, identity: &Identity, stat: &Stat) -> bool {
     let same = |id: &Identity| id.dev == stat.dev && id.ino == stat.ino;
     same(identity) && Identity::of(path).is_ok_and(|now| same(&now))
-}
-
-/// Whether the file of a writer whose pid is gone is reaped now: it is closed, or its heartbeat
-/// is older than `stale_after` (the rule for a dead writer's exported file).
-pub fn dead_file_is_stale(reader: &ProbesReader, stale_after: Duration) -> bool {
-    let age = mpib_probes::now_ns().saturating_sub(reader.heartbeat_ns());
-    reader.closed_ns() != 0 || Duration::from_nanos(age) > stale_after
 }
 
 /// The user process `pid` runs as: the owner of `/proc/<pid>` (its effective uid). `NotFound`
