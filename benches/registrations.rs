@@ -11,6 +11,7 @@
 //! `cargo bench --bench registrations -- --comms 1024 --size 67108864 --rounds 5` (the
 //! defaults). With `--fabric verbs` it runs on the NICs the environment names (the rig's). Prints
 //! a table and one `row comms=N ...` line for scripts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::ffi::c_void;
 use std::path::Path;

@@ -24,6 +24,7 @@
 //! carries the handshakes after the first: src/net/setup/listener.rs,
 //! src/net/observe/link_ride.rs); the first `init` raises the soft limit to the hard one all the
 //! same.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;

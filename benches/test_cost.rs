@@ -6,6 +6,7 @@
 //! `cargo bench --bench test_cost` (optional: `-- --rounds N --calls N`). It uses only the
 //! exported `ncclNetPlugin_v12` table, so the same file measures an older tree too. It prints one
 //! `row connections=N test_ns=...` line per N for scripts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;

@@ -7,6 +7,7 @@
 //!
 //! `cargo bench --bench transfer` (optional: `-- --rounds N --transfers N`). Besides the table it
 //! prints one `row size=... cpu_ns_on=...` line per size for scripts/perf.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::c_void;

@@ -3,6 +3,7 @@
 //! encoder must produce the same bytes while its decoder reads the C program's bytes back. The
 //! header's `_Static_assert`s check the sizes at compile time, and the program prints the offsets
 //! a reader in another language relies on.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::path::Path;
 use std::process::Command;

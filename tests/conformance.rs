@@ -4,6 +4,7 @@
 //!
 //! Every test runs with `MPIB_FABRIC=loopback` (two loopback rails of 100000 Mbps). Cases that need
 //! another environment from the first `init` on, or a real unload, run in a child process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::ptr;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! between two processes share one control connection (src/net/observe/link.rs), so a made
 //! connection holds no descriptor of its own, and a handshake after the first rides it, so it
 //! needs none either while it runs. In a child process: both change the process's limits.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::time::Duration;
 

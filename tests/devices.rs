@@ -4,6 +4,7 @@
 //! pair reporting what it always reported (bad lists and `auto`: tests/devices_lists.rs).
 //!
 //! Each case needs its environment from the first `init` on, so it runs in a child process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 #[path = "common/devices.rs"]
 mod devices;

@@ -1,6 +1,7 @@
 //! Lists that cannot be used fail `init` naming the item, and `MPIB_HCA_SUP=auto` pairs by PCI
 //! distance over a fake sysfs tree (`MPIB_SYSFS`): same switch first, a WARN for a pair that
 //! meets only at the host bridge, never across NUMA nodes. Each case runs in a child process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 #[path = "common/devices.rs"]
 mod devices;

@@ -9,6 +9,7 @@
 //! library (same compilation as the rlib it links) and falls back to the copied-up one. It lists
 //! the dynamic symbols with `nm -D --defined-only`; a missing `nm` or library is a failure,
 //! never a pass.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -9,6 +9,7 @@
 //!   (`getProperties`), so a data path that took it would sometimes wait (`futex`, a call).
 //!
 //! Set-up (init, connect, regMr) may do all three; only the data-path window is counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

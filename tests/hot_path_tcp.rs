@@ -7,6 +7,7 @@
 //!
 //! Set-up (init, connect, regMr, the rail threads' first passes) may allocate; only the
 //! data-path window is counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::null_mut;

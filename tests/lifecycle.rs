@@ -4,6 +4,7 @@
 //! library itself; every ABI v7 ... v12 on the loopback and tcp fabrics unloads as NCCL unloads
 //! it (no `finalize` before v11) and leaves no plugin thread running. In a child process, so
 //! nothing else in it holds the library or its resources.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::time::Duration;
 

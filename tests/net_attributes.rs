@@ -5,6 +5,7 @@
 //! from what is shown (a NULL context or attribute pointer is refused: src/ffi/tests.rs). In a
 //! child process: the probes directory and the sampling (every transfer recorded) are fixed at
 //! the first `init`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 #[path = "common/process.rs"]
 mod process;

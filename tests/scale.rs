@@ -8,6 +8,7 @@
 //! measures the same shape up to 8,192 pairs (docs/PERFORMANCE.md "Thousands of connections: what each costs").
 //! Each case runs in a child process: the plugin's devices and limits are fixed at its first
 //! `init`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 #[path = "common/devices.rs"]
 mod devices;

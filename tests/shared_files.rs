@@ -5,6 +5,7 @@
 //!
 //! Each case runs in its own process (advanced mode, loopback, v12, the driver's test agent),
 //! so a SIGBUS would show as that child's exit status.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 //!
 //! `MPIB_SOAK_SECONDS` sets the length (default 20 s, the test command's short version);
 //! `scripts/soak` runs a long one. `MPIB_SOAK_SEED` replays a run (the seed is printed).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use mpib_probes::declared::{RAIL_RX_BYTES, RAIL_TX_BYTES};
 use std::path::Path;

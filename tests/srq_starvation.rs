@@ -4,6 +4,7 @@
 //! no receiver-not-ready error reaches NCCL, every byte arrives, and the probes count the takes
 //! that came back short. Through the exported v12 table, in a child process (the NICs' limits
 //! and the marks are read at `init`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use mpib_probes::declared::{
     RAIL_ERROR_COMPLETIONS, RAIL_RECV_COMPLETIONS, SRQ_DEPTH, SRQ_HIGH_WATER, SRQ_LOW_WATER,

@@ -2,6 +2,7 @@
 //! (the plugin's settings for v7–v10 are per process). The agent serves the registration socket
 //! and the hint SHM in a private temp dir; after the pair connects, its hint slots are set to each
 //! `sup_bw` in turn (0, 1, 256, 512, 768, 1023, 1024, 5000) and every transfer must verify.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::time::Duration;
 

@@ -7,6 +7,7 @@
 //!
 //! Both rails carry data only when the split says so: advanced mode with the test agent at a
 //! `sup_bw` between 1 and 1023 (or vanilla intra-island for SUP only, inter-island for SOUT only).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::time::Duration;
 

@@ -7,6 +7,7 @@
 //! Each case runs in a child process (the plugin reads its variables at `init`). The second local
 //! user comes from `mpib_driver::other_user` (created with `useradd`, commands under `setpriv`);
 //! without root the cases that need it print `SKIPPED` and pass.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -8,6 +8,7 @@
 //!
 //! `MPIB_TEST_DEVICE_A` / `MPIB_TEST_DEVICE_B` name the two devices (default `rxe_a0`,
 //! `rxe_b0`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -6,6 +6,7 @@
 //!
 //! Each case runs in a child process of this test binary (the plugin's fabric is chosen once
 //! per process) started under `unshare --mount`, which needs root, as the suite runs.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

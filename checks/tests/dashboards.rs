@@ -13,6 +13,7 @@
 //! The helpers live under `dashboards/`: `catalog.rs` (the catalog), `promql.rs` (metric and
 //! label extraction), `grafana.rs` (the dashboard JSON) and `rules.rs` (the rules file and
 //! promtool).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

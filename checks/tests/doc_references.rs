@@ -20,6 +20,7 @@
 //! * relative Markdown links (`[text](PROTOCOL.md)`), from the linking file's directory;
 //! * a citation of an outside design note by number (the word `seed` and a three-digit number
 //!   starting with 0) or a path into the workspace's shared folder outside the repository.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! The README's configuration table lists every `MPIB_*` variable of `params/src/params.rs`, with the
 //! same defaults, and nothing else: the two cannot drift.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::collections::BTreeMap;
 

@@ -4,6 +4,7 @@
 //! the same byte, size, island and per-rail checks. Each configuration runs in a child process of
 //! its own (the plugin's settings for v7–v10 are per process; the probes file is per process).
 //! The plugin is the one built in the same target dir (`cargo test --workspace` builds it).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::time::Duration;
 

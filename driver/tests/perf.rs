@@ -6,6 +6,7 @@
 //! The plugin is the one built for this profile in this target dir (`cargo build -p mpib`, or
 //! `cargo test --workspace`); each run gets a private probes directory. Every child is killed
 //! and the test fails if it runs past its limit: the tool must never hang.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -1,6 +1,7 @@
 //! `mpib-ranks` as a user runs it: the harness's loopback cases (every ABI in one process, a rail
 //! cut failed over or not), and across processes on the tcp fabric on this host: several ABIs,
 //! a burst of connections, a rank killed mid-collective fails the others and none hangs.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

@@ -11,6 +11,7 @@ use mpib_proto::hint::{encode_header, HINT_FILE_LEN, HINT_HEADER_LEN};
 use crate::{discard, scratch};
 
 /// A fresh probes file of this version: a valid, published header and zeroed regions.
+#[allow(clippy::expect_used)] // The harness's own setup: without its template no input runs.
 fn probes_template() -> &'static [u8] {
     static TEMPLATE: OnceLock<Vec<u8>> = OnceLock::new();
     TEMPLATE.get_or_init(|| {

@@ -79,6 +79,10 @@
 //! None. `--cfg loom` swaps the atomics for loom's and compiles only [`ring`] and
 //! [`histogram`] (loom atomics cannot live in a file).
 
+// Beyond the workspace's lints: what this crate exports is the probes layout's contract with
+// readers in other crates, so nothing is `pub` that they cannot reach.
+#![warn(unreachable_pub)]
+
 pub mod histogram;
 pub mod ring;
 mod sync;

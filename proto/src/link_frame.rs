@@ -74,15 +74,22 @@ pub enum End {
 pub enum Frame<'a> {
     /// About the comm `comm` of the receiving side.
     Notice {
+        /// What the notice says of the comm.
         kind: NoticeKind,
+        /// The receiving side's comm it is about.
         comm: u64,
+        /// The sender's words (its error's text).
         text: &'a [u8],
     },
     /// Part of handshake `handshake`.
     Handshake {
+        /// Its place in the handshake.
         step: Step,
+        /// The handshake's id, the connector end's choice.
         handshake: u64,
+        /// The listen comm it is for ([`Step::Open`] only; 0 otherwise).
         listen: u64,
+        /// The handshake message (or, in [`Step::Abandoned`], why).
         payload: &'a [u8],
     },
 }
@@ -239,12 +246,20 @@ pub enum Filed {
     /// A new handshake for listen comm `listen` (acceptor end): the engine routes it, then calls
     /// [`Inbox::expect`] if a listen comm takes it, or answers with [`Step::Abandoned`].
     Opened {
+        /// The handshake's id.
         handshake: u64,
+        /// The listen comm it names.
         listen: u64,
+        /// The connector's request.
         request: Vec<u8>,
     },
     /// Refused: answer the peer's handshake with [`Step::Abandoned`] and this reason.
-    Refused { handshake: u64, reason: String },
+    Refused {
+        /// The handshake's id.
+        handshake: u64,
+        /// Why, for the peer.
+        reason: String,
+    },
     /// Nothing to do: a late message for a handshake this end gave up (or never had).
     Ignored,
     /// A frame this end's peer never sends: the link ends with this reason.

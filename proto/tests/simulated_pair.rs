@@ -10,6 +10,7 @@
 //! the acknowledgements of writes that landed, or found failed by either side while still up —
 //! costs nothing: every receive still completes exactly once with its sizes and bytes, and every
 //! send is reported done. Runs under Miri too (fewer cases; scripts/test).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
 mod pair;
 

@@ -40,15 +40,18 @@ pub struct Options {
     pub sizes: Vec<usize>,
     /// Timed all-reduces per size (after `warmup` untimed ones).
     pub iterations: usize,
+    /// Untimed all-reduces per size before the timed ones.
     pub warmup: usize,
-    /// Bound on the setup and on each all-reduce.
+    /// Bound on the setup (every listen, connect and accept).
     pub connect_deadline: Duration,
+    /// Bound on each all-reduce.
     pub data_deadline: Duration,
 }
 
 /// One size's figures, as nccl-tests prints them.
 #[derive(Clone, Copy, Debug)]
 pub struct Row {
+    /// Bytes per all-reduce.
     pub bytes: usize,
     /// Mean time of one all-reduce.
     pub time: Duration,

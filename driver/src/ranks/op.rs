@@ -25,6 +25,8 @@ const FUNCTION_RECEIVE: u32 = 7;
 const FUNCTION_ALL_TO_ALL: u32 = 8;
 
 impl Op {
+    /// The operation a `--op` word names (`allreduce`, `alltoall`, `sendrecv`, or the same with
+    /// a hyphen).
     pub fn parse(text: &str) -> Option<Op> {
         Some(match text {
             "allreduce" | "all-reduce" => Op::AllReduce,
@@ -34,6 +36,7 @@ impl Op {
         })
     }
 
+    /// What the operation is, for the report's header.
     pub fn name(self) -> &'static str {
         match self {
             Op::AllReduce => "ring all-reduce (uint32 sum)",
@@ -200,9 +203,13 @@ impl Op {
 /// Where a schedule is for.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
+    /// Ranks in the ring.
     pub ranks: usize,
+    /// This rank's index.
     pub rank: usize,
+    /// The channel (connection pair) the schedule is for.
     pub channel: usize,
+    /// Channels per rank pair.
     pub channels: usize,
 }
 

@@ -41,7 +41,9 @@ struct Setup {
 pub struct Rank<'n, 'p> {
     net: &'n Net<'p>,
     ctx: Option<NetCtx>,
+    /// Ranks in the job.
     pub ranks: usize,
+    /// This rank's index.
     pub rank: usize,
     op: Op,
     channels: usize,

@@ -15,23 +15,31 @@
 /// (an index into [`Schedule::receives`]) has completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Send {
+    /// Where in the rank's buffer.
     pub offset: usize,
+    /// Bytes.
     pub length: usize,
+    /// The receive it waits for, if any.
     pub after: Option<usize>,
 }
 
 /// One `irecv`: `length` bytes for the rank's buffer at `offset`, added in (`reduce`) or copied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Receive {
+    /// Where in the rank's buffer.
     pub offset: usize,
+    /// Bytes.
     pub length: usize,
+    /// Added into the buffer (`true`) or copied over it.
     pub reduce: bool,
 }
 
 /// A rank's transfers on one channel, each list in its connection's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Schedule {
+    /// The sends, in their connection's order.
     pub sends: Vec<Send>,
+    /// The receives, in their connection's order.
     pub receives: Vec<Receive>,
 }
 

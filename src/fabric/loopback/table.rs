@@ -163,13 +163,16 @@ impl<K: SlabKey, V> std::ops::Index<K> for Table<K, V> {
     /// Panics if `key` names nothing, as indexing a vector past its end does: callers look the
     /// key up first.
     #[inline]
+    #[allow(clippy::expect_used)] // A missing key is the caller's bug, as `Vec`'s index is.
     fn index(&self, key: K) -> &V {
         self.get(key).expect("a looked-up key is present")
     }
 }
 
 impl<K: SlabKey, V> std::ops::IndexMut<K> for Table<K, V> {
+    /// Panics if `key` names nothing, as [`Index`](std::ops::Index) does.
     #[inline]
+    #[allow(clippy::expect_used)] // A missing key is the caller's bug, as `Vec`'s index is.
     fn index_mut(&mut self, key: K) -> &mut V {
         self.get_mut(key).expect("a looked-up key is present")
     }

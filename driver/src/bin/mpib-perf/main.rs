@@ -67,7 +67,9 @@ use sides::{Local, Summary};
 /// Why the run stopped: bad input (exit 2) or a failed run (exit 1).
 #[derive(Debug)]
 pub enum Failure {
+    /// Bad flags or values (exit 2), with the message.
     Usage(String),
+    /// The run failed (exit 1), with the message.
     Run(String),
 }
 
