@@ -116,26 +116,30 @@ impl Drop for Perf {
 fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
     let dir = temp_dir("adaptive");
     let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
-    let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 60);
-    let mut rows = Vec::new();
-    let mut flows = String::new();
-    while let Some(row) = perf.row() {
-        rows.push(row);
-        if rows.len() == 55 {
-            // While the flow runs (it is gone once the job ends): the same flow for programs.
-            flows = mpib_agent::control::request(&agent.control(), ControlCommand::Flows).unwrap();
-        }
-    }
-    perf.finish();
-    assert_eq!(rows.len(), 60);
-    assert!(rows[0].0 < 100.0, "starts on the safe side: {rows:?}");
+    // Judged on convergence, not by a row: the loop converges in the agent's intervals, and a
+    // loaded machine fits fewer of them into a row (one run on 2 busy cores had not settled by
+    // row 50 of 60).
+    let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 400);
     // Equal finish times on 200 and 400 MB/s rails: 400 / 600 of 1024 = 683.
-    for (share, at) in &rows[50..] {
-        assert!(
-            (640.0..=726.0).contains(share),
-            "at {at} ms share {share}: {rows:?}"
-        );
+    let settled = |share: f64| (640.0..=726.0).contains(&share);
+    let mut rows = Vec::new();
+    let mut in_range = 0;
+    while in_range < 20 {
+        let Some(row) = perf.row() else {
+            panic!("never 20 rows in a row within 640-726: {rows:?}");
+        };
+        rows.push(row);
+        in_range = if settled(row.0) { in_range + 1 } else { 0 };
     }
+    assert!(rows[0].0 < 100.0, "starts on the safe side: {rows:?}");
+    // While the flow runs (it is gone once the job ends): the same flow for programs.
+    let flows = mpib_agent::control::request(&agent.control(), ControlCommand::Flows).unwrap();
+    // And it stays there.
+    for _ in 0..10 {
+        let (share, at) = perf.row().expect("the run goes on");
+        assert!(settled(share), "at {at} ms share {share}: {rows:?}");
+    }
+    drop(perf);
     let status = agent.status();
     assert!(status.contains("adaptive"), "{status}");
     // `flows`: the header, then tab-separated fields.
