@@ -8,7 +8,7 @@
 //! | new, `Incompatible` / `Corrupt` | one log line, counted once by reason (`version`, `corrupt`, `truncated`), not reopened until the file changes; reaped like the above |
 //! | new, `Ready` | exported from this scan on (a restarted writer's series replace the old writer's at once) |
 //! | shorter than when opened | dropped without touching the mapping, counted `truncated` |
-//! | `closed_ns` set, or gone from the directory | exported one last time; those last values linger for 3 scan intervals (`export`) |
+//! | `closed_ns` set, or gone from the directory | exported one last time; those last values linger for 3 scans (`export`) |
 //! | a newer file of the same `host`/`pid` | superseded: a restart, exported one last time |
 //! | pid gone and heartbeat older than `stale_after` | exported one last time, then reaped (unlinked, counted, logged) |
 //! | new, untrusted (`trust`: a symlink, writable by group or others, an owner not allowed, a forgery) | one log line, counted once (`untrusted`), not reopened until the file, its owner or its mode changes; reaped like a refused file |
@@ -19,7 +19,6 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use mpib_probes::{version_string, Corruption, LoadState, ProbesReader};
 use tracing::{debug, info, warn};
@@ -97,10 +96,9 @@ pub fn host_name() -> String {
 
 impl Collector {
     /// A collector for `config`, sending traces to `traces` when set. The last values of a
-    /// writer that went away linger for 3 scan intervals.
+    /// writer that went away linger for 3 scans (`export`).
     pub fn new(config: Config, traces: Option<Arc<Traces>>) -> Collector {
-        let linger = (config.interval * 3).max(Duration::from_millis(100));
-        let exporter = Exporter::new(linger);
+        let exporter = Exporter::new();
         Collector {
             host: host_name(),
             exporter: Arc::new(exporter),
@@ -430,7 +428,7 @@ impl Collector {
             t.process.export(ctx, &snap);
             let info = t.process.info();
             let exporter = ctx.exporter;
-            exporter.linger(&info.host, info.pid, info.start_ns, ctx.now_ns);
+            exporter.linger(&info.host, info.pid, info.start_ns);
         }
         let pid = t.process.info().pid;
         match how {

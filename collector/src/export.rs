@@ -11,28 +11,33 @@
 //! closed connection's, a NIC no exported writer uses).
 //!
 //! A writer that went away (its file closed, gone, superseded or dead) is exported one last
-//! time, and [`Exporter::linger`] keeps those last points, together, for the linger time
-//! (3 scan intervals), so that a scrape in between sees its final values. A newer writer of
-//! the same `host`/`pid` (a restart) ends that at once: its series replace the old ones in the
-//! scan that first exports it, and Prometheus sees a counter reset, which `rate()` handles.
+//! time, and [`Exporter::linger`] keeps those last points, together, in that scan and the next
+//! [`LINGER_SCANS`]` - 1` (3 scan intervals in all), so that a scrape in between sees its final
+//! values. Counting scans, not reading a clock, keeps this right when the wall clock steps. A
+//! newer writer of the same `host`/`pid` (a restart) ends that at once: its series replace the
+//! old ones in the scan that first exports it, and Prometheus sees a counter reset, which
+//! `rate()` handles.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
-
 use tracing::error;
 
 use crate::catalog::{Family, Kind, MetricSpec, CATALOG};
 use crate::otlp_metrics::Pushed;
-use crate::points::{HistogramValue, Owner, Point, ScanPoints, Value};
+use crate::points::{HistogramValue, Point, ScanPoints, Value};
 use crate::prometheus;
 
-/// The last points of a writer that went away, kept for the linger time.
+/// Scans that publish a departed writer's last points: the scan of its last export and the
+/// next two.
+pub const LINGER_SCANS: u32 = 3;
+
+/// The last points of a writer that went away, kept for [`LINGER_SCANS`].
 struct Lingering {
-    owner: Owner,
-    /// Until when, ns since the Unix epoch (scan time).
-    until_ns: u64,
+    host: String,
+    pid: String,
+    /// Scans that will still publish them.
+    scans_left: u32,
     points: Vec<Point>,
 }
 
@@ -46,7 +51,6 @@ struct Recording {
 /// The model: the families, the scan being recorded and the last one published. Cheap to
 /// share (`Arc`): the scan records, the HTTP endpoint and the OTLP pusher read.
 pub struct Exporter {
-    linger_ns: u64,
     recording: Mutex<Recording>,
     published: Mutex<Arc<ScanPoints>>,
     families: Mutex<HashMap<String, Arc<Family>>>,
@@ -66,10 +70,12 @@ pub trait FamilyRef {
 impl FamilyRef for MetricSpec {
     fn resolve(&self, exporter: &Exporter) -> Arc<Family> {
         let mut families = exporter.lock_families();
-        let family = families
-            .entry(self.name.to_owned())
-            .or_insert_with(|| Arc::new(Family::of_spec(self)));
-        Arc::clone(family)
+        if let Some(family) = families.get(self.name) {
+            return Arc::clone(family);
+        }
+        let family = Arc::new(Family::of_spec(self));
+        families.insert(self.name.to_owned(), Arc::clone(&family));
+        family
     }
 }
 
@@ -79,19 +85,24 @@ impl FamilyRef for Arc<Family> {
     }
 }
 
+impl Default for Exporter {
+    fn default() -> Exporter {
+        Exporter::new()
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Exporter {
-    /// A model whose writers that went away keep their last points for `linger`.
-    pub fn new(linger: Duration) -> Exporter {
+    /// An empty model that knows the catalog's families.
+    pub fn new() -> Exporter {
         let families = CATALOG
             .iter()
             .map(|spec| (spec.name.to_owned(), Arc::new(Family::of_spec(spec))))
             .collect();
         Exporter {
-            linger_ns: u64::try_from(linger.as_nanos()).unwrap_or(u64::MAX),
             recording: Mutex::new(Recording::default()),
             published: Mutex::new(Arc::new(ScanPoints::default())),
             families: Mutex::new(families),
@@ -216,22 +227,22 @@ impl Exporter {
     }
 
     /// The writer `host`/`pid` that started at `start_ns` went away: the points this scan
-    /// recorded for it (its last export) are kept, together, for the linger time after
-    /// `now_ns`, or until a newer writer of the same `host`/`pid` is exported.
-    pub fn linger(&self, host: &str, pid: u32, start_ns: u64, now_ns: u64) {
-        let owner = Owner::Writer {
-            host: host.to_owned(),
-            pid: pid.to_string(),
-        };
+    /// recorded for it (its last export) are published by this scan and the next ones, up to
+    /// [`LINGER_SCANS`] in all, unless a newer writer of the same `host`/`pid` is exported.
+    pub fn linger(&self, host: &str, pid: u32, start_ns: u64) {
+        let pid = pid.to_string();
         let mut recording = lock(&self.recording);
         let (last, others): (Vec<Point>, Vec<Point>) = std::mem::take(&mut recording.points)
             .into_iter()
-            .partition(|p| p.start_ns == start_ns && p.owner() == owner);
+            .partition(|p| p.start_ns == start_ns && p.is_of(host, &pid));
         recording.points = others;
-        recording.lingering.retain(|l| l.owner != owner);
+        recording
+            .lingering
+            .retain(|l| l.host != host || l.pid != pid);
         recording.lingering.push(Lingering {
-            owner,
-            until_ns: now_ns.saturating_add(self.linger_ns),
+            host: host.to_owned(),
+            pid,
+            scans_left: LINGER_SCANS,
             points: last,
         });
     }
@@ -241,24 +252,31 @@ impl Exporter {
     pub fn finish_scan(&self, time_ns: u64) {
         let mut recording = lock(&self.recording);
         let mut points = std::mem::take(&mut recording.points);
-        let live: HashSet<Owner> = points.iter().map(Point::owner).collect();
-        recording
-            .lingering
-            .retain(|l| l.until_ns > time_ns && !live.contains(&l.owner));
-        for lingering in &recording.lingering {
-            points.extend(lingering.points.iter().cloned());
+        if !recording.lingering.is_empty() {
+            let live: HashSet<(&str, &str)> = points
+                .iter()
+                .filter_map(|p| Some((p.label("host")?, p.label("pid")?)))
+                .collect();
+            let replaced: Vec<bool> = recording
+                .lingering
+                .iter()
+                .map(|l| live.contains(&(l.host.as_str(), l.pid.as_str())))
+                .collect();
+            drop(live);
+            let mut replaced = replaced.into_iter();
+            recording
+                .lingering
+                .retain(|l| !replaced.next().unwrap_or(false) && l.scans_left > 0);
+            for lingering in &mut recording.lingering {
+                points.extend(lingering.points.iter().cloned());
+                lingering.scans_left -= 1;
+            }
         }
         drop(recording);
-        self.publish(ScanPoints {
+        *lock(&self.published) = Arc::new(ScanPoints {
             time_ns,
             points: last_of_each_series(points),
         });
-    }
-
-    /// Publish a finished scan's points as they are (for tests and tools that build a scan
-    /// themselves).
-    pub fn publish(&self, points: ScanPoints) {
-        *lock(&self.published) = Arc::new(points);
     }
 
     /// Every point of the last published scan (empty before the first).
@@ -288,22 +306,26 @@ impl Exporter {
     }
 }
 
-/// `points` with each series (family and labels) once, at its first place with its last
-/// value.
+/// A series, borrowed from its point: the family's name and the label pairs.
+type SeriesKey<'a> = (&'a str, &'a [(String, String)]);
+
+/// `points` with each series (family and labels) once, with its last value (at the place of
+/// that value). Only `mpib_connection_info` repeats a series in a scan (connections that share
+/// a label set), so the common case is a check that copies nothing.
 fn last_of_each_series(points: Vec<Point>) -> Vec<Point> {
-    let mut index: HashMap<(String, Vec<(String, String)>), usize> = HashMap::new();
-    let mut out: Vec<Point> = Vec::with_capacity(points.len());
-    for point in points {
-        let key = (point.family.name.clone(), point.labels.clone());
-        match index.get(&key) {
-            Some(&at) => out[at] = point,
-            None => {
-                index.insert(key, out.len());
-                out.push(point);
-            }
-        }
+    let mut last: HashMap<SeriesKey<'_>, usize> = HashMap::with_capacity(points.len());
+    for (index, point) in points.iter().enumerate() {
+        last.insert((point.family.name.as_str(), point.labels.as_slice()), index);
     }
-    out
+    if last.len() == points.len() {
+        return points;
+    }
+    let keep: HashSet<usize> = last.into_values().collect();
+    points
+        .into_iter()
+        .enumerate()
+        .filter_map(|(index, point)| keep.contains(&index).then_some(point))
+        .collect()
 }
 
 #[cfg(test)]

@@ -97,6 +97,11 @@ impl Point {
         }
     }
 
+    /// Whether this is a series of the writer `host`/`pid` (its labels), compared in place.
+    pub fn is_of(&self, host: &str, pid: &str) -> bool {
+        self.label("pid") == Some(pid) && self.label("host") == Some(host)
+    }
+
     /// The value of label `name`, if the point has it.
     pub fn label(&self, name: &str) -> Option<&str> {
         self.labels

@@ -27,6 +27,7 @@ pub fn render(scan: &ScanPoints) -> String {
             .push(point);
     }
     let mut text = Text::new();
+    let mut bounds = Bounds::default();
     for name in order {
         let points = by_family.remove(name).unwrap_or_default();
         let Some(first) = points.first() else {
@@ -39,16 +40,33 @@ pub fn render(scan: &ScanPoints) -> String {
             match &point.value {
                 Value::Counter(v) => text.sample(name, "", labels, Number::Integer(*v)),
                 Value::Gauge(v) => text.sample(name, "", labels, Number::Float(*v)),
-                Value::Histogram(h) => histogram(&mut text, point, h),
+                Value::Histogram(h) => histogram(&mut text, &mut bounds, point, h),
             }
         }
     }
     text.finish()
 }
 
-fn histogram(text: &mut Text, point: &Point, value: &HistogramValue) {
+/// The `le` labels of the last bounds written: every rail's latency histogram has the same.
+#[derive(Default)]
+struct Bounds {
+    bounds: Vec<f64>,
+    labels: Vec<String>,
+}
+
+impl Bounds {
+    fn labels(&mut self, bounds: &[f64]) -> &[String] {
+        if self.bounds != bounds {
+            self.bounds = bounds.to_vec();
+            self.labels = bounds.iter().map(|b| float_text(*b)).collect();
+        }
+        &self.labels
+    }
+}
+
+fn histogram(text: &mut Text, bounds: &mut Bounds, point: &Point, value: &HistogramValue) {
     let name = point.family.name.as_str();
-    let bounds: Vec<String> = value.bounds.iter().map(|b| float_text(*b)).collect();
+    let bounds = bounds.labels(&value.bounds);
     let labels = || point.labels.iter().map(|(n, v)| (n.as_str(), v.as_str()));
     let mut cumulative = 0u64;
     for (le, count) in bounds.iter().zip(&value.counts) {

@@ -41,18 +41,6 @@ pub enum Number {
     Float(f64),
 }
 
-impl From<u64> for Number {
-    fn from(value: u64) -> Number {
-        Number::Integer(value)
-    }
-}
-
-impl From<f64> for Number {
-    fn from(value: f64) -> Number {
-        Number::Float(value)
-    }
-}
-
 /// A float as the format writes it (also an `le` bound).
 pub fn float_text(value: f64) -> String {
     if value.is_nan() {
@@ -64,11 +52,7 @@ pub fn float_text(value: f64) -> String {
     }
 }
 
-/// Escape a label value: backslash, double quote, newline.
-pub fn escape_label(value: &str) -> String {
-    escape(value, true)
-}
-
+/// `value` escaped: backslash and newline, and the double quote when `quote` (a label value).
 fn escape(value: &str, quote: bool) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
@@ -113,7 +97,7 @@ impl Text {
         for (label, label_value) in labels {
             self.out.push(if first { '{' } else { ',' });
             first = false;
-            let _ = write!(self.out, "{label}=\"{}\"", escape_label(label_value));
+            let _ = write!(self.out, "{label}=\"{}\"", escape(label_value, true));
         }
         if !first {
             self.out.push('}');
@@ -168,6 +152,5 @@ mod tests {
         assert_eq!(float_text(0.0), "0");
         assert_eq!(float_text(1e-9), "0.000000001");
         assert_eq!(float_text(0.000_002_047), "0.000002047");
-        assert_eq!(Number::from(7u64), Number::Integer(7));
     }
 }

@@ -4,8 +4,6 @@ use super::*;
 use crate::catalog::{declared_family, PROBES_FILES, PROBES_REAPED};
 use mpib_probes::{Declared, DECLARATIONS};
 
-const LINGER: Duration = Duration::from_nanos(300);
-
 fn declared(exporter: &Exporter, name: &str) -> Arc<Family> {
     let d = DECLARATIONS.iter().find(|d| d.name == name).unwrap();
     exporter
@@ -39,7 +37,7 @@ fn tx(pid: &str, value: u64) -> (String, Option<String>, u64) {
 
 #[test]
 fn a_scan_publishes_what_it_recorded_and_nothing_else() {
-    let exporter = Exporter::new(LINGER);
+    let exporter = Exporter::new();
     let tx_family = declared(&exporter, "mpib_rail_tx_bytes_total");
     let depth = declared(&exporter, "mpib_srq_depth");
     exporter.counter(&tx_family, &rail("7"), 10, 1);
@@ -77,33 +75,47 @@ fn a_scan_publishes_what_it_recorded_and_nothing_else() {
 }
 
 #[test]
-fn a_writer_that_went_away_lingers_for_the_linger_time() {
-    let exporter = Exporter::new(LINGER);
+fn a_writer_that_went_away_lingers_for_three_scans() {
+    let exporter = Exporter::new();
     let tx_family = declared(&exporter, "mpib_rail_tx_bytes_total");
     exporter.counter(&tx_family, &rail("7"), 10, 1);
     exporter.counter(&tx_family, &rail("8"), 5, 2);
     exporter.finish_scan(1000);
     // Scan 2: pid 7's last export, then it went away; pid 8 goes on.
     exporter.counter(&tx_family, &rail("7"), 11, 1);
-    exporter.linger("h", 7, 1, 1100);
+    exporter.linger("h", 7, 1);
     exporter.counter(&tx_family, &rail("8"), 6, 2);
     exporter.finish_scan(1100);
     assert_eq!(counters(&exporter), [tx("8", 6), tx("7", 11)]);
-    exporter.counter(&tx_family, &rail("8"), 7, 2);
-    exporter.finish_scan(1399);
-    assert_eq!(
-        counters(&exporter),
-        [tx("8", 7), tx("7", 11)],
-        "within the linger time"
-    );
-    exporter.counter(&tx_family, &rail("8"), 8, 2);
-    exporter.finish_scan(1400);
-    assert_eq!(counters(&exporter), [tx("8", 8)], "gone after it");
+    for (scan, value) in [(1200, 7), (1300, 8)] {
+        exporter.counter(&tx_family, &rail("8"), value, 2);
+        exporter.finish_scan(scan);
+        assert_eq!(
+            counters(&exporter),
+            [tx("8", value), tx("7", 11)],
+            "scan {scan}"
+        );
+    }
+    // The fourth scan since its last export: gone, whatever the clock says.
+    exporter.counter(&tx_family, &rail("8"), 9, 2);
+    exporter.finish_scan(0);
+    assert_eq!(counters(&exporter), [tx("8", 9)]);
+}
+
+#[test]
+fn a_series_recorded_twice_keeps_its_last_value() {
+    let exporter = Exporter::new();
+    let tx_family = declared(&exporter, "mpib_rail_tx_bytes_total");
+    exporter.counter(&tx_family, &rail("7"), 1, 1);
+    exporter.counter(&tx_family, &rail("8"), 2, 1);
+    exporter.counter(&tx_family, &rail("7"), 3, 1);
+    exporter.finish_scan(1);
+    assert_eq!(counters(&exporter), [tx("8", 2), tx("7", 3)]);
 }
 
 #[test]
 fn a_restarted_writer_replaces_the_old_series_at_once() {
-    let exporter = Exporter::new(Duration::from_secs(60));
+    let exporter = Exporter::new();
     let tx_family = declared(&exporter, "mpib_rail_tx_bytes_total");
     let depth = declared(&exporter, "mpib_srq_depth");
     exporter.counter(&tx_family, &rail("7"), 1000, 1);
@@ -112,7 +124,7 @@ fn a_restarted_writer_replaces_the_old_series_at_once() {
     // The same pid starts again: the old file superseded (last export), the new one exported.
     exporter.counter(&tx_family, &rail("7"), 1000, 1);
     exporter.gauge(&depth, &rail("7"), 9.0, 1);
-    exporter.linger("h", 7, 1, 20);
+    exporter.linger("h", 7, 1);
     exporter.counter(&tx_family, &rail("7"), 10, 2);
     exporter.finish_scan(20);
     assert_eq!(counters(&exporter), [tx("7", 10)]);
@@ -125,7 +137,7 @@ fn a_restarted_writer_replaces_the_old_series_at_once() {
 
 #[test]
 fn a_declared_name_cannot_take_another_familys() {
-    let exporter = Exporter::new(Duration::from_secs(1));
+    let exporter = Exporter::new();
     // Same kind, unit and labels as the collector's own: still refused.
     let own = Family::of_spec(&PROBES_REAPED);
     let e = exporter.admit(own).unwrap_err();
