@@ -14,11 +14,14 @@
 //! tool makes (`mpib_node::trust`): a regular file, opened without following a link and without
 //! blocking (a FIFO cannot stall the loop), that neither its group nor others may write (else
 //! anyone in them could rewrite a trusted owner's numbers), whose name and header claim the same
-//! pid. A refused file is logged once and left alone until it changes. The writer's process need
-//! not be the file's owner's: the owner is what the slot check above trusts. A file counts while
-//! its writer runs, by the rule the collector uses (`mpib_node::files::writer_state`). A file
+//! pid. A refused file (untrusted, corrupt, of another major version) is left alone until it
+//! changes, with a WARN at most once per [`REFUSAL_LOG_EVERY`]; while any is, which slots are in
+//! use is not known, as with a file the agent may not read. The writer's process need not be
+//! the file's owner's: the owner is what the slot check above trusts. A file counts while its
+//! writer runs, by the rule the collector uses (`mpib_node::files::writer_state`). A file
 //! truncated while mapped reads as zeros, not `SIGBUS` (the reader's mapping is guarded,
-//! docs/SECURITY.md "Shared files"), and is dropped at the next refresh.
+//! docs/SECURITY.md "Shared files"); it is dropped at the next refresh, as is one another file
+//! was renamed over (the new one is then looked at afresh).
 //!
 //! Busy time: a rail is busy for a flow while any of the flow's connections has a part in flight
 //! on it, in any process. Summing the connections' own busy times counts an instant once per
@@ -33,6 +36,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use mpib_node::files::{self, Identity, WriterState};
 use mpib_node::trust::{self, FileCheck, Stat, WriterCheck};
@@ -107,6 +111,10 @@ fn share_link_rates(
     }
 }
 
+/// Refused probes files are logged at most this often (with the count of those not logged):
+/// a local user who rewrites a refused file every interval must not flood the log.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// One connection's counters at the last read.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counters {
@@ -142,10 +150,13 @@ pub struct FlowMeasurement {
 pub struct Measurer {
     dir: PathBuf,
     sysfs: PathBuf,
-    /// Open files and their owners.
-    readers: BTreeMap<PathBuf, (ProbesReader, u32)>,
+    /// Open files, their owners, and what the file at the path was when mapped.
+    readers: BTreeMap<PathBuf, (ProbesReader, u32, Identity)>,
     /// Files not read (untrusted, corrupt, another version) until they change.
     refused: BTreeMap<PathBuf, Identity>,
+    /// When a refusal was last logged, and the refusals not logged since.
+    refusals_logged: Option<Instant>,
+    refusals_unlogged: u64,
     previous: BTreeMap<(PathBuf, u32, u32), Counters>,
     /// Every device seen so far and its counters' last total.
     nic_previous: BTreeMap<(String, u32), u64>,
@@ -154,8 +165,9 @@ pub struct Measurer {
     own_uid: u32,
     /// Live probes files on the last read.
     pub files: usize,
-    /// Probes files the last refresh could not open for lack of permission: while any, which
-    /// slots are in use is not known (recovered slots are then kept, never reclaimed).
+    /// Probes files the last refresh could not read: no permission, refused (untrusted,
+    /// corrupt, another major version) or not mappable. While any, which slots are in use is
+    /// not known (recovered slots are then kept, never reclaimed).
     pub unreadable: usize,
     /// Samples taken since the last measurement, and per flow slot the samples in which each
     /// rail had one of the flow's parts in flight.
@@ -176,6 +188,8 @@ impl Measurer {
             sysfs: sysfs.to_path_buf(),
             readers: BTreeMap::new(),
             refused: BTreeMap::new(),
+            refusals_logged: None,
+            refusals_unlogged: 0,
             previous: BTreeMap::new(),
             nic_previous: BTreeMap::new(),
             tick: 0,
@@ -196,7 +210,7 @@ impl Measurer {
     pub fn sample(&mut self) {
         self.samples += 1;
         self.sampled.clear();
-        for (reader, owner) in self.readers.values() {
+        for (reader, owner, _) in self.readers.values() {
             if !reader.publishes_in_flight() {
                 continue;
             }
@@ -241,7 +255,7 @@ impl Measurer {
         let mut readings = Vec::new();
         // Flows with a connection whose file publishes no parts in flight: busy time summed.
         let mut summed = BTreeSet::new();
-        for (path, (reader, owner)) in &self.readers {
+        for (path, (reader, owner, _)) in &self.readers {
             let info = reader.info();
             for conn in reader.snapshot().connections {
                 let slot = conn.info.hint_slot;
@@ -353,14 +367,19 @@ impl Measurer {
     }
 
     fn refresh_files(&mut self) {
-        // The probes directory's files, listed by the rule the collector and mpib-top use.
-        let listed: BTreeSet<PathBuf> = files::list(&self.dir)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        // The probes directory's files, listed by the rule the collector and mpib-top use. A
+        // directory that cannot be read now (EMFILE, say) keeps the last refresh's files.
+        let listed: BTreeSet<PathBuf> = match files::list(&self.dir) {
+            Ok(paths) => paths.into_iter().collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
+            Err(_) => return,
+        };
         let now = mpib_probes::now_ns();
-        self.readers.retain(|path, (reader, _)| {
-            listed.contains(path) && !reader.faulted() && running(reader, now)
+        self.readers.retain(|path, (reader, _, mapped)| {
+            // Still the file mapped, not shorter, not truncated under the mapping, still written.
+            let same =
+                Identity::of(path).is_ok_and(|id| id.same_file(mapped) && id.len >= mapped.len);
+            listed.contains(path) && same && !reader.faulted() && running(reader, now)
         });
         self.refused.retain(|path, identity| {
             listed.contains(path) && Identity::of(path).is_ok_and(|id| id.unchanged(identity))
@@ -371,18 +390,41 @@ impl Measurer {
                 continue;
             }
             match open(&path, now) {
-                Opened::Running(reader, owner) => {
-                    self.readers.insert(path, (*reader, owner));
+                Opened::Running(reader, owner, identity) => {
+                    self.readers.insert(path, (*reader, owner, identity));
                 }
                 Opened::Unreadable => unreadable += 1,
-                Opened::Refused(identity) => {
+                Opened::Refused(identity, why) => {
+                    self.log_refusal(&path, &why);
                     self.refused.insert(path, identity);
                 }
                 Opened::NotNow => {}
             }
         }
         self.files = self.readers.len();
-        self.unreadable = unreadable;
+        self.unreadable = unreadable + self.refused.len();
+    }
+
+    /// One WARN per [`REFUSAL_LOG_EVERY`] at most; the owner as a uid (no user lookup here:
+    /// NSS may be slow, and this is the measuring loop).
+    fn log_refusal(&mut self, path: &Path, why: &str) {
+        if self
+            .refusals_logged
+            .is_some_and(|at| at.elapsed() < REFUSAL_LOG_EVERY)
+        {
+            self.refusals_unlogged += 1;
+            return;
+        }
+        let unlogged = std::mem::take(&mut self.refusals_unlogged);
+        let more = match unlogged {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last such line)"),
+        };
+        crate::log::warn(&format!(
+            "not reading probes file {}: {why}; skipped until it changes{more}",
+            path.display()
+        ));
+        self.refusals_logged = Some(Instant::now());
     }
 
     /// Adds, per flow, the increase of the retransmission counters of the devices its rails use.
@@ -433,13 +475,13 @@ fn running(reader: &ProbesReader, now_ns: u64) -> bool {
 
 /// What looking at one listed file found.
 enum Opened {
-    /// Mapped; its owner.
-    Running(Box<ProbesReader>, u32),
+    /// Mapped: its owner and what the file was.
+    Running(Box<ProbesReader>, u32, Identity),
     /// Files are 0600 (0640 with MPIB_PROBES_GROUP): an agent that may not read one cannot tell
     /// which slots its connections read.
     Unreadable,
-    /// Not to be read until it changes (logged once when untrusted).
-    Refused(Identity),
+    /// Not to be read until it changes, and why.
+    Refused(Identity, String),
     /// Gone, not published yet, replaced meanwhile, or its writer no longer runs: looked at
     /// again next time.
     NotNow,
@@ -451,38 +493,41 @@ fn open(path: &Path, now_ns: u64) -> Opened {
     let Ok(identity) = Identity::of(path) else {
         return Opened::NotNow;
     };
+    let owned = |stat: &Stat, why: &str| {
+        let why = format!("owner uid {}, mode {:04o}: {why}", stat.uid, stat.mode);
+        Opened::Refused(identity, why)
+    };
     let (stat, file) = match trust::check_file(path, None) {
         Ok(FileCheck::Passed(stat, file)) => (stat, file),
-        Ok(FileCheck::Untrusted(stat, why)) => return refuse(path, identity, &stat, &why),
+        Ok(FileCheck::Untrusted(stat, why)) => return owned(&stat, &why),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Opened::Unreadable,
         Err(_) => return Opened::NotNow,
     };
     let reader = match ProbesReader::open_file(&file, path) {
         Ok(LoadState::Ready(reader)) => reader,
-        Ok(LoadState::Incompatible { .. } | LoadState::Corrupt(_)) => {
-            return Opened::Refused(identity)
+        Ok(LoadState::Incompatible { found, expected }) => {
+            let why = format!(
+                "it has ABI version {}, this agent reads {} (the major must match)",
+                mpib_probes::version_string(found),
+                mpib_probes::version_string(expected)
+            );
+            return Opened::Refused(identity, why);
         }
-        Ok(LoadState::AwaitVersion) | Err(_) => return Opened::NotNow,
+        Ok(LoadState::Corrupt(corruption)) => {
+            return Opened::Refused(identity, corruption.to_string())
+        }
+        Ok(LoadState::AwaitVersion) => return Opened::NotNow,
+        // Not mappable now (the guard's table full, say): its slots are not known.
+        Err(_) => return Opened::Unreadable,
     };
     match trust::check_writer(path, &stat, reader.info().pid) {
-        WriterCheck::Untrusted(why) => return refuse(path, identity, &stat, &why),
+        WriterCheck::Untrusted(why) => return owned(&stat, &why),
         WriterCheck::Trusted | WriterCheck::Dead | WriterCheck::OtherUser(_) => {}
     }
     if !running(&reader, now_ns) || !trust::still_same(path, &identity, &stat) {
         return Opened::NotNow;
     }
-    Opened::Running(Box::new(reader), stat.uid)
-}
-
-fn refuse(path: &Path, identity: Identity, stat: &Stat, why: &str) -> Opened {
-    crate::log::warn(&format!(
-        "not reading probes file {}: owner {}, mode {:04o}: {why}; skipped until the file, its \
-         owner or its mode changes",
-        path.display(),
-        trust::user_label(stat.uid),
-        stat.mode
-    ));
-    Opened::Refused(identity)
+    Opened::Running(Box::new(reader), stat.uid, identity)
 }
 
 pub use mpib_node::files::pid_alive;

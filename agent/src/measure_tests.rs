@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use mpib_probes::{
@@ -235,10 +236,35 @@ fn only_files_that_pass_the_trust_checks_are_read() {
     assert_eq!(measurer.files, 1);
     let refused: Vec<&PathBuf> = measurer.refused.keys().collect();
     assert_eq!(refused, [&renamed, &writable_path]);
+    // Their slots are not known: no slot is reclaimed while they are there.
+    assert_eq!(measurer.unreadable, 2);
+    // One WARN now, the other counted for the next one.
+    assert_eq!(measurer.refusals_unlogged, 1);
     // Made writable by its owner only: read from the next interval on.
     std::fs::set_permissions(&writable_path, mode(0o600)).unwrap();
     measurer.measure(SECOND, &BTreeMap::new());
-    assert_eq!(measurer.files, 2);
-    assert_eq!(measurer.refused.len(), 1);
+    assert_eq!((measurer.files, measurer.refused.len()), (2, 1));
+    assert_eq!(measurer.unreadable, 1);
     drop((good, group_writable));
+}
+
+/// A file renamed over a mapped one is the new file: the old mapping is dropped and the new
+/// file read.
+#[test]
+fn a_file_renamed_over_a_mapped_one_is_read_afresh() {
+    let dir = Directory::new("measure-renamed");
+    let first = process_file(&dir.0, 0);
+    let path = first.path().unwrap().to_path_buf();
+    let mut measurer = Measurer::new(&dir.0, &dir.0.join("no-sysfs"));
+    measurer.measure(SECOND, &BTreeMap::new());
+    let mapped = |m: &Measurer| m.readers.get(&path).map(|(_, _, id)| id.ino);
+    let before = mapped(&measurer).unwrap();
+    let copy = dir.0.join("copy");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::rename(&copy, &path).unwrap();
+    measurer.measure(SECOND, &BTreeMap::new());
+    let after = mapped(&measurer).unwrap();
+    assert_ne!(before, after, "still the old mapping");
+    assert_eq!(after, std::fs::metadata(&path).unwrap().ino());
+    drop(first);
 }

@@ -115,7 +115,8 @@ pub fn pid_alive(pid: u32) -> bool {
 /// a pid this node's `/proc` does not show, and its plugin beats the heartbeat every second.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// Where a probes file's writer is in its life, as every node-side tool judges it.
+/// Where a probes file's writer is in its life, as the collector and the agent judge it
+/// (`mpib-top` shows a process only while its pid runs, or its owner is listed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WriterState {
     /// Still writing: its pid runs here, or its heartbeat is recent.
