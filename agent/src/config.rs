@@ -236,9 +236,9 @@ impl Policies {
             .any(|line| line.trim_start().starts_with("sysfs_root"))
         {
             return Err(
-                "sysfs_root is gone: replace it with `sysfs = \"/sys\"` (the sysfs root, as \
-                 MPIB_SYSFS and --sysfs name it; sysfs_root named /sys/class/infiniband), or \
-                 delete the line for the default (docs/AGENT.md, \"Upgrading\")"
+                "sysfs_root is gone: delete the line for the default, or write `sysfs = \"DIR\"` \
+                 with DIR the directory above class/infiniband (the sysfs root, as MPIB_SYSFS \
+                 and --sysfs name it; docs/AGENT.md, \"Upgrading\")"
                     .into(),
             );
         }

@@ -80,6 +80,27 @@ if scripts/install --prefix "$prefix" --sysconfdir "$etc" --no-build > "$work/ag
 else
     fail "a second install lost the edited $etc/mpib/agent.toml"
 fi
+# An agent.toml from before the sysfs key (the old example's line): the next install updates it,
+# and the installed agent then takes it; a file with another sysfs_root is left, with a warning.
+sed -i 's|^# sysfs = "/sys"$|sysfs_root = "/sys/class/infiniband"|' "$etc/mpib/agent.toml"
+if grep -qx 'sysfs_root = "/sys/class/infiniband"' "$etc/mpib/agent.toml" &&
+    scripts/install --prefix "$prefix" --sysconfdir "$etc" --no-build > "$work/upgrade.log" 2>&1 &&
+    ! grep -q '^sysfs_root' "$etc/mpib/agent.toml" && grep -q '^# edited' "$etc/mpib/agent.toml" &&
+    [ -f "$etc/mpib/agent.toml.before-sysfs" ] && grep -q "updated $etc/mpib/agent.toml" "$work/upgrade.log"; then
+    pass "an agent.toml with the old default sysfs_root line is updated, the rest of it kept"
+else
+    sed 's/^/  | /' "$work/upgrade.log"
+    fail "the old sysfs_root line was not updated in $etc/mpib/agent.toml"
+fi
+echo 'sysfs_root = "/elsewhere/class/infiniband"' >> "$etc/mpib/agent.toml"
+if scripts/install --prefix "$prefix" --sysconfdir "$etc" --no-build > "$work/upgrade2.log" 2>&1 &&
+    grep -q '^sysfs_root = "/elsewhere' "$etc/mpib/agent.toml" &&
+    grep -q 'WARNING: .*sets sysfs_root' "$work/upgrade2.log"; then
+    pass "an agent.toml with another sysfs_root is left as it is, with a warning"
+else
+    sed 's/^/  | /' "$work/upgrade2.log"
+    fail "another sysfs_root line: not left, or no warning"
+fi
 if scripts/install --prefix "$prefix" --sysconfdir "$etc" --uninstall > "$work/uninstall.log" 2>&1 &&
     [ -z "$(find "$prefix" -type f)" ]; then
     pass "--uninstall removed every installed file"
