@@ -15,8 +15,8 @@
 //! blocking (a FIFO cannot stall the loop), that neither its group nor others may write (else
 //! anyone in them could rewrite a trusted owner's numbers), whose name and header claim the same
 //! pid. A refused file (untrusted, corrupt, of another major version) is left alone until it
-//! changes, with a WARN at most once per [`REFUSAL_LOG_EVERY`]; while any is, which slots are in
-//! use is not known, as with a file the agent may not read. The writer's process need not be
+//! changes, with a WARN at most once per [`REFUSAL_LOG_EVERY`]; while any is that a job may still
+//! write, which slots are in use is not known, as with a file the agent may not read. The writer's process need not be
 //! the file's owner's: the owner is what the slot check above trusts. A file counts while its
 //! writer runs, by the rule the collector uses (`mpib_node::files::writer_state`). A file
 //! truncated while mapped reads as zeros, not `SIGBUS` (the reader's mapping is guarded,
@@ -402,7 +402,14 @@ impl Measurer {
             }
         }
         self.files = self.readers.len();
-        self.unreadable = unreadable + self.refused.len();
+        // A refused file counts while a job may still write it: a leftover of a dead job must
+        // not keep every recovered slot forever.
+        let refused = self
+            .refused
+            .keys()
+            .filter(|path| may_be_written(path))
+            .count();
+        self.unreadable = unreadable + refused;
     }
 
     /// One WARN per [`REFUSAL_LOG_EVERY`] at most; the owner as a uid (no user lookup here:
@@ -471,6 +478,13 @@ impl Measurer {
 /// recent (a job in another pid namespace), by the collector's rule and default.
 fn running(reader: &ProbesReader, now_ns: u64) -> bool {
     files::writer_state(reader, now_ns, files::STALE_AFTER) == WriterState::Running
+}
+
+/// Whether a job may still write the file at `path`: the pid its name gives runs here, or it
+/// changed within [`files::STALE_AFTER`] (a writer in another PID namespace).
+fn may_be_written(path: &Path) -> bool {
+    let named_pid_runs = files::parse_name(path).is_some_and(|(pid, _)| pid_alive(pid));
+    named_pid_runs || Identity::of(path).is_ok_and(|id| id.age() < files::STALE_AFTER)
 }
 
 /// What looking at one listed file found.

@@ -245,6 +245,19 @@ fn only_files_that_pass_the_trust_checks_are_read() {
     measurer.measure(SECOND, &BTreeMap::new());
     assert_eq!((measurer.files, measurer.refused.len()), (2, 1));
     assert_eq!(measurer.unreadable, 1);
+    // A refused leftover of a dead job, untouched for longer than a writer's heartbeat allows,
+    // keeps no slot: refused, not counted.
+    let leftover = dir.0.join("mpib-999999999-9.probes");
+    std::fs::write(&leftover, vec![b'x'; 8192]).unwrap(); // bad magic: corrupt
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&leftover)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    measurer.measure(SECOND, &BTreeMap::new());
+    assert_eq!((measurer.refused.len(), measurer.unreadable), (2, 1));
     drop((good, group_writable));
 }
 
