@@ -10,7 +10,6 @@
 //! `rxe_b0`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // A failed unwrap fails the test, with its message.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,39 +23,9 @@ use nccl_net_mpib::fabric::{
 };
 use nccl_net_mpib::params::Settings;
 
-/// Counts this thread's Rust allocations while `COUNTING` is set (the data-path test); the
-/// default `realloc` goes through `alloc`, so it is counted too.
-struct CountingAllocator;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    // `try_with`: the allocator also runs during thread teardown, after TLS is gone.
-    let _ = COUNTING.try_with(|counting| {
-        if counting.get() {
-            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator unchanged; counting touches only thread-locals.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
+#[path = "common/allocations.rs"]
+mod allocations;
+use allocations::{ALLOCATIONS, COUNTING};
 
 fn device_names() -> (String, String) {
     let a = std::env::var("MPIB_TEST_DEVICE_A").unwrap_or_else(|_| "rxe_a0".into());
