@@ -178,18 +178,7 @@ impl Exporter {
             );
             return;
         }
-        let labels = family
-            .labels
-            .iter()
-            .zip(values)
-            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-            .collect();
-        let point = Point {
-            family,
-            labels,
-            start_ns,
-            value,
-        };
+        let point = Point::new(family, values, start_ns, value);
         lock(&self.recording).points.push(point);
     }
 
@@ -257,16 +246,10 @@ impl Exporter {
                 .iter()
                 .filter_map(|p| Some((p.label("host")?, p.label("pid")?)))
                 .collect();
-            let replaced: Vec<bool> = recording
-                .lingering
-                .iter()
-                .map(|l| live.contains(&(l.host.as_str(), l.pid.as_str())))
-                .collect();
-            drop(live);
-            let mut replaced = replaced.into_iter();
             recording
                 .lingering
-                .retain(|l| !replaced.next().unwrap_or(false) && l.scans_left > 0);
+                .retain(|l| l.scans_left > 0 && !live.contains(&(l.host.as_str(), l.pid.as_str())));
+            drop(live);
             for lingering in &mut recording.lingering {
                 points.extend(lingering.points.iter().cloned());
                 lingering.scans_left -= 1;

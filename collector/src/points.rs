@@ -86,6 +86,27 @@ pub enum Owner {
 }
 
 impl Point {
+    /// A point of `family` with label `values` in the family's label order (as many as it has).
+    pub fn new(family: Arc<Family>, values: &[&str], start_ns: u64, value: Value) -> Point {
+        let labels = family
+            .labels
+            .iter()
+            .zip(values)
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        Point {
+            family,
+            labels,
+            start_ns,
+            value,
+        }
+    }
+
+    /// The `(name, value)` label pairs, borrowed.
+    pub fn label_pairs(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
+        self.labels.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
     /// Whose series this is: a point with a `pid` label belongs to that writer.
     pub fn owner(&self) -> Owner {
         match self.label("pid") {

@@ -36,7 +36,7 @@ pub fn render(scan: &ScanPoints) -> String {
         let family = &first.family;
         text.family(name, family.kind, &family.help);
         for point in points {
-            let labels = point.labels.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+            let labels = point.label_pairs();
             match &point.value {
                 Value::Counter(v) => text.sample(name, "", labels, Number::Integer(*v)),
                 Value::Gauge(v) => text.sample(name, "", labels, Number::Float(*v)),
@@ -67,17 +67,17 @@ impl Bounds {
 fn histogram(text: &mut Text, bounds: &mut Bounds, point: &Point, value: &HistogramValue) {
     let name = point.family.name.as_str();
     let bounds = bounds.labels(&value.bounds);
-    let labels = || point.labels.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+    let labels = point.label_pairs();
     let mut cumulative = 0u64;
     for (le, count) in bounds.iter().zip(&value.counts) {
         cumulative = cumulative.wrapping_add(*count);
-        let labels = labels().chain([("le", le.as_str())]);
+        let labels = labels.clone().chain([("le", le.as_str())]);
         text.sample(name, "_bucket", labels, Number::Integer(cumulative));
     }
-    let inf = labels().chain([("le", "+Inf")]);
+    let inf = labels.clone().chain([("le", "+Inf")]);
     text.sample(name, "_bucket", inf, Number::Integer(value.count));
-    text.sample(name, "_sum", labels(), Number::Float(value.sum));
-    text.sample(name, "_count", labels(), Number::Integer(value.count));
+    text.sample(name, "_sum", labels.clone(), Number::Float(value.sum));
+    text.sample(name, "_count", labels, Number::Integer(value.count));
 }
 
 #[cfg(test)]
@@ -92,18 +92,7 @@ mod tests {
     use crate::latency;
 
     fn point(family: &crate::catalog::MetricSpec, values: &[&str], value: Value) -> Point {
-        let labels = family
-            .labels
-            .iter()
-            .zip(values)
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect();
-        Point {
-            family: Arc::new(Family::of_spec(family)),
-            labels,
-            start_ns: 1,
-            value,
-        }
+        Point::new(Arc::new(Family::of_spec(family)), values, 1, value)
     }
 
     #[test]
