@@ -38,9 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mpib_node::files::{self, Identity, WriterState};
+use mpib_node::files::{self, Identity, Loaded, WriterState};
 use mpib_node::trust::{self, FileCheck, Stat, WriterCheck};
-use mpib_probes::{ConnectionState, Direction, InFlightSample, LoadState, Mode, ProbesReader};
+use mpib_probes::{ConnectionState, Direction, InFlightSample, Mode, ProbesReader};
 
 use crate::policy::{Sample, SOUT, SUP};
 
@@ -517,20 +517,10 @@ fn open(path: &Path, now_ns: u64) -> Opened {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Opened::Unreadable,
         Err(_) => return Opened::NotNow,
     };
-    let reader = match ProbesReader::open_file(&file, path) {
-        Ok(LoadState::Ready(reader)) => reader,
-        Ok(LoadState::Incompatible { found, expected }) => {
-            let why = format!(
-                "it has ABI version {}, this agent reads {} (the major must match)",
-                mpib_probes::version_string(found),
-                mpib_probes::version_string(expected)
-            );
-            return Opened::Refused(identity, why);
-        }
-        Ok(LoadState::Corrupt(corruption)) => {
-            return Opened::Refused(identity, corruption.to_string())
-        }
-        Ok(LoadState::AwaitVersion) => return Opened::NotNow,
+    let reader = match files::load(&file, path, "this agent") {
+        Ok(Loaded::Ready(reader)) => reader,
+        Ok(Loaded::Refused(_, why)) => return Opened::Refused(identity, why),
+        Ok(Loaded::NotYet) => return Opened::NotNow,
         // Not mappable now (the guard's table full, say): its slots are not known.
         Err(_) => return Opened::Unreadable,
     };

@@ -20,13 +20,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mpib_probes::{version_string, Corruption, LoadState, ProbesReader};
+use mpib_probes::{version_string, ProbesReader};
 use tracing::{debug, info, warn};
 
 use crate::catalog;
 use crate::config::Config;
 use crate::export::Exporter;
-use crate::files::{self, Identity, WriterState};
+use crate::files::{self, Identity, Loaded, WriterState};
 use crate::hint::{HintError, HintTable};
 use crate::process::{ExportContext, Process};
 use crate::sysfs;
@@ -37,8 +37,6 @@ use crate::trust::{self, FileCheck, Stat, WriterCheck};
 
 /// Refusal reasons, in `mpib_probes_skipped_total{reason}` order.
 const REASONS: [&str; 4] = ["version", "corrupt", "truncated", "untrusted"];
-const VERSION: usize = 0;
-const CORRUPT: usize = 1;
 const TRUNCATED: usize = 2;
 const UNTRUSTED: usize = 3;
 
@@ -228,33 +226,20 @@ impl Collector {
             }
             Err(e) => return self.cannot_open(path, &e),
         };
-        let reason = match ProbesReader::open_file(&file, path) {
+        let (reason, detail) = match files::load(&file, path, "this collector") {
             Err(e) => return self.cannot_open(path, &e),
-            Ok(LoadState::AwaitVersion) => {
+            Ok(Loaded::NotYet) => {
                 debug!("probes file {shown} not published yet; retrying next scan");
                 self.reap_unreadable(path, &identity, "never published");
                 return;
             }
-            Ok(LoadState::Ready(reader)) => return self.track(path, identity, &stat, reader),
-            Ok(LoadState::Incompatible { found, expected }) => {
-                warn!(
-                    "refusing probes file {shown}: it has ABI version {}, this collector reads {} \
-                     (the major must match); skipped until the file changes",
-                    version_string(found),
-                    version_string(expected)
-                );
-                VERSION
-            }
-            Ok(LoadState::Corrupt(c)) => {
-                warn!("refusing probes file {shown}: {c}; skipped until the file changes");
-                if matches!(c, Corruption::Truncated { .. }) {
-                    TRUNCATED
-                } else {
-                    CORRUPT
-                }
-            }
+            Ok(Loaded::Ready(reader)) => return self.track(path, identity, &stat, reader),
+            Ok(Loaded::Refused(reason, detail)) => (reason, detail),
         };
-        self.skipped[reason] += 1;
+        warn!("refusing probes file {shown}: {detail}; skipped until the file changes");
+        if let Some(index) = REASONS.iter().position(|r| *r == reason) {
+            self.skipped[index] += 1;
+        }
         self.refused.insert(path.to_path_buf(), identity);
     }
 

@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use mpib_probes::ProbesReader;
+use mpib_probes::{version_string, Corruption, LoadState, ProbesReader};
 
 /// Suffix of probes files.
 pub const SUFFIX: &str = ".probes";
@@ -108,6 +108,47 @@ pub fn pid_alive(pid: u32) -> bool {
         Ok(_) => true,
         Err(e) => e.kind() != io::ErrorKind::NotFound,
     }
+}
+
+/// A probes file as a tool found it, once the trust checks let it be mapped.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // Returned once per file opened, and moved out at once.
+pub enum Loaded {
+    /// Published and of this major version: read it.
+    Ready(ProbesReader),
+    /// Its writer has not published it yet: look again later.
+    NotYet,
+    /// Not to be read: the reason it is counted under (`version`, `corrupt` or `truncated`,
+    /// as the collector's `mpib_probes_skipped_total{reason}`) and what is wrong.
+    Refused(&'static str, String),
+}
+
+/// Maps the checked `file` (at `path`) and says whether it can be read; `reader` is the program
+/// for the version message ("this collector").
+///
+/// # Errors
+///
+/// The mapping failed.
+pub fn load(file: &fs::File, path: &Path, reader: &str) -> io::Result<Loaded> {
+    Ok(match ProbesReader::open_file(file, path)? {
+        LoadState::Ready(probes) => Loaded::Ready(probes),
+        LoadState::AwaitVersion => Loaded::NotYet,
+        LoadState::Incompatible { found, expected } => Loaded::Refused(
+            "version",
+            format!(
+                "it has ABI version {}, {reader} reads {} (the major must match)",
+                version_string(found),
+                version_string(expected)
+            ),
+        ),
+        LoadState::Corrupt(corruption) => {
+            let reason = match corruption {
+                Corruption::Truncated { .. } => "truncated",
+                _ => "corrupt",
+            };
+            Loaded::Refused(reason, corruption.to_string())
+        }
+    })
 }
 
 /// How long a writer whose pid is not running here stays live on its heartbeat alone, unless a

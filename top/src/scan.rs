@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use mpib_node::files::{self, Identity};
+use mpib_node::files::{self, Identity, Loaded};
 use mpib_node::trust::{self, FileCheck, WriterCheck};
-use mpib_probes::{Corruption, LoadState, ProbesReader};
+use mpib_probes::ProbesReader;
 
 use crate::frame::Skipped;
 
@@ -201,24 +201,10 @@ impl Scanner {
             }
             Err(e) => return Err(skipped(path, "untrusted", format!("cannot open it: {e}"))),
         };
-        let reader = match ProbesReader::open_file(&file, path) {
-            Ok(LoadState::Ready(reader)) => reader,
-            Ok(LoadState::AwaitVersion) => return Ok(None),
-            Ok(LoadState::Incompatible { found, expected }) => {
-                let detail = format!(
-                    "it has ABI version {}, this mpib-top reads {} (the major must match)",
-                    mpib_probes::version_string(found),
-                    mpib_probes::version_string(expected)
-                );
-                return Err(skipped(path, "version", detail));
-            }
-            Ok(LoadState::Corrupt(c)) => {
-                let reason = match c {
-                    Corruption::Truncated { .. } => "truncated",
-                    _ => "corrupt",
-                };
-                return Err(skipped(path, reason, c.to_string()));
-            }
+        let reader = match files::load(&file, path, "this mpib-top") {
+            Ok(Loaded::Ready(reader)) => reader,
+            Ok(Loaded::NotYet) => return Ok(None),
+            Ok(Loaded::Refused(reason, detail)) => return Err(skipped(path, reason, detail)),
             Err(e) => return Err(skipped(path, "corrupt", format!("cannot map it: {e}"))),
         };
         let pid = reader.info().pid;
