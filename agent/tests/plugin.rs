@@ -123,7 +123,7 @@ fn adaptive_moves_a_flow_from_all_sout_to_the_equal_finish_split() {
     let agent = Agent::start(&dir, &["--policy", "adaptive", "--interval-ms", "50"]);
     // Judged on convergence within a time, not at a row: the loop runs in the agent's 50 ms
     // intervals, and how many rows fit into one depends on the machine's load (one run on 2 busy
-    // cores had not settled by row 50 of 60; an idle one settles in about 1.5 s).
+    // cores was out of range at row 50 of 60; an idle one settles by row 3, in about 230 ms).
     let mut perf = Perf::start(&agent, "sout=200MB/s,sup=400MB/s,latency=5us", 400);
     // Equal finish times on 200 and 400 MB/s rails: 400 / 600 of 1024 = 683.
     let settled = |share: f64| (640.0..=726.0).contains(&share);
